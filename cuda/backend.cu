@@ -1,0 +1,157 @@
+/* The CUDA backend's table, and its device, context and memory slots: cudaMalloc'd storage,
+ * transfers ordered on the context's stream, and a cuBLAS handle bound to that stream. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "core/backend.h"
+#include "core/context_impl.h"
+#include "cuda_check.h"
+#include "cuda_common.h"
+
+/* ---- devices ------------------------------------------------------------------------------- */
+
+/* No driver, no device or a driver older than the runtime all mean "no GPU here", which is an
+ * answer, not an error. The failed query is the runtime's last error until read: read it so that
+ * it does not surface at a later, unrelated check. */
+static int cuda_device_count(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+spconv_status spconv__cuda_resident_blocks(int threads_per_block, int *blocks) {
+    int device = 0, multiprocessors = 0, threads_per_multiprocessor = 0;
+    CUDA_TRY(cudaGetDevice(&device));
+    CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    CUDA_TRY(cudaDeviceGetAttribute(&threads_per_multiprocessor,
+                                    cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    *blocks = multiprocessors * (threads_per_multiprocessor / threads_per_block);
+    return SPCONV_OK;
+}
+
+/* ---- contexts ------------------------------------------------------------------------------ */
+
+/* Releases whatever context_init made, so it also cleans up after a half-finished init. */
+static void cuda_context_destroy(spconv_context *ctx) {
+    spconv__cuda_device_guard guard;
+    if (guard.enter(ctx->device.index) != SPCONV_OK) return;
+    if (ctx->cublas_handle != NULL) (void)cublasDestroy((cublasHandle_t)ctx->cublas_handle);
+    cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
+    if (stream != NULL && cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
+    ctx->cublas_handle = NULL;
+    ctx->cuda_stream = NULL;
+}
+
+/* The device stays current afterwards (context.h: creating a context selects its device), so
+ * the caller's own kernels on spconv_context_cuda_stream() go to the right GPU. */
+static spconv_status cuda_context_make_handles(spconv_context *ctx) {
+    CUDA_TRY(cudaSetDevice(ctx->device.index));
+    /* Non-blocking: the context's work does not wait for, nor hold up, unrelated work that
+     * other code queues on the legacy default stream. */
+    cudaStream_t stream = NULL;
+    CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ctx->cuda_stream = stream;
+    cublasHandle_t handle = NULL;
+    CUBLAS_TRY(cublasCreate(&handle));
+    ctx->cublas_handle = handle;
+    CUBLAS_TRY(cublasSetStream(handle, stream));
+    return SPCONV_OK;
+}
+
+static spconv_status cuda_context_init(spconv_context *ctx) {
+    spconv_status st = cuda_context_make_handles(ctx);
+    if (st != SPCONV_OK) cuda_context_destroy(ctx);
+    return st;
+}
+
+static spconv_status cuda_synchronize(spconv_context *ctx) {
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(ctx->device.index));
+    CUDA_TRY(cudaStreamSynchronize(spconv__cuda_stream_for(ctx, ctx->device.index)));
+    return SPCONV_OK;
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr) {
+    *ptr = NULL;
+    if (nbytes == 0) return SPCONV_OK;
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    cudaError_t err = cudaMalloc(ptr, nbytes);
+    if (err == cudaSuccess) return SPCONV_OK;
+    (void)cudaGetLastError();
+    *ptr = NULL;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_bytes = 0, total_bytes = 0;
+        if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
+        return spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                             "cuda backend: out of memory on CUDA device %d allocating %zu bytes "
+                             "(%.3g GiB; %.3g GiB free of %.3g GiB)",
+                             device_index, nbytes, (double)nbytes / gib,
+                             (double)free_bytes / gib, (double)total_bytes / gib);
+    }
+    return spconv__error(SPCONV_ERR_CUDA,
+                         "cuda backend: cudaMalloc of %zu bytes (%.3g GiB) on CUDA device %d "
+                         "failed: %s (%s)",
+                         nbytes, (double)nbytes / gib, device_index, cudaGetErrorName(err),
+                         cudaGetErrorString(err));
+}
+
+/* The slot cannot report failure; cudaFree only fails when the pointer or the runtime is already
+ * broken, and the next checked call reports that. */
+static void cuda_free(int device_index, void *ptr) {
+    if (ptr == NULL) return;
+    spconv__cuda_device_guard guard;
+    if (guard.enter(device_index) != SPCONV_OK) return;
+    if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+}
+
+/* One cudaMemcpyAsync on the stream of ctx; copies that read or write host memory wait for it,
+ * since the caller may reuse or read its buffer as soon as we return. */
+static spconv_status cuda_memcpy(spconv_context *ctx, int device_index, void *dst, const void *src,
+                                 size_t nbytes, cudaMemcpyKind kind) {
+    if (nbytes == 0) return SPCONV_OK;
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    cudaStream_t stream = spconv__cuda_stream_for(ctx, device_index);
+    CUDA_TRY(cudaMemcpyAsync(dst, src, nbytes, kind, stream));
+    if (kind != cudaMemcpyDeviceToDevice) CUDA_TRY(cudaStreamSynchronize(stream));
+    return SPCONV_OK;
+}
+
+static spconv_status cuda_copy_to_device(spconv_context *ctx, int device_index, void *dst,
+                                         const void *src_host, size_t nbytes) {
+    return cuda_memcpy(ctx, device_index, dst, src_host, nbytes, cudaMemcpyHostToDevice);
+}
+
+static spconv_status cuda_copy_to_host(spconv_context *ctx, int device_index, void *dst_host,
+                                       const void *src, size_t nbytes) {
+    return cuda_memcpy(ctx, device_index, dst_host, src, nbytes, cudaMemcpyDeviceToHost);
+}
+
+static spconv_status cuda_copy_on_device(spconv_context *ctx, int device_index, void *dst,
+                                         const void *src, size_t nbytes) {
+    return cuda_memcpy(ctx, device_index, dst, src, nbytes, cudaMemcpyDeviceToDevice);
+}
+
+/* ---- the table ----------------------------------------------------------------------------- */
+
+extern "C" const spconv_backend spconv__cuda_backend = {
+    /* .name            = */ "cuda",
+    /* .device_count    = */ cuda_device_count,
+    /* .context_init    = */ cuda_context_init,
+    /* .context_destroy = */ cuda_context_destroy,
+    /* .synchronize     = */ cuda_synchronize,
+    /* .alloc           = */ cuda_alloc,
+    /* .free            = */ cuda_free,
+    /* .copy_to_device  = */ cuda_copy_to_device,
+    /* .copy_to_host    = */ cuda_copy_to_host,
+    /* .copy_on_device  = */ cuda_copy_on_device,
+    /* .copy_strided    = */ spconv__cuda_copy_strided,
+    /* .fill            = */ spconv__cuda_fill,
+};

@@ -1,0 +1,184 @@
+/* The CPU backend: aligned host memory, memcpy transfers, and strided copy and fill by walking
+ * the elements with an odometer over the dims. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "tensor/convert.h"
+#include "tensor/tensor_impl.h"
+
+/* 64 bytes: a cache line, and the widest SIMD load (AVX-512) never straddles two. */
+#define CPU_ALIGNMENT ((size_t)64)
+
+static int cpu_device_count(void) { return 1; }
+
+static spconv_status cpu_alloc(int device_index, size_t nbytes, void **ptr) {
+    *ptr = NULL;
+    if (nbytes == 0) return SPCONV_OK;
+    /* aligned_alloc wants the size to be a multiple of the alignment. */
+    size_t rounded = nbytes > SIZE_MAX - (CPU_ALIGNMENT - 1)
+                         ? 0
+                         : (nbytes + CPU_ALIGNMENT - 1) & ~(CPU_ALIGNMENT - 1);
+    void *memory = rounded == 0 ? NULL : aligned_alloc(CPU_ALIGNMENT, rounded);
+    SPCONV_RETURN_ERROR_IF(memory == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory allocating %zu bytes (%.3g GiB)", nbytes,
+                           (double)nbytes / (1024.0 * 1024.0 * 1024.0));
+    *ptr = memory;
+    return SPCONV_OK;
+}
+
+static void cpu_free(int device_index, void *ptr) { free(ptr); }
+
+/* Host and device are the same memory, so all three transfers are memcpy. */
+static spconv_status cpu_memcpy(spconv_context *ctx, int device_index, void *dst, const void *src,
+                                size_t nbytes) {
+    if (nbytes > 0) memcpy(dst, src, nbytes);
+    return SPCONV_OK;
+}
+
+/* ---- walking two strided operands together -------------------------------------------------- */
+
+typedef struct walk {
+    int ndim;                          /* >= 1; the last dim is walked by the run functions */
+    int64_t sizes[SPCONV_MAX_DIMS];
+    int64_t steps[2][SPCONV_MAX_DIMS]; /* byte strides of the destination and the source */
+} walk;
+
+/* Drop dims of size 1 and merge neighbours that both operands step through evenly, so that two
+ * contiguous tensors become one long run (a single memcpy for equal dtypes). */
+static void walk_init(walk *w, const spconv_tensor *dst, const spconv_tensor *src) {
+    const spconv_tensor *operands[2] = {dst, src};
+    w->ndim = 0;
+    for (int i = 0; i < dst->ndim; ++i) {
+        if (dst->sizes[i] == 1) continue;
+        int n = w->ndim;
+        int merge = n > 0;
+        for (int k = 0; k < 2 && merge; ++k)
+            merge = w->steps[k][n - 1] == operands[k]->strides[i] * dst->sizes[i];
+        if (merge) {
+            w->sizes[n - 1] *= dst->sizes[i];
+        } else {
+            w->sizes[n] = dst->sizes[i];
+            w->ndim = n + 1;
+        }
+        for (int k = 0; k < 2; ++k) w->steps[k][w->ndim - 1] = operands[k]->strides[i];
+    }
+    if (w->ndim == 0) {
+        w->ndim = 1;
+        w->sizes[0] = 1;
+        w->steps[0][0] = w->steps[1][0] = 0;
+    }
+    for (int k = 0; k < 2; ++k) {
+        int64_t element = (int64_t)spconv__tensor_element_size(operands[k]);
+        for (int d = 0; d < w->ndim; ++d) w->steps[k][d] *= element;
+    }
+}
+
+typedef struct run_args {
+    spconv_dtype dst_dtype, src_dtype;
+    size_t element;         /* bytes per element when the dtypes are equal */
+    unsigned char pattern[8]; /* fill: the value in the destination's dtype */
+} run_args;
+
+typedef void (*run_fn)(char *dst, int64_t dst_step, const char *src, int64_t src_step, int64_t n,
+                       const run_args *args);
+
+static void walk_runs(const walk *w, char *dst, const char *src, run_fn run, const run_args *args) {
+    int inner = w->ndim - 1;
+    int64_t index[SPCONV_MAX_DIMS] = {0};
+    for (;;) {
+        run(dst, w->steps[0][inner], src, w->steps[1][inner], w->sizes[inner], args);
+        int d = inner - 1;
+        while (d >= 0 && ++index[d] == w->sizes[d]) {
+            index[d] = 0;
+            dst -= w->steps[0][d] * (w->sizes[d] - 1);
+            src -= w->steps[1][d] * (w->sizes[d] - 1);
+            --d;
+        }
+        if (d < 0) return;
+        dst += w->steps[0][d];
+        src += w->steps[1][d];
+    }
+}
+
+/* ---- runs: one row of elements ---------------------------------------------------------------- */
+
+/* Fixed-size memcpy per element, so the compiler turns each into one load and one store. */
+#define COPY_EACH(bytes, from, from_step)                                                    \
+    for (int64_t i = 0; i < n; ++i) memcpy(dst + i * dst_step, (from) + i * (from_step), bytes)
+
+static void run_copy_same(char *dst, int64_t dst_step, const char *src, int64_t src_step,
+                          int64_t n, const run_args *args) {
+    if (dst_step == (int64_t)args->element && src_step == dst_step) {
+        memcpy(dst, src, (size_t)n * args->element);
+        return;
+    }
+    switch (args->element) {
+    case 1: COPY_EACH(1, src, src_step); break;
+    case 2: COPY_EACH(2, src, src_step); break;
+    case 4: COPY_EACH(4, src, src_step); break;
+    default: COPY_EACH(8, src, src_step); break;
+    }
+}
+
+static void run_copy_convert(char *dst, int64_t dst_step, const char *src, int64_t src_step,
+                             int64_t n, const run_args *args) {
+    for (int64_t i = 0; i < n; ++i)
+        spconv__convert_element(dst + i * dst_step, args->dst_dtype, src + i * src_step,
+                                args->src_dtype);
+}
+
+static void run_fill(char *dst, int64_t dst_step, const char *src, int64_t src_step, int64_t n,
+                     const run_args *args) {
+    const char *pattern = (const char *)args->pattern;
+    switch (args->element) {
+    case 1: COPY_EACH(1, pattern, 0); break;
+    case 2: COPY_EACH(2, pattern, 0); break;
+    case 4: COPY_EACH(4, pattern, 0); break;
+    default: COPY_EACH(8, pattern, 0); break;
+    }
+}
+
+#undef COPY_EACH
+
+/* ---- slots ------------------------------------------------------------------------------------ */
+
+static spconv_status cpu_copy_strided(spconv_context *ctx, spconv_tensor *dst,
+                                      const spconv_tensor *src) {
+    if (dst->numel == 0) return SPCONV_OK;
+    walk w;
+    walk_init(&w, dst, src);
+    run_args args = {dst->dtype, src->dtype, spconv__tensor_element_size(dst), {0}};
+    walk_runs(&w, spconv_tensor_data(dst), spconv_tensor_data(src),
+              dst->dtype == src->dtype ? run_copy_same : run_copy_convert, &args);
+    return SPCONV_OK;
+}
+
+static spconv_status cpu_fill(spconv_context *ctx, spconv_tensor *dst, double value) {
+    if (dst->numel == 0) return SPCONV_OK;
+    walk w;
+    /* The destination doubles as the source operand: run_fill ignores it, and the walk never
+     * does arithmetic on a NULL pointer. */
+    walk_init(&w, dst, dst);
+    run_args args = {dst->dtype, dst->dtype, spconv__tensor_element_size(dst), {0}};
+    spconv__store_from_floating(args.pattern, dst->dtype, value);
+    walk_runs(&w, spconv_tensor_data(dst), spconv_tensor_data(dst), run_fill, &args);
+    return SPCONV_OK;
+}
+
+/* An empty slot means "not needed": the CPU has no stream or handles to set up or wait for. */
+const spconv_backend spconv__cpu_backend = {
+    .name            = "cpu",
+    .device_count    = cpu_device_count,
+    .context_init    = NULL,
+    .context_destroy = NULL,
+    .synchronize     = NULL,
+    .alloc           = cpu_alloc,
+    .free            = cpu_free,
+    .copy_to_device  = cpu_memcpy,
+    .copy_to_host    = cpu_memcpy,
+    .copy_on_device  = cpu_memcpy,
+    .copy_strided    = cpu_copy_strided,
+    .fill            = cpu_fill,
+};

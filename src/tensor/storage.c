@@ -1,0 +1,88 @@
+/* Storages: reference-counted owners (or wrappers) of bytes on one device. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "tensor/tensor_impl.h"
+
+static spconv_status storage_new(const char *func, spconv_device device, spconv_storage **out) {
+    spconv_storage *storage = calloc(1, sizeof *storage);
+    SPCONV_RETURN_ERROR_IF(storage == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for the storage header", func);
+    storage->refcount = 1;
+    storage->device = device;
+    *out = storage;
+    return SPCONV_OK;
+}
+
+spconv_status spconv__storage_create(const char *func, spconv_device device, size_t nbytes,
+                                     spconv_storage **out) {
+    *out = NULL;
+    const spconv_backend *backend = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+    spconv_storage *storage = NULL;
+    SPCONV_FORWARD_IF_ERROR(storage_new(func, device, &storage));
+    spconv_status st = backend->alloc(device.index, nbytes, &storage->data);
+    if (st != SPCONV_OK) {
+        free(storage);
+        /* Copy the backend's detail first: the new message overwrites the same buffer. */
+        char detail[256];
+        snprintf(detail, sizeof detail, "%s", spconv_last_error());
+        SPCONV_RETURN_ERROR(st, "%s: cannot allocate %zu bytes on the %s backend (%s)", func, nbytes,
+                            backend->name, detail);
+    }
+    storage->nbytes = nbytes;
+    storage->owns_data = 1;
+    *out = storage;
+    return SPCONV_OK;
+}
+
+spconv_status spconv_storage_create(spconv_device device, size_t nbytes, spconv_storage **out) {
+    SPCONV_CHECK_NOT_NULL("spconv_storage_create", out);
+    return spconv__storage_create("spconv_storage_create", device, nbytes, out);
+}
+
+spconv_status spconv_storage_wrap(spconv_device device, void *data, size_t nbytes,
+                                  spconv_deleter deleter, void *user, spconv_storage **out) {
+    static const char func[] = "spconv_storage_wrap";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    SPCONV_RETURN_ERROR_IF(data == NULL && nbytes > 0, SPCONV_ERR_NULL_POINTER,
+                           "%s: 'data' is NULL with nbytes = %zu", func, nbytes);
+    const spconv_backend *backend = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+    spconv_storage *storage = NULL;
+    SPCONV_FORWARD_IF_ERROR(storage_new(func, device, &storage));
+    storage->data = data;
+    storage->nbytes = nbytes;
+    storage->deleter = deleter;
+    storage->deleter_user = user;
+    *out = storage;
+    return SPCONV_OK;
+}
+
+/* Increments need no ordering: whoever retains already holds a reference, so the object cannot
+ * be freed concurrently. The decrement is acq_rel so that every write made through the storage
+ * by other threads happens-before the free done by the thread that drops the last reference. */
+void spconv_storage_retain(spconv_storage *storage) {
+    if (storage != NULL) __atomic_fetch_add(&storage->refcount, 1, __ATOMIC_RELAXED);
+}
+
+void spconv_storage_release(spconv_storage *storage) {
+    if (storage == NULL) return;
+    if (__atomic_sub_fetch(&storage->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
+    if (storage->owns_data) {
+        /* The backend allocated this memory, so it is built in: the lookup cannot fail. */
+        spconv__backend_for(storage->device)->free(storage->device.index, storage->data);
+    } else if (storage->deleter != NULL) {
+        storage->deleter(storage->data, storage->deleter_user);
+    }
+    free(storage);
+}
+
+void *spconv_storage_data(const spconv_storage *storage) { return storage->data; }
+
+size_t spconv_storage_nbytes(const spconv_storage *storage) { return storage->nbytes; }
+
+spconv_device spconv_storage_device(const spconv_storage *storage) { return storage->device; }

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# One prepared run of the CUDA checks on a lent GPU machine (see ../shared/GPU.md):
+#   1. unpack the carried packages of .gpu-deps/*.deb into .gpu-deps/root (never into /);
+#   2. configure for sm_90 without PCL against that prefix, build only what the checks need;
+#   3. print `nvidia-smi -L` and `spconv version` (the library's build and device report);
+#   4. run the CUDA tests (ctest -R cuda), the test data coming from .gpu-deps/data, and
+#      test_cuda_tensor once more under compute-sanitizer's memcheck;
+#   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
+#   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
+#      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
+# Full logs go to $OUT (at most 8 files come back from the device machine; we write 7).
+#
+# Prepare here with tools/gpu-deps.sh, then call the device tool's `run` with
+#   command: bash tools/gpu-check.sh      carry: [".gpu-deps"]      timeout_s: ~400
+# Without a GPU (as here) it still configures, builds and runs: the CUDA tests then skip.
+#
+# Benchmark contract: a program tools/bench_<name>.c whose source mentions `--device` is run as
+# `bench_<name> --device cuda` and `bench_<name> --device cpu` (with $BENCH_ARGS), and prints one
+# line per measured case:
+#   result case=<name> median_ms=<ms> gflops=<GFLOP/s or 0> gbps=<GB/s or 0>
+# measured with CUDA events on the GPU, after a warm-up, as the median of repetitions.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+repo=$PWD
+out=${OUT:-$repo/out/gpu-check}
+build=${GPU_CHECK_BUILD:-$repo/build-gpu}
+deps=$repo/.gpu-deps
+root=$deps/root
+jobs=${JOBS:-$(nproc)}
+mkdir -p "$out"
+status=0
+
+section() { printf '\n==== %s ====\n' "$*"; }
+
+# ---- 1. carried packages ---------------------------------------------------------------------
+section "dependencies"
+shopt -s nullglob
+debs=("$deps"/*.deb)
+# dpkg -x where dpkg exists; otherwise the same by hand: a .deb is an ar archive whose data.tar.*
+# member holds the files.
+unpack_deb() {
+  if command -v dpkg >/dev/null; then dpkg -x "$1" "$root"; return; fi
+  local member
+  member=$(ar t "$1" | grep '^data\.tar')
+  case $member in
+    *.xz) ar p "$1" "$member" | tar -xJ -C "$root" ;;
+    *.zst) ar p "$1" "$member" | tar --zstd -x -C "$root" ;;
+    *.gz) ar p "$1" "$member" | tar -xz -C "$root" ;;
+    *) ar p "$1" "$member" | tar -x -C "$root" ;;
+  esac
+}
+if [ ${#debs[@]} -gt 0 ]; then
+  mkdir -p "$root"
+  for d in "${debs[@]}"; do unpack_deb "$d"; done
+  # dpkg -x runs no maintainer scripts, so the update-alternatives links that point the generic
+  # OpenBLAS names at the pthread build are missing: make them, as the postinst would.
+  lib=$root/usr/lib/x86_64-linux-gnu
+  for name in libopenblas.so libopenblas.so.0 libblas.so libblas.so.3; do
+    target=$lib/openblas-pthread/$name
+    [ -e "$target" ] && ln -sfn "openblas-pthread/$name" "$lib/$name"
+  done
+  export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "unpacked ${#debs[@]} packages into $root"
+else
+  echo "no .gpu-deps/*.deb (run tools/gpu-deps.sh to carry them): using the system's packages"
+fi
+data_dir=$deps/data
+[ -d "$data_dir" ] || data_dir=$repo/../shared/data
+echo "test data: $data_dir"
+
+# ---- 2. configure and build ------------------------------------------------------------------
+section "configure and build ($jobs jobs) in $build"
+configure=(cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+           -DSPCONV_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DSPCONV_PCL=OFF
+           -DSPCONV_TEST_DATA_DIR="$data_dir")
+[ -d "$root/usr" ] && configure+=(-DCMAKE_PREFIX_PATH="$root/usr")
+if ! "${configure[@]}" >"$out/configure.log" 2>&1; then
+  tail -30 "$out/configure.log"
+  echo "gpu-check: configure failed (full log: configure.log)"
+  exit 1
+fi
+grep -E '^-- spconv:' "$out/configure.log"
+
+targets=(spconv_cli)
+for src in tests/test_cuda_*.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
+echo "targets: ${targets[*]}"
+start=$(date +%s)
+# -k 0: a target that fails to build must not keep the others from being checked.
+if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- -k 0 >"$out/build.log" 2>&1; then
+  grep -E 'error|FAILED' "$out/build.log" | head -30
+  echo "gpu-check: some targets failed to build (full log: build.log); checking the rest"
+  status=1
+fi
+echo "built in $(( $(date +%s) - start )) s"
+
+# ---- 3. the machine and the library's view of it --------------------------------------------
+section "devices"
+if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "nvidia-smi: not found"; fi
+if [ -x "$build/tools/spconv" ]; then
+  "$build/tools/spconv" version
+else
+  echo "spconv version: the CLI did not build"
+fi
+
+# ---- 4. CUDA tests ---------------------------------------------------------------------------
+section "CUDA tests"
+# Whole outputs in the JUnit file: the summary counts the cases of each program from them.
+ctest --test-dir "$build" -R cuda --output-on-failure --output-junit "$out/ctest.xml" \
+      --test-output-size-passed 1000000 --test-output-size-failed 1000000 \
+      >"$out/ctest.log" 2>&1 || status=1
+tail -25 "$out/ctest.log"
+
+# Out-of-bounds or misaligned device accesses can go unnoticed when results still compare
+# equal; compute-sanitizer (shipped with the toolkit) reports them. Skipped where it is missing.
+# API errors are not reported: the test provokes a failing cudaMalloc on purpose.
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$sanitizer" ] && [ -x "$build/tests/test_cuda_tensor" ]; then
+  if SPCONV_DATA_DIR=$data_dir timeout 300 "$sanitizer" --tool memcheck --report-api-errors no \
+       --error-exitcode 1 "$build/tests/test_cuda_tensor" >"$out/sanitizer.log" 2>&1; then
+    echo "compute-sanitizer memcheck of test_cuda_tensor: clean"
+  else
+    tail -20 "$out/sanitizer.log"
+    echo "compute-sanitizer memcheck of test_cuda_tensor: FAILED (sanitizer.log)"
+    status=1
+  fi
+else
+  echo "compute-sanitizer: not found, memcheck skipped"
+fi
+
+# ---- 5. benchmarks ---------------------------------------------------------------------------
+section "benchmarks"
+: >"$out/bench.log"
+benches=0
+for bench in "$build"/tools/bench_*; do
+  [ -x "$bench" ] || continue
+  # Asked of the source, not of `--help`: a program that ignores --help would run in full.
+  grep -q -- '--device' "tools/$(basename "$bench").c" 2>/dev/null || continue
+  benches=$((benches + 1))
+  for device in cuda cpu; do
+    echo "### $(basename "$bench") --device $device ${BENCH_ARGS:-}" >>"$out/bench.log"
+    # BENCH_ARGS is split into words on purpose: it holds options.
+    # shellcheck disable=SC2086
+    timeout 300 "$bench" --device "$device" ${BENCH_ARGS:-} >>"$out/bench.log" 2>&1 || {
+      echo "### exit status $? for $(basename "$bench") --device $device" >>"$out/bench.log"
+      status=1
+    }
+  done
+done
+echo "$benches benchmark program(s) with --device"
+
+# ---- 6. summary table ------------------------------------------------------------------------
+section "summary"
+python3 - "$out/ctest.xml" "$out/bench.log" <<'PY' | tee "$out/summary.txt"
+import re, sys
+import xml.etree.ElementTree as ET
+
+junit, bench_log = sys.argv[1], sys.argv[2]
+def count(label, text):
+    return sum(int(n) for n in re.findall(r"\[\s*%s\s*\] (\d+) test" % label, text))
+print(f"{'test':<28} {'ctest':<8} {'passed':>6} {'failed':>6} {'skipped':>7} {'seconds':>8}")
+try:
+    cases = ET.parse(junit).getroot().iter("testcase")
+except (OSError, ET.ParseError) as err:
+    cases = []
+    print(f"(no ctest results: {err})")
+for case in cases:
+    text = "".join(node.text or "" for node in case.iter("system-out"))
+    verdict = case.get("status") or ("fail" if case.find("failure") is not None else "run")
+    print(f"{case.get('name'):<28} {verdict:<8} {count('PASSED', text):>6} "
+          f"{count('FAILED', text):>6} {count('SKIPPED', text):>7} "
+          f"{float(case.get('time', 0)):>8.2f}")
+
+results, program, device = {}, None, None
+for line in open(bench_log, encoding="utf-8", errors="replace"):
+    header = re.match(r"### (\S+) --device (\S+)", line)
+    if header:
+        program, device = header.groups()
+        continue
+    if line.startswith("result "):
+        fields = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+        results.setdefault((program, fields.get("case", "?")), {})[device] = fields
+if results:
+    print()
+    print(f"{'benchmark case':<40} {'cuda ms':>9} {'GFLOP/s':>9} {'GB/s':>8} {'cpu ms':>9} "
+          f"{'speed-up':>8}")
+    for (prog, case), by_device in sorted(results.items()):
+        gpu, cpu = by_device.get("cuda", {}), by_device.get("cpu", {})
+        ms = lambda r: float(r.get("median_ms", "nan"))
+        ratio = ms(cpu) / ms(gpu) if gpu and cpu and ms(gpu) > 0 else float("nan")
+        print(f"{prog + ':' + case:<40} {ms(gpu):>9.3f} {float(gpu.get('gflops', 'nan')):>9.1f} "
+              f"{float(gpu.get('gbps', 'nan')):>8.1f} {ms(cpu):>9.3f} {ratio:>7.1f}x")
+PY
+echo "gpu-check: $([ $status -eq 0 ] && echo OK || echo FAILED) (logs in $out)"
+exit $status

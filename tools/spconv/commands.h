@@ -1,0 +1,17 @@
+/* Subcommands of the `spconv` tool. Each takes the arguments after its name and returns the
+ * process exit status: 0 on success, 2 on bad arguments or files (after a one-line message on
+ * stderr), 1 on any other failure. */
+#ifndef SPCONV_TOOLS_COMMANDS_H
+#define SPCONV_TOOLS_COMMANDS_H
+
+typedef int (*spconv_command_fn)(int argc, char **argv);
+
+typedef struct spconv_command {
+    const char *name;
+    const char *summary;
+    spconv_command_fn run;
+} spconv_command;
+
+int spconv_cmd_version(int argc, char **argv);
+
+#endif
