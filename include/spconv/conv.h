@@ -45,8 +45,9 @@ spconv_status spconv_conv_backward(spconv_context *ctx, const spconv_rulebook *r
                                    spconv_tensor **grad_weight, spconv_tensor **grad_bias);
 
 /** Max pooling over the pairs of @p rb (a REGULAR rulebook): out [num_out, C] starts from -inf;
- *  ties go to the pair of the smallest offset k. @p argmax (may be NULL) receives int32
- *  [num_out, C]: the input row that gave each maximum (-1 if an output has no pair). */
+ *  ties go to the pair of the smallest offset k; a NaN input wins (NaNs propagate). @p argmax
+ *  (may be NULL) receives int32 [num_out, C]: the input row that gave each maximum (-1 if an
+ *  output has no pair). */
 spconv_status spconv_maxpool_forward(spconv_context *ctx, const spconv_rulebook *rb,
                                      const spconv_tensor *features, spconv_tensor **out,
                                      spconv_tensor **argmax);

@@ -16,12 +16,16 @@
 #include "spconv/config.h"
 #include "spconv/context.h"
 #include "spconv/conv.h"
+#include "spconv/image.h"
+#include "spconv/io.h"
+#include "spconv/net.h"
 #include "spconv/npy.h"
 #include "spconv/rulebook.h"
 #include "spconv/sparse.h"
 #include "spconv/status.h"
 #include "spconv/tensor.h"
 #include "spconv/types.h"
+#include "spconv/voxelize.h"
 
 #ifdef __cplusplus
 extern "C" {

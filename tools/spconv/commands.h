@@ -13,5 +13,12 @@ typedef struct spconv_command {
 } spconv_command;
 
 int spconv_cmd_version(int argc, char **argv);
+int spconv_cmd_conv(int argc, char **argv);     /* cmd_conv.c */
+int spconv_cmd_maxpool(int argc, char **argv);  /* cmd_conv.c */
+int spconv_cmd_rulebook(int argc, char **argv); /* cmd_conv.c */
+int spconv_cmd_voxelize(int argc, char **argv); /* cmd_pointcloud.c */
+int spconv_cmd_info(int argc, char **argv);     /* cmd_pointcloud.c */
+int spconv_cmd_run(int argc, char **argv);      /* cmd_run.c */
+int spconv_cmd_bench(int argc, char **argv);    /* cmd_bench.c */
 
 #endif

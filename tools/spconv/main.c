@@ -7,6 +7,17 @@
 
 static const spconv_command commands[] = {
     {"version", "print the version, the build and the CUDA devices", spconv_cmd_version},
+    {"conv", "one sparse conv layer (regular, subm or transposed), forward and backward",
+     spconv_cmd_conv},
+    {"maxpool", "one sparse max pooling layer, forward and backward", spconv_cmd_maxpool},
+    {"rulebook", "the rulebook (pairs per kernel offset) of a sparse conv", spconv_cmd_rulebook},
+    {"voxelize", "points of a LiDAR scan (.bin, .pcd, .ply) to voxels in .npy files",
+     spconv_cmd_voxelize},
+    {"info", "what a point-cloud file holds: format, points, fields, bounds", spconv_cmd_info},
+    {"run", "a LiDAR backbone on a scan: per-layer account, output .npy and a picture",
+     spconv_cmd_run},
+    {"bench", "time a zoo network forward (and backward), per layer and per phase",
+     spconv_cmd_bench},
 };
 
 #define COMMAND_COUNT (sizeof commands / sizeof commands[0])

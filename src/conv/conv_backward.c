@@ -1,0 +1,388 @@
+/* indice_conv backward on the CPU, and the dispatcher of spconv_conv_backward:
+ *   grad_features = sum over k, increasing, of scatter(gather(grad_out, out rows) @ W[k]^T,
+ *                   in rows)
+ *   grad_weight[k] = gather(features, in rows)^T @ gather(grad_out, out rows)
+ *   grad_bias = column sums of grad_out.
+ * Target-stationary (conv_cpu.h) over blocks of input rows, with the pairs sorted by in row.
+ * The blocks are dealt, in order, to a fixed number of groups; each group sums its blocks'
+ * weight-gradient products into its own [KV, C_in, C_out] buffer (group 0 straight into
+ * grad_weight), and after the only barrier the buffers are added in group order. Group bounds
+ * depend on the sizes alone, so the sums do not depend on the thread count. */
+#include <string.h>
+
+#include "conv/conv_check.h"
+#include "conv/conv_cpu.h"
+#include "core/backend.h"
+#include "core/error.h"
+
+/* Rows per block of the bias-gradient column sums, and elements per block of the reductions. */
+#define BIAS_BLOCK_ROWS 4096
+#define REDUCE_BLOCK 4096
+/* Weight-gradient groups: enough to balance a few threads, and at most this many bytes of
+ * per-group buffers beyond grad_weight itself. */
+#define MAX_GROUPS 16
+#define MAX_PARTIAL_BYTES (64.0 * 1024 * 1024)
+
+typedef struct backward_args {
+    const spconv__conv_plan *plan;
+    spconv__pair_lists pairs; /* source = out rows, target = in rows (sorted) */
+    const char *features;     /* [num_in, C_in] contiguous */
+    const char *weight;       /* [KV, C_in, C_out] contiguous */
+    const char *grad_out;     /* [num_out, C_out] contiguous */
+    char *grad_in;            /* [num_in, C_in] or NULL */
+    char *grad_weight;        /* [KV, C_in, C_out] or NULL */
+    char *grad_bias;          /* [C_out] or NULL */
+    char *partials;           /* groups - 1 buffers [KV, C_in, C_out]: groups 1.. */
+    double *bias_partials;    /* [bias blocks, C_out] */
+    int64_t block_rows, blocks, groups;
+    char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
+    size_t thread_bytes;
+} backward_args;
+
+static void add_into(spconv_dtype dtype, void *dst, const void *src, int64_t n) {
+    if (dtype == SPCONV_F32) {
+        float *restrict d = dst;
+        const float *restrict s = src;
+        for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    } else {
+        double *restrict d = dst;
+        const double *restrict s = src;
+        for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    }
+}
+
+/* Column sums of grad_out in double: blocks of rows in parallel, then the blocks in order. */
+static void bias_gradient(const backward_args *a) {
+    const spconv__conv_plan *plan = a->plan;
+    const int64_t cols = plan->c_out,
+                  blocks = (plan->num_out + BIAS_BLOCK_ROWS - 1) / BIAS_BLOCK_ROWS;
+    SPCONV_OMP(omp for schedule(static))
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        double *sums = a->bias_partials + blk * cols;
+        for (int64_t j = 0; j < cols; ++j) sums[j] = 0.0;
+        int64_t end = (blk + 1) * BIAS_BLOCK_ROWS < plan->num_out ? (blk + 1) * BIAS_BLOCK_ROWS
+                                                                  : plan->num_out;
+        for (int64_t r = blk * BIAS_BLOCK_ROWS; r < end; ++r) {
+            const char *row = a->grad_out + (size_t)(r * cols) * plan->elem;
+            if (plan->dtype == SPCONV_F32)
+                for (int64_t j = 0; j < cols; ++j) sums[j] += ((const float *)row)[j];
+            else
+                for (int64_t j = 0; j < cols; ++j) sums[j] += ((const double *)row)[j];
+        }
+    }
+    SPCONV_OMP(omp single)
+    for (int64_t j = 0; j < cols; ++j) {
+        double total = 0.0;
+        for (int64_t blk = 0; blk < blocks; ++blk) total += a->bias_partials[blk * cols + j];
+        if (plan->dtype == SPCONV_F32)
+            ((float *)a->grad_bias)[j] = (float)total;
+        else
+            ((double *)a->grad_bias)[j] = total;
+    }
+}
+
+/* Sorted pairs [first, first + rows), all of offset k: gather their grad_out rows; d_features
+ * rows += that @ W[k]^T; @p sums_k += gathered features^T @ gathered grad_out. */
+static void backward_chunk(const backward_args *a, int64_t k, int64_t first, int64_t rows,
+                           char *sums_k, spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t in_row = (size_t)plan->c_in * plan->elem,
+                 out_row = (size_t)plan->c_out * plan->elem;
+    const char *w_k = a->weight + (size_t)k * in_row * (size_t)plan->c_out;
+    const int32_t *out_rows = a->pairs.source + first, *in_rows = a->pairs.target + first;
+    char *g_buf = buffer;
+    char *x_buf = g_buf + spconv__align_line((size_t)plan->chunk * out_row);
+    char *d_buf = x_buf + spconv__align_line((size_t)plan->chunk * in_row);
+    double mark = spconv__clock_start(clock);
+    spconv__gather_rows(g_buf, a->grad_out, out_rows, rows, out_row);
+    spconv__clock_lap(clock, &mark, &clock->gather_s);
+    if (a->grad_in != NULL) {
+        spconv__gemm(plan->dtype, plan->gemm, 0, 1, rows, plan->c_in, plan->c_out, g_buf,
+                     plan->c_out, w_k, plan->c_out, 0, d_buf, plan->c_in);
+        spconv__clock_lap(clock, &mark, &clock->gemm_s);
+        spconv__scatter_add_rows(plan->dtype, a->grad_in, in_rows, d_buf, rows, plan->c_in);
+        spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    }
+    if (sums_k == NULL) return;
+    spconv__gather_rows(x_buf, a->features, in_rows, rows, in_row);
+    spconv__clock_lap(clock, &mark, &clock->gather_s);
+    spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, rows, x_buf, plan->c_in,
+                 g_buf, plan->c_out, 1, sums_k, plan->c_out);
+    spconv__clock_lap(clock, &mark, &clock->gemm_s);
+}
+
+/* The identity offset on rows [r0, r1): the same rows of every operand, no gather or scatter. */
+static void backward_identity(const backward_args *a, int64_t r0, int64_t r1, char *sums_k,
+                              spconv__phase_clock *clock) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t in_row = (size_t)plan->c_in * plan->elem,
+                 out_row = (size_t)plan->c_out * plan->elem;
+    const char *w_k = a->weight + (size_t)plan->identity_k * in_row * (size_t)plan->c_out;
+    const char *g = a->grad_out + (size_t)r0 * out_row;
+    double mark = spconv__clock_start(clock);
+    if (a->grad_in != NULL)
+        spconv__gemm(plan->dtype, plan->gemm, 0, 1, r1 - r0, plan->c_in, plan->c_out, g,
+                     plan->c_out, w_k, plan->c_out, 1, a->grad_in + (size_t)r0 * in_row,
+                     plan->c_in);
+    if (sums_k != NULL)
+        spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, r1 - r0,
+                     a->features + (size_t)r0 * in_row, plan->c_in, g, plan->c_out, 1, sums_k,
+                     plan->c_out);
+    spconv__clock_lap(clock, &mark, &clock->gemm_s);
+}
+
+/* In rows [r0, r1): d_features from zero through every offset in increasing k, and the block's
+ * weight-gradient products added into @p sums ([KV, C_in, C_out] or NULL). */
+static void backward_block(const backward_args *a, int64_t r0, int64_t r1, char *sums,
+                           spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t in_row = (size_t)plan->c_in * plan->elem;
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    double mark = spconv__clock_start(clock);
+    if (a->grad_in != NULL) memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    /* Without channels on either side every product is empty: zeros are the answer. */
+    for (int64_t k = 0; k < plan->kernel_volume && plan->c_in > 0 && plan->c_out > 0; ++k) {
+        char *sums_k = sums != NULL ? sums + (size_t)k * sum_bytes : NULL;
+        if (k == plan->identity_k) {
+            backward_identity(a, r0, r1, sums_k, clock);
+            continue;
+        }
+        int64_t first, end;
+        spconv__pairs_range(&a->pairs, k, r0, r1, &first, &end);
+        for (; first < end; first += plan->chunk)
+            backward_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk,
+                           sums_k, clock, buffer);
+    }
+}
+
+/* Group g: its weight-gradient buffer from zero, then its blocks in order. */
+static void backward_group(const backward_args *a, int64_t g, spconv__phase_clock *clock,
+                           char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t all_bytes = (size_t)(plan->kernel_volume * plan->c_in * plan->c_out) * plan->elem;
+    char *sums = a->grad_weight == NULL ? NULL
+                 : g == 0               ? a->grad_weight
+                                        : a->partials + (size_t)(g - 1) * all_bytes;
+    if (sums != NULL) memset(sums, 0, all_bytes);
+    for (int64_t b = g * a->blocks / a->groups; b < (g + 1) * a->blocks / a->groups; ++b) {
+        int64_t r0 = b * a->block_rows;
+        backward_block(a, r0, r0 + a->block_rows < plan->num_in ? r0 + a->block_rows : plan->num_in,
+                       sums, clock, buffer);
+    }
+}
+
+/* grad_weight += the group buffers 1.., in group order. */
+static void reduce_weight_gradient(const backward_args *a) {
+    const spconv__conv_plan *plan = a->plan;
+    const int64_t n = plan->kernel_volume * plan->c_in * plan->c_out;
+    const int64_t blocks = (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK;
+    SPCONV_OMP(omp for schedule(static))
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t start = blk * REDUCE_BLOCK,
+                len = n - start < REDUCE_BLOCK ? n - start : REDUCE_BLOCK;
+        for (int64_t g = 1; g < a->groups; ++g)
+            add_into(plan->dtype, a->grad_weight + (size_t)start * plan->elem,
+                     a->partials + (size_t)((g - 1) * n + start) * plan->elem, len);
+    }
+}
+
+static void backward_run(const backward_args *a, int threads, spconv__conv_timing *timing) {
+    spconv__gemm_prepare();
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
+        char *buffer = a->workspace + (size_t)spconv__omp_thread() * a->thread_bytes;
+        double mark = spconv__clock_start(&clock);
+        if (a->grad_bias != NULL) bias_gradient(a);
+        spconv__clock_lap(&clock, &mark, &clock.scatter_s);
+        /* With only grad_bias wanted no pair needs a visit. */
+        const int64_t groups = a->grad_in != NULL || a->grad_weight != NULL ? a->groups : 0;
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t g = 0; g < groups; ++g) backward_group(a, g, &clock, buffer);
+        mark = spconv__clock_start(&clock);
+        if (a->grad_weight != NULL) reduce_weight_gradient(a);
+        spconv__clock_lap(&clock, &mark, &clock.scatter_s);
+        if (timing != NULL) spconv__clock_merge(&clock, timing);
+    }
+    if (timing != NULL) timing->threads = threads;
+}
+
+/* Byte offsets of the workspace's parts. */
+typedef struct backward_layout_t {
+    size_t partials_at, threads_at, sort_at, total;
+} backward_layout_t;
+
+/* Blocks and groups of @p a, and the workspace: bias partials, group buffers, per-thread
+ * buffers, then (unless @p sorted) room to sort the pairs by in row. */
+static backward_layout_t backward_layout(backward_args *a, int threads, int sorted,
+                                         int64_t num_pairs) {
+    const spconv__conv_plan *plan = a->plan;
+    a->block_rows = spconv__block_rows(plan, plan->c_in);
+    a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
+    const double all_bytes =
+        (double)(plan->kernel_volume * plan->c_in * plan->c_out) * (double)plan->elem;
+    int64_t groups = a->blocks < MAX_GROUPS ? a->blocks : MAX_GROUPS;
+    if (a->grad_weight == NULL) {
+        groups = a->blocks; /* nothing to reduce: one block per work item */
+    } else {
+        int64_t affordable = 1 + (int64_t)(MAX_PARTIAL_BYTES / (all_bytes > 1.0 ? all_bytes : 1.0));
+        if (groups > affordable) groups = affordable;
+        if (groups < 1) groups = 1; /* even without input rows grad_weight must be zeroed */
+    }
+    a->groups = groups;
+    a->thread_bytes = spconv__align_line((size_t)plan->chunk * (size_t)plan->c_out * plan->elem) +
+                      2 * spconv__align_line((size_t)plan->chunk * (size_t)plan->c_in * plan->elem);
+    int64_t bias_blocks = (plan->num_out + BIAS_BLOCK_ROWS - 1) / BIAS_BLOCK_ROWS;
+    backward_layout_t l;
+    l.partials_at = a->grad_bias == NULL
+                        ? 0
+                        : spconv__align_line((size_t)(bias_blocks * plan->c_out) * sizeof(double));
+    l.threads_at =
+        l.partials_at +
+        (a->grad_weight == NULL ? 0 : spconv__align_line((size_t)(groups - 1) * (size_t)all_bytes));
+    l.sort_at = l.threads_at + (size_t)threads * a->thread_bytes;
+    l.total = l.sort_at + (sorted ? 0
+                                  : 2 * spconv__align_line((size_t)num_pairs * sizeof(int32_t)) +
+                                        (size_t)spconv__sort_threads(threads) *
+                                            (size_t)plan->num_in * sizeof(int32_t));
+    return l;
+}
+
+/* Lay out the workspace and point @p a at the pairs sorted by in row: a subm rulebook's mirrored
+ * offsets when its out rows are sorted (spconv__pair_lists), the rulebook's own order when it is
+ * sorted by in row, else copies sorted in the workspace. */
+static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook *rb,
+                                      const int32_t *in_rows, const int32_t *out_rows, int threads,
+                                      backward_args *a, spconv_context **temp) {
+    const int64_t kv = spconv_rulebook_kernel_volume(rb), pairs = spconv_rulebook_num_pairs(rb);
+    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    const int need_pairs = a->grad_in != NULL || a->grad_weight != NULL;
+    const int mirrored = need_pairs && spconv_rulebook_params(rb)->kind == SPCONV_CONV_SUBM &&
+                         spconv__rows_sorted(offsets, kv, out_rows, threads);
+    const int sorted =
+        !need_pairs || mirrored || spconv__rows_sorted(offsets, kv, in_rows, threads);
+    backward_layout_t l = backward_layout(a, threads, sorted, pairs);
+    void *workspace;
+    SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, l.total, &workspace, temp));
+    char *base = workspace;
+    a->bias_partials = (double *)base;
+    a->partials = base + l.partials_at;
+    a->workspace = base + l.threads_at;
+    a->pairs.offsets = offsets;
+    a->pairs.source = mirrored ? in_rows : out_rows;
+    a->pairs.target = mirrored ? out_rows : in_rows;
+    a->pairs.kernel_volume = kv;
+    a->pairs.mirrored = mirrored;
+    if (!sorted) {
+        const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
+        int32_t *source = (int32_t *)(base + l.sort_at), *target = source + list;
+        spconv__sort_by_target(offsets, kv, out_rows, in_rows, a->plan->num_in, target + list,
+                               source, target, spconv__sort_threads(threads));
+        a->pairs.source = source;
+        a->pairs.target = target;
+    }
+    return SPCONV_OK;
+}
+
+static spconv_status new_output(const spconv_tensor *like, int ndim, const int64_t *sizes,
+                                spconv_tensor **result, char **data) {
+    SPCONV_FORWARD_IF_ERROR(
+        spconv_tensor_empty(spconv_cpu(), spconv_tensor_dtype(like), ndim, sizes, result));
+    *data = spconv_tensor_data(*result);
+    return SPCONV_OK;
+}
+
+static spconv_status backward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
+                                  const spconv__conv_dims *dims, const spconv_tensor *features,
+                                  const spconv_tensor *weight, const spconv_tensor *grad_out,
+                                  const spconv__conv_options *options,
+                                  spconv_tensor **grad_features, spconv_tensor **grad_weight,
+                                  spconv_tensor **grad_bias) {
+    spconv_tensor *f = NULL, *w = NULL, *g = NULL, *pairs_in = NULL, *pairs_out = NULL;
+    spconv_tensor *d_in = NULL, *d_w = NULL, *d_b = NULL;
+    spconv_context *temp = NULL;
+    backward_args a = {0};
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
+    int64_t in_sizes[2] = {dims->num_in, dims->c_in}, bias_size = dims->c_out;
+    if (grad_features != NULL)
+        SPCONV_TRY_GOTO(st, new_output(features, 2, in_sizes, &d_in, &a.grad_in), done);
+    if (grad_weight != NULL)
+        SPCONV_TRY_GOTO(st,
+                        new_output(weight, spconv_tensor_ndim(weight), spconv_tensor_sizes(weight),
+                                   &d_w, &a.grad_weight),
+                        done);
+    if (grad_bias != NULL)
+        SPCONV_TRY_GOTO(st, new_output(grad_out, 1, &bias_size, &d_b, &a.grad_bias), done);
+
+    spconv__conv_plan plan;
+    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
+                           dims->c_out + 2 * dims->c_in,
+                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
+    a.plan = &plan;
+    a.features = spconv_tensor_data(f);
+    a.weight = spconv_tensor_data(w);
+    a.grad_out = spconv_tensor_data(g);
+    int threads = spconv_context_num_threads(ctx);
+    SPCONV_TRY_GOTO(st,
+                    backward_prepare(ctx, rb, spconv_tensor_data(pairs_in),
+                                     spconv_tensor_data(pairs_out), threads, &a, &temp),
+                    done);
+    backward_run(&a, threads, options != NULL ? options->timing : NULL);
+    if (grad_features != NULL) *grad_features = d_in, d_in = NULL;
+    if (grad_weight != NULL) *grad_weight = d_w, d_w = NULL;
+    if (grad_bias != NULL) *grad_bias = d_b, d_b = NULL;
+done:
+    spconv_tensor_release(d_b);
+    spconv_tensor_release(d_w);
+    spconv_tensor_release(d_in);
+    spconv_tensor_release(pairs_out);
+    spconv_tensor_release(pairs_in);
+    spconv_tensor_release(g);
+    spconv_tensor_release(w);
+    spconv_tensor_release(f);
+    spconv_context_destroy(temp);
+    return st;
+}
+
+spconv_status spconv__conv_backward_ex(spconv_context *ctx, const spconv_rulebook *rb,
+                                       const spconv_tensor *features, const spconv_tensor *weight,
+                                       const spconv_tensor *grad_out,
+                                       const spconv__conv_options *options,
+                                       spconv_tensor **grad_features, spconv_tensor **grad_weight,
+                                       spconv_tensor **grad_bias) {
+    static const char func[] = "spconv_conv_backward";
+    if (grad_features != NULL) *grad_features = NULL;
+    if (grad_weight != NULL) *grad_weight = NULL;
+    if (grad_bias != NULL) *grad_bias = NULL;
+    SPCONV_CHECK_NOT_NULL(func, rb);
+    SPCONV_CHECK_NOT_NULL(func, features);
+    SPCONV_CHECK_NOT_NULL(func, weight);
+    SPCONV_CHECK_NOT_NULL(func, grad_out);
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, NULL, grad_out, &dims));
+    if (dims.device.type != SPCONV_DEVICE_CPU) {
+        const spconv_backend *backend;
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, dims.device, &backend));
+        SPCONV_RETURN_ERROR_IF(backend->conv_backward == NULL, SPCONV_ERR_NOT_SUPPORTED,
+                               "%s: the %s backend has no sparse conv backward kernel", func,
+                               backend->name);
+        return backend->conv_backward(ctx, rb, features, weight, grad_out, grad_features,
+                                      grad_weight, grad_bias);
+    }
+    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, dims.dtype));
+    if (grad_features == NULL && grad_weight == NULL && grad_bias == NULL) return SPCONV_OK;
+    return backward_cpu(ctx, rb, &dims, features, weight, grad_out, options, grad_features,
+                        grad_weight, grad_bias);
+}
+
+spconv_status spconv_conv_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                   const spconv_tensor *features, const spconv_tensor *weight,
+                                   const spconv_tensor *grad_out, spconv_tensor **grad_features,
+                                   spconv_tensor **grad_weight, spconv_tensor **grad_bias) {
+    return spconv__conv_backward_ex(ctx, rb, features, weight, grad_out, NULL, grad_features,
+                                    grad_weight, grad_bias);
+}

@@ -1,0 +1,165 @@
+/* Shared pieces of the CPU conv executors (see conv_cpu.h). */
+#include "conv/conv_cpu.h"
+
+#include <string.h>
+
+#include "core/context_impl.h"
+#include "core/error.h"
+#include "rulebook/rulebook_impl.h"
+
+/* Bytes of gathered operands per thread and chunk: small enough that a chunk's operands and the
+ * packed panels of the product stay in a core's L2 (2 MiB on the development machine), large
+ * enough that a product has hundreds of rows to amortise its packing of W[k]. */
+#define SPCONV__CHUNK_BYTES (512 * 1024)
+#define SPCONV__CHUNK_MIN 16
+#define SPCONV__CHUNK_MAX 4096
+
+/* Bytes of target rows per block: with a chunk's operands the block still fits the L2, so the
+ * scatter-adds of all offsets hit cache; and a block of 64-channel f32 rows holds 4096 rows, so
+ * that a subm offset (about a quarter of the sites each, on LiDAR scans) still gives its GEMM
+ * about a thousand rows. */
+#define SPCONV__BLOCK_BYTES (1024 * 1024)
+#define SPCONV__BLOCK_MIN 64
+#define SPCONV__BLOCK_MAX 16384
+
+void spconv__clock_merge(const spconv__phase_clock *clock, spconv__conv_timing *timing) {
+    if (!clock->on) return;
+    SPCONV_OMP(omp critical(spconv_conv_timing)) {
+        timing->gather_s += clock->gather_s;
+        timing->gemm_s += clock->gemm_s;
+        timing->scatter_s += clock->scatter_s;
+    }
+}
+
+void spconv__conv_plan_init(spconv__conv_plan *plan, const spconv_rulebook *rb, spconv_dtype dtype,
+                            int64_t c_in, int64_t c_out, int64_t chunk_row_elems,
+                            spconv__gemm_impl gemm) {
+    plan->dtype = dtype;
+    plan->elem = spconv_dtype_size(dtype);
+    plan->kernel_volume = spconv_rulebook_kernel_volume(rb);
+    plan->c_in = c_in;
+    plan->c_out = c_out;
+    plan->num_in = spconv_rulebook_num_in(rb);
+    plan->num_out = spconv_rulebook_num_out(rb);
+    plan->identity_k = rb->center_is_identity ? plan->kernel_volume / 2 : -1;
+    int64_t row_bytes = chunk_row_elems * (int64_t)plan->elem;
+    int64_t chunk = row_bytes > 0 ? SPCONV__CHUNK_BYTES / row_bytes : SPCONV__CHUNK_MAX;
+    if (chunk < SPCONV__CHUNK_MIN) chunk = SPCONV__CHUNK_MIN;
+    if (chunk > SPCONV__CHUNK_MAX) chunk = SPCONV__CHUNK_MAX;
+    plan->chunk = chunk;
+    plan->gemm = gemm;
+}
+
+int64_t spconv__block_rows(const spconv__conv_plan *plan, int64_t row_elems) {
+    int64_t row_bytes = row_elems * (int64_t)plan->elem;
+    int64_t rows = row_bytes > 0 ? SPCONV__BLOCK_BYTES / row_bytes : SPCONV__BLOCK_MAX;
+    if (rows < SPCONV__BLOCK_MIN) rows = SPCONV__BLOCK_MIN;
+    if (rows > SPCONV__BLOCK_MAX) rows = SPCONV__BLOCK_MAX;
+    return rows;
+}
+
+int spconv__rows_sorted(const int64_t *offsets, int64_t kernel_volume, const int32_t *rows,
+                        int threads) {
+    int sorted = 1;
+    SPCONV_OMP(omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(&& : sorted))
+    for (int64_t k = 0; k < kernel_volume; ++k)
+        for (int64_t p = offsets[k] + 1; p < offsets[k + 1]; ++p)
+            sorted = sorted && rows[p - 1] < rows[p];
+    return sorted;
+}
+
+void spconv__sort_by_target(const int64_t *offsets, int64_t kernel_volume, const int32_t *source,
+                            const int32_t *target, int64_t num_targets, int32_t *slots,
+                            int32_t *sorted_source, int32_t *sorted_target, int threads) {
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        int32_t *slot = slots + (size_t)spconv__omp_thread() * (size_t)num_targets;
+        for (int64_t r = 0; r < num_targets; ++r) slot[r] = -1;
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t k = 0; k < kernel_volume; ++k) {
+            int64_t out = offsets[k];
+            for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) slot[target[p]] = source[p];
+            /* Read back in row order, leaving every slot at -1 for the next offset. */
+            for (int64_t r = 0; r < num_targets && out < offsets[k + 1]; ++r) {
+                if (slot[r] < 0) continue;
+                sorted_source[out] = slot[r];
+                sorted_target[out++] = (int32_t)r;
+                slot[r] = -1;
+            }
+        }
+    }
+}
+
+int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value) {
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (rows[mid] < value)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+void spconv__gather_rows(void *dst, const void *src, const int32_t *rows, int64_t n,
+                         size_t row_bytes) {
+    char *d = dst;
+    const char *s = src;
+    for (int64_t i = 0; i < n; ++i)
+        memcpy(d + (size_t)i * row_bytes, s + (size_t)rows[i] * row_bytes, row_bytes);
+}
+
+/* The scatter-adds stream every pair's product row through the cache once: wide vectors pay
+ * off, and the library is built for the baseline ISA, so the compiler also makes AVX2 and
+ * AVX-512 versions of them and the loader picks one for the machine (GCC's target_clones). */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SPCONV_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef SPCONV_VECTOR_CLONES
+#define SPCONV_VECTOR_CLONES
+#endif
+
+SPCONV_VECTOR_CLONES
+static void scatter_add_f32(float *dst, const int32_t *rows, const float *src, int64_t n,
+                            int64_t cols) {
+    for (int64_t i = 0; i < n; ++i) {
+        float *restrict d = dst + (int64_t)rows[i] * cols;
+        const float *restrict s = src + i * cols;
+        for (int64_t j = 0; j < cols; ++j) d[j] += s[j];
+    }
+}
+
+SPCONV_VECTOR_CLONES
+static void scatter_add_f64(double *dst, const int32_t *rows, const double *src, int64_t n,
+                            int64_t cols) {
+    for (int64_t i = 0; i < n; ++i) {
+        double *restrict d = dst + (int64_t)rows[i] * cols;
+        const double *restrict s = src + i * cols;
+        for (int64_t j = 0; j < cols; ++j) d[j] += s[j];
+    }
+}
+
+void spconv__scatter_add_rows(spconv_dtype dtype, void *dst, const int32_t *rows, const void *src,
+                              int64_t n, int64_t cols) {
+    if (dtype == SPCONV_F32)
+        scatter_add_f32(dst, rows, src, n, cols);
+    else
+        scatter_add_f64(dst, rows, src, n, cols);
+}
+
+spconv_status spconv__cpu_workspace(spconv_context *ctx, size_t nbytes, void **ptr,
+                                    spconv_context **temp) {
+    *ptr = NULL;
+    *temp = NULL;
+    if (ctx == NULL || ctx->device.type != SPCONV_DEVICE_CPU) {
+        SPCONV_FORWARD_IF_ERROR(spconv_context_create(spconv_cpu(), temp));
+        ctx = *temp;
+    }
+    spconv_status st = spconv_context_workspace(ctx, nbytes, ptr);
+    if (st != SPCONV_OK) {
+        spconv_context_destroy(*temp);
+        *temp = NULL;
+    }
+    return st;
+}

@@ -1,0 +1,154 @@
+/* Pieces shared by the CPU conv executors (forward and backward).
+ *
+ * Both executors are "target-stationary": the rows they accumulate into (out rows in forward,
+ * d_features rows in backward) are cut into blocks of consecutive rows, and a thread takes a
+ * whole block and runs every offset k on it, in increasing k: gather the source rows of the
+ * block's pairs, one GEMM with W[k], scatter-add into the block, which stays in cache across the
+ * offsets. Blocks write disjoint rows, so there is no barrier between offsets and no atomic, and
+ * a thread that the OS delays holds up only its own block. Finding a block's pairs needs each
+ * offset's pairs sorted by target row: the builder's rulebooks are sorted by out row; a subm
+ * rulebook sorted by out row is also sorted by in row once its offsets are mirrored (see
+ * spconv__pair_lists); other orders (d_features of strided convs, inverse rulebooks) are sorted
+ * here, which is cheap because within an offset every row appears at most once.
+ *
+ * Determinism: blocks, chunks and weight-gradient groups have bounds fixed by the sizes (rows,
+ * pairs, channels, dtype) alone, and every block runs the same operations whichever thread takes
+ * it, so outputs are bitwise identical for every thread count, not only for a fixed one. */
+#ifndef SPCONV_CONV_CPU_H
+#define SPCONV_CONV_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "conv/conv_exec.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define SPCONV_OMP(...) _Pragma(#__VA_ARGS__)
+#else
+#define SPCONV_OMP(...)
+#endif
+
+static inline int spconv__omp_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* Seconds on a monotonic clock (omp_get_wtime is one; C11's timespec_get otherwise). */
+static inline double spconv__now_s(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* Per-thread phase clocks: `on` is 0 when nobody asked for timings, and then no clock is read. */
+typedef struct spconv__phase_clock {
+    int on;
+    double gather_s, gemm_s, scatter_s;
+} spconv__phase_clock;
+
+static inline double spconv__clock_start(const spconv__phase_clock *clock) {
+    return clock->on ? spconv__now_s() : 0.0;
+}
+
+/* Charge the time since *mark to *phase and move the mark to now. */
+static inline void spconv__clock_lap(const spconv__phase_clock *clock, double *mark,
+                                     double *phase) {
+    if (!clock->on) return;
+    double now = spconv__now_s();
+    *phase += now - *mark;
+    *mark = now;
+}
+
+/* Add one thread's clocks to the caller's totals (called once per thread, inside the region). */
+void spconv__clock_merge(const spconv__phase_clock *clock, spconv__conv_timing *timing);
+
+/* The pairs of every offset as (source, target) row lists, sorted by target row within each
+ * offset: source rows are gathered, target rows accumulated into. */
+typedef struct spconv__pair_lists {
+    const int64_t *offsets; /* kernel_volume + 1 prefix sums */
+    const int32_t *source;
+    const int32_t *target;
+    int64_t kernel_volume;
+    /* 1: offset k's pairs are the segment of offset kernel_volume - 1 - k. A subm rulebook pairs
+     * i with o through k exactly when it pairs o with i through the mirrored offset (odd kernels,
+     * centred windows), so its pairs sorted by in row for k are those of the mirrored offset,
+     * sorted by out row, with the roles swapped. */
+    int mirrored;
+} spconv__pair_lists;
+
+/* First index in [lo, hi) of the increasing @p rows whose row is >= @p value. */
+int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value);
+
+/* [*first, *end): the pairs of offset @p k whose target row lies in [r0, r1). */
+static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t k, int64_t r0,
+                                       int64_t r1, int64_t *first, int64_t *end) {
+    const int64_t segment = lists->mirrored ? lists->kernel_volume - 1 - k : k;
+    *first = spconv__lower_bound(lists->target, lists->offsets[segment],
+                                 lists->offsets[segment + 1], r0);
+    *end = spconv__lower_bound(lists->target, *first, lists->offsets[segment + 1], r1);
+}
+
+/* 1 when @p rows is increasing within every offset. */
+int spconv__rows_sorted(const int64_t *offsets, int64_t kernel_volume, const int32_t *rows,
+                        int threads);
+
+/* Threads that sort pairs: each needs a slot array as long as the target rows, so at most a
+ * few, whatever the core count (sorting costs little next to the products). */
+static inline int spconv__sort_threads(int threads) { return threads < 4 ? threads : 4; }
+
+/* Copy the pairs (source, target) sorted by target within each offset into @p sorted_source and
+ * @p sorted_target ([num_pairs] each), using @p slots (threads * num_targets int32, contents
+ * ignored; threads from spconv__sort_threads) as scratch: each target row appears at most once
+ * per offset, so a pair can be put in its target's slot and the slots read back in row order. */
+void spconv__sort_by_target(const int64_t *offsets, int64_t kernel_volume, const int32_t *source,
+                            const int32_t *target, int64_t num_targets, int32_t *slots,
+                            int32_t *sorted_source, int32_t *sorted_target, int threads);
+
+/* Sizes and operands shared by the executors. */
+typedef struct spconv__conv_plan {
+    spconv_dtype dtype;
+    size_t elem; /* bytes per element */
+    int64_t kernel_volume;
+    int64_t c_in, c_out;
+    int64_t num_in, num_out;
+    int64_t identity_k; /* offset whose pairs are (r, r) for every row, or -1 */
+    int64_t chunk;      /* most pairs gathered into one GEMM operand */
+    spconv__gemm_impl gemm;
+} spconv__conv_plan;
+
+/* Fill @p plan. @p chunk_row_elems is the number of elements one pair occupies across the
+ * per-thread buffers (C_in + C_out in forward), which sizes the chunks. */
+void spconv__conv_plan_init(spconv__conv_plan *plan, const spconv_rulebook *rb, spconv_dtype dtype,
+                            int64_t c_in, int64_t c_out, int64_t chunk_row_elems,
+                            spconv__gemm_impl gemm);
+
+/* Rows per target block for target rows of @p row_elems elements: the block stays in L2 while
+ * every offset adds to it. */
+int64_t spconv__block_rows(const spconv__conv_plan *plan, int64_t row_elems);
+
+/* dst[i, :] = src[rows[i], :] for i < n, rows of row_bytes bytes. */
+void spconv__gather_rows(void *dst, const void *src, const int32_t *rows, int64_t n,
+                         size_t row_bytes);
+
+/* dst[rows[i], :] += src[i, :] for i < n, rows of @p cols elements of @p dtype (f32 or f64). */
+void spconv__scatter_add_rows(spconv_dtype dtype, void *dst, const int32_t *rows, const void *src,
+                              int64_t n, int64_t cols);
+
+/* Round a byte count up to a cache line, so that per-thread buffers never share one. */
+static inline size_t spconv__align_line(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+/* A CPU scratch buffer of @p nbytes: the workspace of @p ctx when it is a CPU context, otherwise
+ * the workspace of a temporary CPU context returned in *temp (destroy it when done). */
+spconv_status spconv__cpu_workspace(spconv_context *ctx, size_t nbytes, void **ptr,
+                                    spconv_context **temp);
+
+#endif /* SPCONV_CONV_CPU_H */

@@ -1,0 +1,211 @@
+/* indice_conv forward: out = bias + sum over offsets k, in increasing order, of
+ * scatter(gather(features, in rows of k) @ W[k], out rows of k). The dispatcher sends CUDA
+ * tensors to their backend; the CPU executor is below. */
+#include <string.h>
+
+#include "conv/conv_check.h"
+#include "conv/conv_cpu.h"
+#include "core/backend.h"
+#include "core/error.h"
+
+typedef struct forward_args {
+    const spconv__conv_plan *plan;
+    spconv__pair_lists pairs; /* source = in rows, target = out rows (sorted) */
+    const char *features;     /* [num_in, C_in] contiguous */
+    const char *weight;       /* [KV, C_in, C_out] contiguous */
+    const char *bias;         /* [C_out] or NULL */
+    char *out;                /* [num_out, C_out] */
+    int64_t block_rows;
+    char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
+    size_t thread_bytes;
+} forward_args;
+
+/* out[r0, r1) starts as the bias (or zero). */
+static void forward_init(const forward_args *a, int64_t r0, int64_t r1) {
+    size_t row_bytes = (size_t)a->plan->c_out * a->plan->elem;
+    for (int64_t r = r0; r < r1; ++r) {
+        if (a->bias != NULL)
+            memcpy(a->out + (size_t)r * row_bytes, a->bias, row_bytes);
+        else
+            memset(a->out + (size_t)r * row_bytes, 0, row_bytes);
+    }
+}
+
+/* Pairs [first, first + rows) of the sorted lists, all of offset k: gather, multiply by W[k],
+ * add into their out rows. */
+static void forward_chunk(const forward_args *a, int64_t k, int64_t first, int64_t rows,
+                          spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t in_row = (size_t)plan->c_in * plan->elem;
+    const char *w_k = a->weight + (size_t)k * in_row * (size_t)plan->c_out;
+    char *gathered = buffer;
+    char *product = buffer + spconv__align_line((size_t)plan->chunk * in_row);
+    double mark = spconv__clock_start(clock);
+    spconv__gather_rows(gathered, a->features, a->pairs.source + first, rows, in_row);
+    spconv__clock_lap(clock, &mark, &clock->gather_s);
+    spconv__gemm(plan->dtype, plan->gemm, 0, 0, rows, plan->c_out, plan->c_in, gathered, plan->c_in,
+                 w_k, plan->c_out, 0, product, plan->c_out);
+    spconv__clock_lap(clock, &mark, &clock->gemm_s);
+    spconv__scatter_add_rows(plan->dtype, a->out, a->pairs.target + first, product, rows,
+                             plan->c_out);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+}
+
+/* Out rows [r0, r1): bias, then every offset in increasing k. The identity offset multiplies
+ * the same rows of features in place and accumulates straight into out. */
+static void forward_block(const forward_args *a, int64_t r0, int64_t r1, spconv__phase_clock *clock,
+                          char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t in_row = (size_t)plan->c_in * plan->elem,
+                 out_row = (size_t)plan->c_out * plan->elem;
+    double mark = spconv__clock_start(clock);
+    forward_init(a, r0, r1);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    /* Without input channels every product is empty: out is the bias alone. */
+    for (int64_t k = 0; k < plan->kernel_volume && plan->c_in > 0; ++k) {
+        if (k == plan->identity_k) {
+            mark = spconv__clock_start(clock);
+            spconv__gemm(plan->dtype, plan->gemm, 0, 0, r1 - r0, plan->c_out, plan->c_in,
+                         a->features + (size_t)r0 * in_row, plan->c_in,
+                         a->weight + (size_t)k * in_row * (size_t)plan->c_out, plan->c_out, 1,
+                         a->out + (size_t)r0 * out_row, plan->c_out);
+            spconv__clock_lap(clock, &mark, &clock->gemm_s);
+            continue;
+        }
+        int64_t first, end;
+        spconv__pairs_range(&a->pairs, k, r0, r1, &first, &end);
+        for (; first < end; first += plan->chunk)
+            forward_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk, clock,
+                          buffer);
+    }
+}
+
+static void forward_run(const forward_args *a, int threads, spconv__conv_timing *timing) {
+    const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
+    spconv__gemm_prepare();
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
+        char *buffer = a->workspace + (size_t)spconv__omp_thread() * a->thread_bytes;
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t b = 0; b < blocks; ++b) {
+            int64_t r0 = b * a->block_rows;
+            forward_block(a, r0,
+                          r0 + a->block_rows < a->plan->num_out ? r0 + a->block_rows
+                                                                : a->plan->num_out,
+                          &clock, buffer);
+        }
+        if (timing != NULL) spconv__clock_merge(&clock, timing);
+    }
+    if (timing != NULL) timing->threads = threads;
+}
+
+/* The rulebook's pairs sorted by out row: its own arrays for a built rulebook, sorted copies in
+ * the workspace (after the per-thread buffers) otherwise. Sizes the workspace first. */
+static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *rb,
+                                   const int32_t *in_rows, const int32_t *out_rows, int threads,
+                                   forward_args *a, spconv_context **temp) {
+    const int64_t kv = spconv_rulebook_kernel_volume(rb), pairs = spconv_rulebook_num_pairs(rb);
+    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    int sorted = spconv__rows_sorted(offsets, kv, out_rows, threads);
+    size_t per_threads = (size_t)threads * a->thread_bytes;
+    size_t sort_bytes = sorted ? 0
+                               : 2 * spconv__align_line((size_t)pairs * sizeof(int32_t)) +
+                                     (size_t)spconv__sort_threads(threads) *
+                                         (size_t)a->plan->num_out * sizeof(int32_t);
+    void *workspace;
+    SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, per_threads + sort_bytes, &workspace, temp));
+    a->workspace = workspace;
+    a->pairs.offsets = offsets;
+    a->pairs.source = in_rows;
+    a->pairs.target = out_rows;
+    a->pairs.kernel_volume = kv;
+    a->pairs.mirrored = 0;
+    if (!sorted) {
+        const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
+        int32_t *source = (int32_t *)(a->workspace + per_threads), *target = source + list;
+        spconv__sort_by_target(offsets, kv, in_rows, out_rows, a->plan->num_out, target + list,
+                               source, target, spconv__sort_threads(threads));
+        a->pairs.source = source;
+        a->pairs.target = target;
+    }
+    return SPCONV_OK;
+}
+
+static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
+                                 const spconv__conv_dims *dims, const spconv_tensor *features,
+                                 const spconv_tensor *weight, const spconv_tensor *bias,
+                                 const spconv__conv_options *options, spconv_tensor **out) {
+    spconv_tensor *f = NULL, *w = NULL, *b = NULL, *pairs_in = NULL, *pairs_out = NULL;
+    spconv_tensor *result = NULL;
+    spconv_context *temp = NULL;
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+    if (bias != NULL) SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, bias, &b), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
+    int64_t sizes[2] = {dims->num_out, dims->c_out};
+    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), dims->dtype, 2, sizes, &result), done);
+
+    spconv__conv_plan plan;
+    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
+                           dims->c_in + dims->c_out,
+                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
+    forward_args a;
+    memset(&a, 0, sizeof a);
+    a.plan = &plan;
+    a.features = spconv_tensor_data(f);
+    a.weight = spconv_tensor_data(w);
+    a.bias = b != NULL ? spconv_tensor_data(b) : NULL;
+    a.out = spconv_tensor_data(result);
+    a.block_rows = spconv__block_rows(&plan, dims->c_out);
+    a.thread_bytes = spconv__align_line((size_t)plan.chunk * (size_t)dims->c_in * plan.elem) +
+                     spconv__align_line((size_t)plan.chunk * (size_t)dims->c_out * plan.elem);
+    int threads = spconv_context_num_threads(ctx);
+    SPCONV_TRY_GOTO(st,
+                    forward_pairs(ctx, rb, spconv_tensor_data(pairs_in),
+                                  spconv_tensor_data(pairs_out), threads, &a, &temp),
+                    done);
+    if (dims->num_out > 0 && dims->c_out > 0) /* else out has no elements (and no data) */
+        forward_run(&a, threads, options != NULL ? options->timing : NULL);
+    *out = result;
+    result = NULL;
+done:
+    spconv_tensor_release(result);
+    spconv_tensor_release(pairs_out);
+    spconv_tensor_release(pairs_in);
+    spconv_tensor_release(b);
+    spconv_tensor_release(w);
+    spconv_tensor_release(f);
+    spconv_context_destroy(temp);
+    return st;
+}
+
+spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook *rb,
+                                      const spconv_tensor *features, const spconv_tensor *weight,
+                                      const spconv_tensor *bias,
+                                      const spconv__conv_options *options, spconv_tensor **out) {
+    static const char func[] = "spconv_conv_forward";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    SPCONV_CHECK_NOT_NULL(func, rb);
+    SPCONV_CHECK_NOT_NULL(func, features);
+    SPCONV_CHECK_NOT_NULL(func, weight);
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
+    if (dims.device.type != SPCONV_DEVICE_CPU) {
+        const spconv_backend *backend;
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, dims.device, &backend));
+        SPCONV_RETURN_ERROR_IF(backend->conv_forward == NULL, SPCONV_ERR_NOT_SUPPORTED,
+                               "%s: the %s backend has no sparse conv forward kernel", func,
+                               backend->name);
+        return backend->conv_forward(ctx, rb, features, weight, bias, out);
+    }
+    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, dims.dtype));
+    return forward_cpu(ctx, rb, &dims, features, weight, bias, options, out);
+}
+
+spconv_status spconv_conv_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                  const spconv_tensor *features, const spconv_tensor *weight,
+                                  const spconv_tensor *bias, spconv_tensor **out) {
+    return spconv__conv_forward_ex(ctx, rb, features, weight, bias, NULL, out);
+}

@@ -1,0 +1,213 @@
+/* Sparse max pooling over a REGULAR rulebook, forward and backward, on the CPU, and the
+ * dispatchers of spconv_maxpool_forward / spconv_maxpool_backward.
+ *
+ * Forward: every output starts at -inf with argmax -1; offsets run in increasing k; the first
+ * pair of an output always takes it (so an output of -inf inputs still names one), later ones only
+ * when strictly greater, so a tie keeps the smallest k. A NaN input beats any number (the first
+ * NaN stays), so NaNs propagate as in PyTorch. Within an offset the pairs are split into fixed
+ * chunks across threads (each out row appears once per offset); a barrier separates offsets.
+ * Backward: grad_in[argmax[o, c], c] += grad_out[o, c] over o in increasing order; threads take
+ * blocks of channels, so every sum keeps that order whatever the thread count. */
+#include <math.h>
+#include <string.h>
+
+#include "conv/conv_check.h"
+#include "conv/conv_cpu.h"
+#include "core/backend.h"
+#include "core/error.h"
+
+#define POOL_CHUNK 1024
+#define POOL_CHANNEL_BLOCK 16
+
+typedef struct pool_args {
+    spconv_dtype dtype;
+    int64_t channels, num_in, num_out;
+    const int64_t *offsets;
+    const int32_t *pairs_in, *pairs_out;
+    const void *features; /* [num_in, C] */
+    void *out;            /* [num_out, C] */
+    int32_t *argmax;      /* [num_out, C] */
+} pool_args;
+
+#define SPCONV_POOL_PAIRS(T)                                                                       \
+    for (int64_t p = first; p < end; ++p) {                                                        \
+        const T *x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;               \
+        T *y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                               \
+        int32_t *arg = a->argmax + (int64_t)a->pairs_out[p] * a->channels;                         \
+        for (int64_t c = 0; c < a->channels; ++c)                                                  \
+            if (arg[c] < 0 || x[c] > y[c] || (isnan(x[c]) && !isnan(y[c]))) {                      \
+                y[c] = x[c];                                                                       \
+                arg[c] = a->pairs_in[p];                                                           \
+            }                                                                                      \
+    }
+
+static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
+    if (a->dtype == SPCONV_F32) {
+        SPCONV_POOL_PAIRS(float)
+    } else {
+        SPCONV_POOL_PAIRS(double)
+    }
+}
+
+static void pool_init(const pool_args *a) {
+    const int64_t n = a->num_out * a->channels;
+    SPCONV_OMP(omp for schedule(static))
+    for (int64_t i = 0; i < n; ++i) {
+        if (a->dtype == SPCONV_F32)
+            ((float *)a->out)[i] = -INFINITY;
+        else
+            ((double *)a->out)[i] = -INFINITY;
+        a->argmax[i] = -1;
+    }
+}
+
+static void pool_run(const pool_args *a, int64_t kernel_volume, int threads) {
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        pool_init(a);
+        for (int64_t k = 0; k < kernel_volume; ++k) {
+            const int64_t start = a->offsets[k], count = a->offsets[k + 1] - start;
+            const int64_t chunks = (count + POOL_CHUNK - 1) / POOL_CHUNK;
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t i = 0; i < chunks; ++i) {
+                int64_t first = start + i * POOL_CHUNK;
+                pool_pairs(a, first,
+                           first + POOL_CHUNK < start + count ? first + POOL_CHUNK : start + count);
+            }
+        }
+    }
+}
+
+static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
+                                         const spconv_tensor *features, spconv_tensor **out,
+                                         spconv_tensor **argmax) {
+    pool_args a = {spconv_tensor_dtype(features),
+                   spconv_tensor_size(features, 1),
+                   spconv_rulebook_num_in(rb),
+                   spconv_rulebook_num_out(rb),
+                   spconv_rulebook_offsets(rb),
+                   NULL,
+                   NULL,
+                   NULL,
+                   NULL,
+                   NULL};
+    spconv_tensor *f = NULL, *pairs_in = NULL, *pairs_out = NULL, *y = NULL, *arg = NULL;
+    int64_t sizes[2] = {a.num_out, a.channels};
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), a.dtype, 2, sizes, &y), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, sizes, &arg), done);
+    a.pairs_in = spconv_tensor_data(pairs_in);
+    a.pairs_out = spconv_tensor_data(pairs_out);
+    a.features = spconv_tensor_data(f);
+    a.out = spconv_tensor_data(y);
+    a.argmax = spconv_tensor_data(arg);
+    if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
+        pool_run(&a, spconv_rulebook_kernel_volume(rb), spconv_context_num_threads(ctx));
+    *out = y, y = NULL;
+    if (argmax != NULL) *argmax = arg, arg = NULL;
+done:
+    spconv_tensor_release(arg);
+    spconv_tensor_release(y);
+    spconv_tensor_release(pairs_out);
+    spconv_tensor_release(pairs_in);
+    spconv_tensor_release(f);
+    return st;
+}
+
+spconv_status spconv_maxpool_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                     const spconv_tensor *features, spconv_tensor **out,
+                                     spconv_tensor **argmax) {
+    static const char func[] = "spconv_maxpool_forward";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    if (argmax != NULL) *argmax = NULL;
+    SPCONV_CHECK_NOT_NULL(func, rb);
+    SPCONV_CHECK_NOT_NULL(func, features);
+    SPCONV_FORWARD_IF_ERROR(spconv__pool_check_forward(func, rb, features));
+    spconv_device device = spconv_tensor_device(features);
+    if (device.type != SPCONV_DEVICE_CPU) {
+        const spconv_backend *backend;
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+        SPCONV_RETURN_ERROR_IF(backend->maxpool_forward == NULL, SPCONV_ERR_NOT_SUPPORTED,
+                               "%s: the %s backend has no max pooling kernel", func, backend->name);
+        return backend->maxpool_forward(ctx, rb, features, out, argmax);
+    }
+    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, spconv_tensor_dtype(features)));
+    return maxpool_forward_cpu(ctx, rb, features, out, argmax);
+}
+
+#define SPCONV_POOL_GRAD(T)                                                                        \
+    for (int64_t o = 0; o < num_out; ++o)                                                          \
+        for (int64_t c = c0; c < c1; ++c) {                                                        \
+            int32_t i = argmax[o * channels + c];                                                  \
+            if (i >= 0)                                                                            \
+                ((T *)grad_in)[(int64_t)i * channels + c] +=                                       \
+                    ((const T *)grad_out)[o * channels + c];                                       \
+        }
+
+static void pool_grad_run(spconv_dtype dtype, int64_t num_out, int64_t channels,
+                          const int32_t *argmax, const void *grad_out, void *grad_in, int threads) {
+    const int64_t blocks = (channels + POOL_CHANNEL_BLOCK - 1) / POOL_CHANNEL_BLOCK;
+    SPCONV_OMP(omp parallel for schedule(static) num_threads(threads))
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t c0 = blk * POOL_CHANNEL_BLOCK;
+        int64_t c1 = c0 + POOL_CHANNEL_BLOCK < channels ? c0 + POOL_CHANNEL_BLOCK : channels;
+        if (dtype == SPCONV_F32) {
+            SPCONV_POOL_GRAD(float)
+        } else {
+            SPCONV_POOL_GRAD(double)
+        }
+    }
+}
+
+static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
+                                          const spconv_tensor *argmax,
+                                          const spconv_tensor *grad_out,
+                                          spconv_tensor **grad_features) {
+    static const char func[] = "spconv_maxpool_backward";
+    const int64_t num_out = spconv_rulebook_num_out(rb), channels = spconv_tensor_size(grad_out, 1);
+    int64_t sizes[2] = {spconv_rulebook_num_in(rb), channels};
+    spconv_tensor *arg = NULL, *g = NULL, *gx = NULL;
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, argmax, &arg), done);
+    SPCONV_TRY_GOTO(
+        st, spconv__check_argmax_rows(func, spconv_tensor_data(arg), num_out, channels, sizes[0]),
+        done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
+    SPCONV_TRY_GOTO(
+        st, spconv_tensor_zeros(ctx, spconv_cpu(), spconv_tensor_dtype(grad_out), 2, sizes, &gx),
+        done);
+    if (num_out > 0 && channels > 0)
+        pool_grad_run(spconv_tensor_dtype(grad_out), num_out, channels, spconv_tensor_data(arg),
+                      spconv_tensor_data(g), spconv_tensor_data(gx),
+                      spconv_context_num_threads(ctx));
+    *grad_features = gx, gx = NULL;
+done:
+    spconv_tensor_release(gx);
+    spconv_tensor_release(g);
+    spconv_tensor_release(arg);
+    return st;
+}
+
+spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                      const spconv_tensor *argmax, const spconv_tensor *grad_out,
+                                      spconv_tensor **grad_features) {
+    static const char func[] = "spconv_maxpool_backward";
+    SPCONV_CHECK_NOT_NULL(func, grad_features);
+    *grad_features = NULL;
+    SPCONV_CHECK_NOT_NULL(func, rb);
+    SPCONV_CHECK_NOT_NULL(func, argmax);
+    SPCONV_CHECK_NOT_NULL(func, grad_out);
+    SPCONV_FORWARD_IF_ERROR(spconv__pool_check_backward(func, rb, argmax, grad_out));
+    spconv_device device = spconv_tensor_device(grad_out);
+    if (device.type != SPCONV_DEVICE_CPU) {
+        const spconv_backend *backend;
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+        SPCONV_RETURN_ERROR_IF(backend->maxpool_backward == NULL, SPCONV_ERR_NOT_SUPPORTED,
+                               "%s: the %s backend has no max pooling kernel", func, backend->name);
+        return backend->maxpool_backward(ctx, rb, argmax, grad_out, grad_features);
+    }
+    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, spconv_tensor_dtype(grad_out)));
+    return maxpool_backward_cpu(ctx, rb, argmax, grad_out, grad_features);
+}

@@ -1,0 +1,153 @@
+/* File helpers of the point-cloud readers and writers. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "io/pointcloud_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+spconv_status spconv__file_open_read(const char *func, const char *path, FILE **file,
+                                     uint64_t *size) {
+    *file = NULL;
+    *size = 0;
+    SPCONV_CHECK_NOT_NULL(func, path);
+    SPCONV_RETURN_ERROR_IF(path[0] == '\0', SPCONV_ERR_IO, "%s: the path is empty", func);
+    FILE *f = fopen(path, "rb");
+    SPCONV_RETURN_ERROR_IF(f == NULL, SPCONV_ERR_IO, "%s: cannot open '%s' (%s)", func, path,
+                           strerror(errno));
+    /* fstat on the opened file, not stat on the name, so the size belongs to what we read. */
+    struct stat info;
+    if (fstat(fileno(f), &info) != 0) {
+        int err = errno;
+        fclose(f);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot stat '%s' (%s)", func, path, strerror(err));
+    }
+    if (!S_ISREG(info.st_mode)) {
+        fclose(f);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: '%s' is not a regular file", func, path);
+    }
+    *file = f;
+    *size = (uint64_t)info.st_size;
+    return SPCONV_OK;
+}
+
+spconv_status spconv__file_read_exact(const char *func, const char *path, FILE *file, void *dst,
+                                      size_t nbytes) {
+    size_t got = nbytes == 0 ? 0 : fread(dst, 1, nbytes, file);
+    SPCONV_RETURN_ERROR_IF(got != nbytes, SPCONV_ERR_IO,
+                           "%s: reading '%s' stopped after %zu of %zu bytes (%s)", func, path, got,
+                           nbytes, ferror(file) ? strerror(errno) : "end of file");
+    return SPCONV_OK;
+}
+
+spconv_status spconv__file_read_head(const char *func, const char *path, size_t max_bytes,
+                                     char **head, size_t *head_len, uint64_t *file_size) {
+    *head = NULL;
+    *head_len = 0;
+    FILE *f;
+    SPCONV_FORWARD_IF_ERROR(spconv__file_open_read(func, path, &f, file_size));
+    size_t n = *file_size < max_bytes ? (size_t)*file_size : max_bytes;
+    char *buf = malloc(n + 1);
+    if (buf == NULL) {
+        fclose(f);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", func, n);
+    }
+    spconv_status st = spconv__file_read_exact(func, path, f, buf, n);
+    fclose(f);
+    if (st != SPCONV_OK) {
+        free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    *head = buf;
+    *head_len = n;
+    return SPCONV_OK;
+}
+
+static char *concat(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (s == NULL) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb + 1);
+    return s;
+}
+
+spconv_status spconv__file_writer_open(const char *func, const char *path,
+                                       spconv__file_writer *w) {
+    memset(w, 0, sizeof *w);
+    SPCONV_CHECK_NOT_NULL(func, path);
+    SPCONV_RETURN_ERROR_IF(path[0] == '\0', SPCONV_ERR_IO, "%s: the path is empty", func);
+    /* The process id keeps concurrent writers of one path in different processes apart; O_EXCL
+     * refuses to clobber a temporary that another writer is still using. */
+    char suffix[48];
+    snprintf(suffix, sizeof suffix, ".%ld.partial", (long)getpid());
+    w->final_path = concat(path, "");
+    w->temp_path = concat(path, suffix);
+    if (w->final_path == NULL || w->temp_path == NULL) {
+        spconv__file_writer_abort(w);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory for a path", func);
+    }
+    int fd = open(w->temp_path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (fd < 0) {
+        int err = errno;
+        free(w->temp_path);
+        w->temp_path = NULL;
+        spconv__file_writer_abort(w);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s%s' (%s)", func, path, suffix,
+                            strerror(err));
+    }
+    w->file = fdopen(fd, "wb");
+    if (w->file == NULL) {
+        int err = errno;
+        close(fd);
+        spconv__file_writer_abort(w);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot open a stream on '%s%s' (%s)", func, path,
+                            suffix, strerror(err));
+    }
+    return SPCONV_OK;
+}
+
+void spconv__file_writer_put(spconv__file_writer *w, const void *data, size_t nbytes) {
+    if (nbytes > 0) fwrite(data, 1, nbytes, w->file);
+}
+
+spconv_status spconv__file_writer_commit(const char *func, spconv__file_writer *w) {
+    int failed = fflush(w->file) != 0 || ferror(w->file);
+    int err = errno;
+    if (fclose(w->file) != 0 && !failed) {
+        failed = 1;
+        err = errno;
+    }
+    w->file = NULL;
+    if (!failed && rename(w->temp_path, w->final_path) != 0) {
+        failed = 1;
+        err = errno;
+    }
+    if (failed) {
+        char path[512];
+        snprintf(path, sizeof path, "%s", w->final_path);
+        spconv__file_writer_abort(w);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: writing '%s' failed (%s)", func, path,
+                            strerror(err));
+    }
+    free(w->final_path);
+    free(w->temp_path);
+    memset(w, 0, sizeof *w);
+    return SPCONV_OK;
+}
+
+void spconv__file_writer_abort(spconv__file_writer *w) {
+    if (w->file != NULL) fclose(w->file);
+    if (w->temp_path != NULL) remove(w->temp_path);
+    free(w->final_path);
+    free(w->temp_path);
+    memset(w, 0, sizeof *w);
+}

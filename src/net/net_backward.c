@@ -1,0 +1,263 @@
+/* The backward pass: layers in reverse order, each turning the gradient of its output into the
+ * gradient of its input (and of its parameters) from what the training forward kept.
+ *
+ * A SAVE layer's output feeds the next layer and every CONCAT that reads it, so its gradient is
+ * the sum of both: CONCAT hands the columns of the saved part back to the SAVE layer's slot, and
+ * the SAVE layer adds that slot to the gradient flowing through it. The gradient may be
+ * overwritten in place (ReLU, batch norm, SAVE's sum) only when it is ours, not the caller's
+ * grad_out. */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "net/net_internal.h"
+
+static const char backward_func[] = "spconv_net_backward";
+
+typedef struct back_pass {
+    spconv_context *ctx;
+    spconv_net *net;
+    int threads;
+    int want_input;              /* the caller asked for the gradient of the input features */
+    spconv_tensor *grad;         /* d loss / d (output of the running layer); one reference */
+    int grad_owned;              /* 1: nothing else holds grad, in-place is safe */
+    spconv_tensor **saved_grads; /* [num_layers]: gradient CONCATs hand back to a SAVE layer */
+    spconv_phase_ms *phase;
+} back_pass;
+
+/* Replace the running gradient by @p next (whose reference is taken over), a tensor of ours. */
+static void set_grad(back_pass *b, spconv_tensor *next) {
+    spconv_tensor_release(b->grad);
+    b->grad = next;
+    b->grad_owned = 1;
+}
+
+/* The running gradient, writable: itself when ours, else a copy that becomes ours. */
+static spconv_status own_grad(back_pass *b) {
+    if (b->grad_owned) return SPCONV_OK;
+    spconv_tensor *copy = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_clone(b->ctx, b->grad, &copy));
+    set_grad(b, copy);
+    return SPCONV_OK;
+}
+
+/* Store a parameter gradient (reference taken over). */
+static void set_param_grad(spconv_net *net, int index, spconv_tensor *grad) {
+    spconv_tensor_release(net->params[index].grad);
+    net->params[index].grad = grad;
+}
+
+static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
+                                   const spconv__layer_tape *tape) {
+    const spconv__net_param *params = &b->net->params[layer->first_param];
+    spconv_tensor *d_in = NULL, *d_weight = NULL, *d_bias = NULL;
+    spconv__conv_timing timing = {0};
+    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
+    /* The first layer's input gradient is wanted only when the caller asked for it. */
+    int want_in = layer->stats.index > 0 || b->want_input;
+    spconv_status st = spconv__conv_backward_ex(
+        b->ctx, tape->rulebook, spconv_sparse_features(tape->in), params[0].value, b->grad,
+        &options, want_in ? &d_in : NULL, &d_weight, layer->desc.bias ? &d_bias : NULL);
+    spconv__net_add_conv_timing(b->phase, &timing);
+    SPCONV_FORWARD_IF_ERROR(st);
+    set_param_grad(b->net, layer->first_param, d_weight);
+    if (layer->desc.bias) set_param_grad(b->net, layer->first_param + 1, d_bias);
+    if (want_in) {
+        set_grad(b, d_in);
+    } else {
+        spconv_tensor_release(b->grad);
+        b->grad = NULL;
+    }
+    return SPCONV_OK;
+}
+
+static spconv_status backward_batchnorm(back_pass *b, const spconv__net_layer *layer,
+                                        const spconv__layer_tape *tape) {
+    const int64_t c = layer->c_in;
+    double *work = malloc((size_t)(3 * c) * sizeof *work);
+    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for %" PRId64 " channels", c);
+    double *gamma = work, *dgamma = work + c, *dbeta = work + 2 * c;
+    const int p0 = layer->first_param;
+    spconv__net_to_doubles(b->net->params[p0].value, gamma);
+    spconv_tensor *d_gamma = NULL, *d_beta = NULL;
+    /* dx may overwrite dy: the kernel reads each dy element once, after its sums. */
+    spconv_status st = own_grad(b);
+    if (st == SPCONV_OK)
+        st = spconv__bn_backward(spconv_sparse_features(tape->in), b->grad, tape->bn_mean,
+                                 tape->bn_invstd, gamma, b->threads, b->grad, dgamma, dbeta);
+    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_gamma);
+    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_beta);
+    if (st == SPCONV_OK) {
+        spconv__net_from_doubles(dgamma, d_gamma);
+        spconv__net_from_doubles(dbeta, d_beta);
+        set_param_grad(b->net, p0, d_gamma);
+        set_param_grad(b->net, p0 + 1, d_beta);
+    } else {
+        spconv_tensor_release(d_gamma);
+        spconv_tensor_release(d_beta);
+    }
+    free(work);
+    return st;
+}
+
+static spconv_status backward_concat(back_pass *b, const spconv__net_layer *layer) {
+    const int64_t first = layer->c_in, second = layer->c_out - layer->c_in;
+    spconv_tensor *view = NULL, *mine = NULL, *theirs = NULL;
+    /* Clones, not views: each part is then ours to overwrite without touching the other. */
+    spconv_status st = spconv_tensor_narrow(b->grad, 1, 0, first, &view);
+    if (st == SPCONV_OK) st = spconv_tensor_clone(b->ctx, view, &mine);
+    spconv_tensor_release(view);
+    view = NULL;
+    if (st == SPCONV_OK) st = spconv_tensor_narrow(b->grad, 1, first, second, &view);
+    if (st == SPCONV_OK) st = spconv_tensor_clone(b->ctx, view, &theirs);
+    spconv_tensor_release(view);
+    if (st != SPCONV_OK) {
+        spconv_tensor_release(mine);
+        spconv_tensor_release(theirs);
+        return st;
+    }
+    spconv_tensor **slot = &b->saved_grads[layer->saved_layer];
+    if (*slot == NULL) {
+        *slot = theirs;
+    } else {
+        spconv__net_axpy(1.0, theirs, b->threads, *slot);
+        spconv_tensor_release(theirs);
+    }
+    set_grad(b, mine);
+    return SPCONV_OK;
+}
+
+static spconv_status backward_to_dense(back_pass *b, const spconv__net_layer *layer,
+                                       const spconv__layer_tape *tape) {
+    spconv_tensor *indices = NULL, *d_in = NULL;
+    const int64_t n = spconv_sparse_num_sites(tape->in);
+    SPCONV_FORWARD_IF_ERROR(
+        spconv_tensor_contiguous(b->ctx, spconv_sparse_indices(tape->in), &indices));
+    const int64_t sizes[2] = {n, layer->c_in};
+    spconv_status st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 2, sizes, &d_in);
+    if (st == SPCONV_OK) {
+        spconv__dense_gather(b->grad, indices, b->threads, d_in);
+        set_grad(b, d_in);
+    }
+    spconv_tensor_release(indices);
+    return st;
+}
+
+static spconv_status backward_kind(back_pass *b, const spconv__net_layer *layer,
+                                   const spconv__layer_tape *tape) {
+    switch (layer->desc.kind) {
+    case SPCONV_LAYER_SUBM:
+    case SPCONV_LAYER_CONV:
+    case SPCONV_LAYER_TRANSPOSED:
+    case SPCONV_LAYER_INVERSE: return backward_conv(b, layer, tape);
+    case SPCONV_LAYER_MAXPOOL: {
+        spconv_tensor *d_in = NULL;
+        SPCONV_FORWARD_IF_ERROR(
+            spconv_maxpool_backward(b->ctx, tape->rulebook, tape->argmax, b->grad, &d_in));
+        set_grad(b, d_in);
+        return SPCONV_OK;
+    }
+    case SPCONV_LAYER_BATCHNORM: return backward_batchnorm(b, layer, tape);
+    case SPCONV_LAYER_RELU:
+        SPCONV_FORWARD_IF_ERROR(own_grad(b));
+        spconv__relu_backward(spconv_sparse_features(tape->out), b->grad, b->threads, b->grad);
+        return SPCONV_OK;
+    case SPCONV_LAYER_TO_DENSE: return backward_to_dense(b, layer, tape);
+    case SPCONV_LAYER_SAVE: {
+        spconv_tensor *extra = b->saved_grads[layer->stats.index];
+        if (extra == NULL) return SPCONV_OK;
+        SPCONV_FORWARD_IF_ERROR(own_grad(b));
+        spconv__net_axpy(1.0, extra, b->threads, b->grad);
+        return SPCONV_OK;
+    }
+    case SPCONV_LAYER_CONCAT: return backward_concat(b, layer);
+    }
+    SPCONV_RETURN_ERROR(SPCONV_ERR_INTERNAL, "layer kind %d has no backward",
+                        (int)layer->desc.kind);
+}
+
+/* grad_out must have the shape of the last forward's output. */
+static spconv_status check_grad_out(const spconv_net *net, const spconv_tensor *grad_out) {
+    const spconv__net_layer *last = &net->layers[net->num_layers - 1];
+    const spconv__layer_tape *tape = &net->tape[net->num_layers - 1];
+    int64_t want[4];
+    int ndim = 2;
+    want[0] = spconv_sparse_num_sites(tape->out);
+    want[1] = last->c_out;
+    if (last->desc.kind == SPCONV_LAYER_TO_DENSE) {
+        int64_t shape[3];
+        spconv_sparse_spatial_shape(tape->in, shape);
+        ndim = 4;
+        want[0] = spconv_sparse_batch_size(tape->in);
+        want[1] = last->c_out * shape[0];
+        want[2] = shape[1];
+        want[3] = shape[2];
+    }
+    int same = spconv_tensor_ndim(grad_out) == ndim;
+    for (int i = 0; same && i < ndim; ++i) same = spconv_tensor_size(grad_out, i) == want[i];
+    SPCONV_RETURN_ERROR_IF(!same, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: grad_out has %d dims [%" PRId64 ", %" PRId64 ", ...] but the "
+                           "output of the last forward is [%" PRId64 ", %" PRId64 "%s]",
+                           backward_func, spconv_tensor_ndim(grad_out),
+                           spconv_tensor_size(grad_out, 0), spconv_tensor_size(grad_out, 1),
+                           want[0], want[1], ndim == 4 ? ", H, W" : "");
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(grad_out) != net->dtype, SPCONV_ERR_DTYPE_MISMATCH,
+                           "%s: grad_out is %s but the network computes in %s", backward_func,
+                           spconv_dtype_name(spconv_tensor_dtype(grad_out)),
+                           spconv_dtype_name(net->dtype));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_device(grad_out).type != SPCONV_DEVICE_CPU,
+                           SPCONV_ERR_NOT_SUPPORTED, "%s: grad_out must be a CPU tensor",
+                           backward_func);
+    return SPCONV_OK;
+}
+
+static spconv_status back_layer(back_pass *b, int index) {
+    spconv_net *net = b->net;
+    spconv__net_layer *layer = &net->layers[index];
+    const double start = spconv__net_now_s();
+    b->phase = &layer->stats.backward;
+    spconv_status st = backward_kind(b, layer, &net->tape[index]);
+    if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
+    spconv_phase_ms *phase = b->phase;
+    phase->total = 1e3 * (spconv__net_now_s() - start);
+    double other = phase->total - phase->gather - phase->gemm - phase->scatter;
+    phase->other = other > 0.0 ? other : 0.0;
+    if (net->progress != NULL) net->progress(net->progress_user, &layer->stats, net->num_layers, 1);
+    return SPCONV_OK;
+}
+
+spconv_status spconv_net_backward(spconv_context *ctx, spconv_net *net,
+                                  const spconv_tensor *grad_out, spconv_tensor **grad_input) {
+    if (grad_input != NULL) *grad_input = NULL;
+    SPCONV_CHECK_NOT_NULL(backward_func, net);
+    SPCONV_CHECK_NOT_NULL(backward_func, grad_out);
+    SPCONV_RETURN_ERROR_IF(!net->has_tape, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: nothing to go back through: run spconv_net_forward in "
+                           "SPCONV_NET_TRAINING mode first (each backward needs its own forward)",
+                           backward_func);
+    SPCONV_FORWARD_IF_ERROR(check_grad_out(net, grad_out));
+    back_pass b = {.ctx = ctx,
+                   .net = net,
+                   .threads = spconv_context_num_threads(ctx),
+                   .want_input = grad_input != NULL};
+    b.saved_grads = calloc((size_t)net->num_layers, sizeof *b.saved_grads);
+    spconv_status st = SPCONV_OK;
+    if (b.saved_grads == NULL)
+        st = spconv__error(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory", backward_func);
+    if (st == SPCONV_OK) st = spconv_tensor_contiguous(ctx, grad_out, &b.grad);
+    for (int i = net->num_layers - 1; i >= 0 && st == SPCONV_OK && b.grad != NULL; --i)
+        st = back_layer(&b, i);
+    if (st == SPCONV_OK && grad_input != NULL) st = own_grad(&b);
+    if (st == SPCONV_OK && grad_input != NULL) {
+        *grad_input = b.grad;
+        b.grad = NULL;
+    }
+    if (st == SPCONV_OK) net->has_grads = 1;
+    spconv_tensor_release(b.grad);
+    if (b.saved_grads != NULL)
+        for (int i = 0; i < net->num_layers; ++i) spconv_tensor_release(b.saved_grads[i]);
+    free(b.saved_grads);
+    spconv__net_clear_tape(net);
+    return st;
+}

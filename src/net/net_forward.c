@@ -1,0 +1,418 @@
+/* The forward pass: one function per layer kind, and the driver that chains them, times them and
+ * keeps (in training mode) what backward needs.
+ *
+ * In-place work: the current features may be overwritten (ReLU, inference batch norm) only when
+ * nothing else holds them. They are not ours when they are the caller's input, after a SAVE
+ * (the saved tensor is the same one) and after a training ReLU (its backward reads its output).
+ * Layers whose backward reads their input (convs, training batch norm) write new tensors. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "net/net_internal.h"
+#include "tensor/tensor_impl.h"
+
+static const char forward_func[] = "spconv_net_forward";
+
+typedef struct net_pass {
+    spconv_context *ctx;
+    spconv_net *net;
+    int training;
+    int threads;
+    spconv_sparse_tensor *cur;    /* one reference */
+    int cur_owned;                /* 1: nothing else holds cur's features, in-place is safe */
+    spconv_sparse_tensor **saved; /* [num_layers]: the tensor of each SAVE layer */
+    spconv_tensor *dense;         /* TO_DENSE output */
+    spconv_phase_ms *phase;       /* the running layer's forward times */
+} net_pass;
+
+static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
+
+/* A new [rows, cols] tensor of the network's dtype. */
+static spconv_status new_matrix(const spconv_net *net, int64_t rows, int64_t cols,
+                                spconv_tensor **out) {
+    const int64_t sizes[2] = {rows, cols};
+    return spconv_tensor_empty(spconv_cpu(), net->dtype, 2, sizes, out);
+}
+
+/* Rulebook through @p p->cur's cache, timed as the rulebook phase. */
+static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
+                                  spconv_rulebook **rb) {
+    double start = spconv__net_now_s();
+    spconv_status st =
+        spconv_sparse_get_rulebook(p->ctx, p->cur, &layer->params, layer->desc.key, rb);
+    p->phase->rulebook = 1e3 * (spconv__net_now_s() - start);
+    return st;
+}
+
+static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv__layer_tape *tape,
+                                  spconv_sparse_tensor **next) {
+    spconv_rulebook *rb = NULL;
+    spconv_tensor *y = NULL;
+    SPCONV_FORWARD_IF_ERROR(get_rulebook(p, layer, &rb));
+    const spconv__net_param *params = &p->net->params[layer->first_param];
+    spconv__conv_timing timing = {0};
+    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
+    spconv_status st =
+        spconv__conv_forward_ex(p->ctx, rb, cur_features(p), params[0].value,
+                                layer->desc.bias ? params[1].value : NULL, &options, &y);
+    spconv__net_add_conv_timing(p->phase, &timing);
+    if (st == SPCONV_OK) st = spconv_sparse_from_rulebook(p->cur, rb, y, next);
+    layer->stats.pairs = spconv_rulebook_num_pairs(rb);
+    layer->stats.flops = 2.0 * (double)layer->stats.pairs * (double)layer->desc.in_channels *
+                         (double)layer->desc.out_channels;
+    if (p->training && st == SPCONV_OK)
+        tape->rulebook = rb;
+    else
+        spconv_rulebook_release(rb);
+    spconv_tensor_release(y);
+    p->cur_owned = 1;
+    return st;
+}
+
+static spconv_status forward_maxpool(net_pass *p, spconv__net_layer *layer,
+                                     spconv__layer_tape *tape, spconv_sparse_tensor **next) {
+    spconv_rulebook *rb = NULL;
+    spconv_tensor *y = NULL;
+    SPCONV_FORWARD_IF_ERROR(get_rulebook(p, layer, &rb));
+    spconv_status st =
+        spconv_maxpool_forward(p->ctx, rb, cur_features(p), &y, p->training ? &tape->argmax : NULL);
+    if (st == SPCONV_OK) st = spconv_sparse_from_rulebook(p->cur, rb, y, next);
+    layer->stats.pairs = spconv_rulebook_num_pairs(rb);
+    if (p->training && st == SPCONV_OK)
+        tape->rulebook = rb;
+    else
+        spconv_rulebook_release(rb);
+    spconv_tensor_release(y);
+    p->cur_owned = 1;
+    return st;
+}
+
+/* Batch statistics, the running-statistics update, and scale/shift for normalising. */
+static spconv_status batchnorm_train_stats(net_pass *p, const spconv__net_layer *layer,
+                                           spconv__layer_tape *tape, const double *affine,
+                                           double *scale, double *shift) {
+    const int64_t c = layer->c_in, n = spconv_sparse_num_sites(p->cur);
+    tape->bn_mean = malloc((size_t)c * sizeof(double));
+    tape->bn_invstd = malloc((size_t)c * sizeof(double));
+    double *var = malloc((size_t)c * sizeof(double));
+    spconv_status st = SPCONV_OK;
+    if (tape->bn_mean == NULL || tape->bn_invstd == NULL || var == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "out of host memory for batch statistics of %" PRId64 " channels", c);
+    SPCONV_TRY_GOTO(st,
+                    spconv__bn_batch_stats(cur_features(p), layer->desc.eps, p->threads,
+                                           tape->bn_mean, tape->bn_invstd, var),
+                    done);
+    const double m = layer->desc.momentum;
+    const spconv__net_param *params = &p->net->params[layer->first_param];
+    if (n >= 2) {
+        /* affine holds gamma, beta, running mean, running var: update the last two. */
+        double *running = (double *)affine + 2 * c;
+        for (int64_t ch = 0; ch < c; ++ch) {
+            running[ch] = (1.0 - m) * running[ch] + m * tape->bn_mean[ch];
+            running[c + ch] = (1.0 - m) * running[c + ch] + m * var[ch];
+        }
+        spconv__net_from_doubles(running, params[2].value);
+        spconv__net_from_doubles(running + c, params[3].value);
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+        scale[ch] = affine[ch] * tape->bn_invstd[ch];
+        shift[ch] = affine[c + ch] - tape->bn_mean[ch] * scale[ch];
+    }
+done:
+    free(var);
+    return st;
+}
+
+static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
+                                       spconv__layer_tape *tape, spconv_sparse_tensor **next) {
+    const int64_t c = layer->c_in, n = spconv_sparse_num_sites(p->cur);
+    /* gamma, beta, running mean, running var, then scale and shift. */
+    double *work = malloc((size_t)(6 * c) * sizeof *work);
+    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for %" PRId64 " channels", c);
+    const spconv__net_param *params = &p->net->params[layer->first_param];
+    for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
+    double *scale = work + 4 * c, *shift = work + 5 * c;
+    spconv_status st = SPCONV_OK;
+    if (p->training) {
+        SPCONV_TRY_GOTO(st, batchnorm_train_stats(p, layer, tape, work, scale, shift), done);
+    } else {
+        for (int64_t ch = 0; ch < c; ++ch) {
+            scale[ch] = work[ch] / sqrt(work[3 * c + ch] + layer->desc.eps);
+            shift[ch] = work[c + ch] - work[2 * c + ch] * scale[ch];
+        }
+    }
+    spconv_tensor *x = cur_features(p), *y = x;
+    int in_place = p->cur_owned && !p->training;
+    if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p->net, n, c, &y), done);
+    spconv__bn_apply(x, scale, shift, p->threads, y);
+    if (in_place) {
+        spconv_sparse_retain(p->cur);
+        *next = p->cur;
+    } else {
+        st = spconv_sparse_with_features(p->cur, y, next);
+        spconv_tensor_release(y);
+        p->cur_owned = 1;
+    }
+done:
+    free(work);
+    return st;
+}
+
+static spconv_status forward_relu(net_pass *p, spconv_sparse_tensor **next) {
+    spconv_tensor *x = cur_features(p);
+    if (p->cur_owned) {
+        spconv__relu_forward(x, p->threads, x);
+        spconv_sparse_retain(p->cur);
+        *next = p->cur;
+    } else {
+        spconv_tensor *y = NULL;
+        SPCONV_FORWARD_IF_ERROR(
+            new_matrix(p->net, spconv_tensor_size(x, 0), spconv_tensor_size(x, 1), &y));
+        spconv__relu_forward(x, p->threads, y);
+        spconv_status st = spconv_sparse_with_features(p->cur, y, next);
+        spconv_tensor_release(y);
+        SPCONV_FORWARD_IF_ERROR(st);
+    }
+    /* Training keeps the output for backward: later layers must not overwrite it. */
+    p->cur_owned = !p->training;
+    return SPCONV_OK;
+}
+
+/* CONCAT needs the saved tensor on exactly the current sites, in the same order. */
+static spconv_status check_same_sites(spconv_context *ctx, const spconv_sparse_tensor *a,
+                                      const spconv_sparse_tensor *b, const char *key) {
+    int64_t n = spconv_sparse_num_sites(a), m = spconv_sparse_num_sites(b);
+    SPCONV_RETURN_ERROR_IF(n != m, SPCONV_ERR_SHAPE_MISMATCH,
+                           "the tensor saved as '%s' has %" PRId64
+                           " sites but the current one has %" PRId64
+                           "; concat needs the same sites",
+                           key, m, n);
+    spconv_tensor *ia = spconv_sparse_indices(a), *ib = spconv_sparse_indices(b);
+    if (ia == ib || n == 0) return SPCONV_OK;
+    spconv_tensor *ca = NULL, *cb = NULL;
+    spconv_status st = spconv_tensor_contiguous(ctx, ia, &ca);
+    if (st == SPCONV_OK) st = spconv_tensor_contiguous(ctx, ib, &cb);
+    if (st == SPCONV_OK) {
+        const int32_t *ra = spconv_tensor_data(ca), *rb = spconv_tensor_data(cb);
+        for (int64_t r = 0; r < n && st == SPCONV_OK; ++r)
+            if (memcmp(ra + 4 * r, rb + 4 * r, 4 * sizeof *ra) != 0)
+                st = spconv__error(SPCONV_ERR_GEOMETRY_MISMATCH,
+                                   "row %" PRId64 " of the tensor saved as '%s' is site (%d, %d, "
+                                   "%d, %d) but the current row is (%d, %d, %d, %d); concat "
+                                   "needs the same sites in the same order",
+                                   r, key, rb[4 * r], rb[4 * r + 1], rb[4 * r + 2], rb[4 * r + 3],
+                                   ra[4 * r], ra[4 * r + 1], ra[4 * r + 2], ra[4 * r + 3]);
+    }
+    spconv_tensor_release(ca);
+    spconv_tensor_release(cb);
+    return st;
+}
+
+/* Copy @p src into columns [first, first + cols(src)) of @p dst. */
+static spconv_status copy_columns(spconv_context *ctx, spconv_tensor *dst, int64_t first,
+                                  const spconv_tensor *src) {
+    spconv_tensor *view = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_narrow(dst, 1, first, spconv_tensor_size(src, 1), &view));
+    spconv_status st = spconv_tensor_copy_(ctx, view, src);
+    spconv_tensor_release(view);
+    return st;
+}
+
+static spconv_status forward_concat(net_pass *p, const spconv__net_layer *layer,
+                                    spconv_sparse_tensor **next) {
+    const spconv_sparse_tensor *saved = p->saved[layer->saved_layer];
+    SPCONV_FORWARD_IF_ERROR(check_same_sites(p->ctx, p->cur, saved, layer->desc.key));
+    spconv_tensor *x = cur_features(p), *s = spconv_sparse_features(saved), *y = NULL;
+    SPCONV_FORWARD_IF_ERROR(new_matrix(p->net, spconv_tensor_size(x, 0), layer->c_out, &y));
+    spconv_status st = copy_columns(p->ctx, y, 0, x);
+    if (st == SPCONV_OK) st = copy_columns(p->ctx, y, spconv_tensor_size(x, 1), s);
+    if (st == SPCONV_OK) st = spconv_sparse_with_features(p->cur, y, next);
+    spconv_tensor_release(y);
+    p->cur_owned = 1;
+    return st;
+}
+
+/* Bytes for the dense map: the last map's storage when nobody but the network holds it any more,
+ * since a fresh buffer of SECOND's size (36 MB) costs tens of milliseconds of page faults. */
+static spconv_status dense_storage(spconv_net *net, size_t nbytes, spconv_storage **out) {
+    spconv_storage *s = net->dense_storage;
+    if (s != NULL && spconv_storage_nbytes(s) == nbytes &&
+        __atomic_load_n(&s->refcount, __ATOMIC_ACQUIRE) == 1) {
+        *out = s;
+        return SPCONV_OK;
+    }
+    spconv_storage_release(net->dense_storage);
+    net->dense_storage = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv_storage_create(spconv_cpu(), nbytes, &net->dense_storage));
+    *out = net->dense_storage;
+    return SPCONV_OK;
+}
+
+/* [B, C*D, H, W] with channel c*D + z: HeightCompression's order. */
+static spconv_status forward_to_dense(net_pass *p, spconv_sparse_tensor **next) {
+    int64_t shape[3];
+    spconv_sparse_spatial_shape(p->cur, shape);
+    const int64_t c = spconv_tensor_size(cur_features(p), 1);
+    const int64_t sizes[4] = {spconv_sparse_batch_size(p->cur), c * shape[0], shape[1], shape[2]};
+    int64_t numel = 1;
+    for (int i = 0; i < 4; ++i) {
+        SPCONV_RETURN_ERROR_IF(numel > INT64_MAX / 8 / sizes[i], SPCONV_ERR_OVERFLOW,
+                               "a dense map of [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                               "] is too large",
+                               sizes[0], sizes[1], sizes[2], sizes[3]);
+        numel *= sizes[i];
+    }
+    spconv_storage *storage = NULL;
+    spconv_tensor *indices = NULL;
+    SPCONV_FORWARD_IF_ERROR(
+        dense_storage(p->net, (size_t)numel * spconv_dtype_size(p->net->dtype), &storage));
+    spconv_status st =
+        spconv_tensor_from_storage(storage, 0, p->net->dtype, 4, sizes, NULL, &p->dense);
+    if (st == SPCONV_OK)
+        st = spconv_tensor_contiguous(p->ctx, spconv_sparse_indices(p->cur), &indices);
+    if (st == SPCONV_OK) st = spconv__dense_scatter(cur_features(p), indices, p->threads, p->dense);
+    spconv_tensor_release(indices);
+    SPCONV_FORWARD_IF_ERROR(st);
+    spconv_sparse_retain(p->cur);
+    *next = p->cur;
+    return SPCONV_OK;
+}
+
+static spconv_status forward_kind(net_pass *p, spconv__net_layer *layer, spconv__layer_tape *tape,
+                                  spconv_sparse_tensor **next) {
+    switch (layer->desc.kind) {
+    case SPCONV_LAYER_SUBM:
+    case SPCONV_LAYER_CONV:
+    case SPCONV_LAYER_TRANSPOSED:
+    case SPCONV_LAYER_INVERSE: return forward_conv(p, layer, tape, next);
+    case SPCONV_LAYER_MAXPOOL: return forward_maxpool(p, layer, tape, next);
+    case SPCONV_LAYER_BATCHNORM: return forward_batchnorm(p, layer, tape, next);
+    case SPCONV_LAYER_RELU: return forward_relu(p, next);
+    case SPCONV_LAYER_TO_DENSE: return forward_to_dense(p, next);
+    case SPCONV_LAYER_SAVE:
+        spconv_sparse_retain(p->cur);
+        p->saved[layer->stats.index] = p->cur;
+        spconv_sparse_retain(p->cur);
+        *next = p->cur;
+        p->cur_owned = 0;
+        return SPCONV_OK;
+    case SPCONV_LAYER_CONCAT: return forward_concat(p, layer, next);
+    }
+    SPCONV_RETURN_ERROR(SPCONV_ERR_INTERNAL, "layer kind %d has no forward", (int)layer->desc.kind);
+}
+
+/* "other" is whatever the named phases leave of the total. */
+static void finish_phase(spconv_phase_ms *phase, double start) {
+    phase->total = 1e3 * (spconv__net_now_s() - start);
+    double other = phase->total - phase->rulebook - phase->gather - phase->gemm - phase->scatter;
+    phase->other = other > 0.0 ? other : 0.0;
+}
+
+static spconv_status run_layer(net_pass *p, int index) {
+    spconv_net *net = p->net;
+    spconv__net_layer *layer = &net->layers[index];
+    spconv__layer_tape *tape = &net->tape[index];
+    spconv_layer_stats *stats = &layer->stats;
+    const double start = spconv__net_now_s();
+    p->phase = &stats->forward;
+    stats->sites_in = spconv_sparse_num_sites(p->cur);
+    stats->channels_in = layer->c_in;
+    stats->channels_out = layer->c_out;
+    if (p->training) {
+        spconv_sparse_retain(p->cur);
+        tape->in = p->cur;
+    }
+    spconv_sparse_tensor *next = NULL;
+    spconv_status st = forward_kind(p, layer, tape, &next);
+    if (st != SPCONV_OK) return spconv__net_layer_error(forward_func, layer, st);
+    stats->sites_out = spconv_sparse_num_sites(next);
+    if (p->dense != NULL) stats->channels_out = spconv_tensor_size(p->dense, 1);
+    if (p->training) {
+        spconv_sparse_retain(next);
+        tape->out = next;
+    }
+    spconv_sparse_release(p->cur);
+    p->cur = next;
+    finish_phase(&stats->forward, start);
+    if (net->progress != NULL) net->progress(net->progress_user, stats, net->num_layers, 0);
+    return SPCONV_OK;
+}
+
+static spconv_status check_input(const spconv_net *net, const spconv_sparse_tensor *input,
+                                 spconv_net_mode mode) {
+    SPCONV_RETURN_ERROR_IF(mode != SPCONV_NET_INFERENCE && mode != SPCONV_NET_TRAINING,
+                           SPCONV_ERR_INVALID_ARGUMENT, "%s: mode %d is not a network mode",
+                           forward_func, (int)mode);
+    const spconv_tensor *f = spconv_sparse_features(input);
+    SPCONV_RETURN_ERROR_IF(
+        spconv_tensor_device(f).type != SPCONV_DEVICE_CPU, SPCONV_ERR_NOT_SUPPORTED,
+        "%s: network layers run on CPU tensors; the input is on a GPU", forward_func);
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(f) != net->dtype, SPCONV_ERR_DTYPE_MISMATCH,
+                           "%s: the input features are %s but the network computes in %s",
+                           forward_func, spconv_dtype_name(spconv_tensor_dtype(f)),
+                           spconv_dtype_name(net->dtype));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(f, 1) != net->in_channels, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: the input has %" PRId64 " channels but the network takes %" PRId64,
+                           forward_func, spconv_tensor_size(f, 1), net->in_channels);
+    return SPCONV_OK;
+}
+
+static void reset_stats(spconv_net *net) {
+    for (int i = 0; i < net->num_layers; ++i) {
+        spconv_layer_stats *s = &net->layers[i].stats;
+        s->sites_in = s->sites_out = s->channels_in = s->channels_out = s->pairs = 0;
+        s->flops = 0.0;
+        memset(&s->forward, 0, sizeof s->forward);
+        memset(&s->backward, 0, sizeof s->backward);
+    }
+}
+
+spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
+                                 const spconv_sparse_tensor *input, spconv_net_mode mode,
+                                 spconv_tensor **out, spconv_sparse_tensor **out_sparse) {
+    SPCONV_CHECK_NOT_NULL(forward_func, out);
+    *out = NULL;
+    if (out_sparse != NULL) *out_sparse = NULL;
+    SPCONV_CHECK_NOT_NULL(forward_func, net);
+    SPCONV_CHECK_NOT_NULL(forward_func, input);
+    SPCONV_FORWARD_IF_ERROR(check_input(net, input, mode));
+    spconv__net_clear_tape(net);
+    reset_stats(net);
+    net_pass p = {.ctx = ctx,
+                  .net = net,
+                  .training = mode == SPCONV_NET_TRAINING,
+                  .threads = spconv_context_num_threads(ctx)};
+    p.saved = calloc((size_t)net->num_layers, sizeof *p.saved);
+    SPCONV_RETURN_ERROR_IF(p.saved == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory",
+                           forward_func);
+    /* The layer kernels want contiguous rows; the cache stays shared with the caller's input. */
+    spconv_tensor *features = NULL;
+    spconv_status st = spconv_tensor_contiguous(ctx, spconv_sparse_features(input), &features);
+    if (st == SPCONV_OK) st = spconv_sparse_with_features(input, features, &p.cur);
+    spconv_tensor_release(features);
+    for (int i = 0; i < net->num_layers && st == SPCONV_OK; ++i) st = run_layer(&p, i);
+    if (st == SPCONV_OK) {
+        *out = p.dense;
+        if (p.dense == NULL) {
+            *out = spconv_sparse_features(p.cur);
+            spconv_tensor_retain(*out);
+        }
+        if (out_sparse != NULL) {
+            *out_sparse = p.cur;
+            p.cur = NULL;
+        }
+        net->has_tape = p.training;
+    } else {
+        spconv_tensor_release(p.dense);
+        spconv__net_clear_tape(net);
+    }
+    spconv_sparse_release(p.cur);
+    for (int i = 0; i < net->num_layers; ++i) spconv_sparse_release(p.saved[i]);
+    free(p.saved);
+    return st;
+}

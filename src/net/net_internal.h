@@ -1,0 +1,152 @@
+/* Shared by the files of the net module: the network's fields, what a training pass keeps for
+ * backward, the per-layer kernels (batch norm, ReLU, concatenation) and small helpers. */
+#ifndef SPCONV_NET_INTERNAL_H
+#define SPCONV_NET_INTERNAL_H
+
+#include <stdint.h>
+#include <time.h>
+
+#include "conv/conv_exec.h"
+#include "spconv/net.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define SPCONV__NET_OMP(...) _Pragma(#__VA_ARGS__)
+#else
+#define SPCONV__NET_OMP(...)
+#endif
+
+/* One parameter or buffer. `value` is a contiguous CPU tensor of the network's dtype. */
+typedef struct spconv__net_param {
+    char *name; /* "<layer>.weight", owned */
+    spconv_tensor *value;
+    spconv_tensor *grad; /* NULL for buffers and before the first backward */
+    int trainable;
+} spconv__net_param;
+
+/* What a training forward keeps for one layer's backward. Every layer keeps its input and
+ * output; the rest depends on the kind. */
+typedef struct spconv__layer_tape {
+    spconv_sparse_tensor *in;
+    spconv_sparse_tensor *out;
+    spconv_rulebook *rulebook; /* convs and pool */
+    spconv_tensor *argmax;     /* pool */
+    double *bn_mean;           /* batch norm: [C] batch mean and 1 / sqrt(var + eps) */
+    double *bn_invstd;
+} spconv__layer_tape;
+
+/* A layer as the network holds it. */
+typedef struct spconv__net_layer {
+    spconv_layer_desc desc; /* defaults filled in; name and key point into the owned copies */
+    char *name_owned;
+    char *key_owned;
+    spconv_conv_params params; /* convs and pool */
+    int64_t c_in, c_out;       /* channels flowing in and out (TO_DENSE: C before folding) */
+    int first_param;           /* parameters first_param .. first_param + num_params - 1 */
+    int num_params;
+    int saved_layer; /* CONCAT: index of the SAVE layer it reads; INVERSE: the layer
+                        whose rulebook it inverts; else -1 */
+    spconv_layer_stats stats;
+} spconv__net_layer;
+
+struct spconv_net {
+    spconv_dtype dtype;
+    int64_t in_channels;
+    int num_layers;
+    spconv__net_layer *layers;
+    int num_params;
+    spconv__net_param *params;
+    spconv__layer_tape *tape; /* [num_layers]; filled by a training forward */
+    int has_tape;
+    int has_grads;
+    spconv_storage *dense_storage; /* the last TO_DENSE map's bytes, reused when free */
+    spconv_net_progress_fn progress;
+    void *progress_user;
+};
+
+/* ---- creation helpers (net.c, used by the zoo) ----------------------------------------------- */
+
+/* Release everything a training forward kept. */
+void spconv__net_clear_tape(spconv_net *net);
+
+/* Allocate and initialise the parameters of every layer from @p seed (net_weights.c). */
+spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
+
+/* ---- layer kernels on contiguous CPU features [n, c] of f32 or f64 (net_kernels.c) -------------
+ * Their messages name no function: the forward/backward drivers prefix the layer. */
+
+/* Batch statistics: mean[c] and invstd[c] = 1 / sqrt(biased var + eps); var_unbiased may be NULL.
+ * The sums run over fixed blocks of rows, so results do not depend on the thread count. */
+spconv_status spconv__bn_batch_stats(const spconv_tensor *x, double eps, int threads, double *mean,
+                                     double *invstd, double *var_unbiased);
+
+/* y = x * scale[c] + shift[c]; y may be x (in place). */
+void spconv__bn_apply(const spconv_tensor *x, const double *scale, const double *shift, int threads,
+                      spconv_tensor *y);
+
+/* Batch-norm backward with batch statistics: dx, and dgamma / dbeta (f64 [C], added to nothing:
+ * overwritten). */
+spconv_status spconv__bn_backward(const spconv_tensor *x, const spconv_tensor *dy,
+                                  const double *mean, const double *invstd, const double *gamma,
+                                  int threads, spconv_tensor *dx, double *dgamma, double *dbeta);
+
+/* y = max(x, 0); y may be x. */
+void spconv__relu_forward(const spconv_tensor *x, int threads, spconv_tensor *y);
+
+/* dx = dy where y > 0, else 0; dx may be dy. */
+void spconv__relu_backward(const spconv_tensor *y, const spconv_tensor *dy, int threads,
+                           spconv_tensor *dx);
+
+/* y += alpha * x (same numel). */
+void spconv__net_axpy(double alpha, const spconv_tensor *x, int threads, spconv_tensor *y);
+
+/* features[r, ch] = dense[b, ch * D + z, y, x] at the site (b, z, y, x) of row r of @p indices
+ * (contiguous int32 [n, 4]); dense is [B, C*D, H, W], features [n, C]. */
+void spconv__dense_gather(const spconv_tensor *dense, const spconv_tensor *indices, int threads,
+                          spconv_tensor *features);
+
+/* dense [B, C*D, H, W] := 0, then dense[b, ch * D + z, y, x] = features[r, ch] at the site of row r
+ * of @p indices (contiguous int32 [n, 4]). Sites outside the map or repeated are errors, checked
+ * before anything is written. */
+spconv_status spconv__dense_scatter(const spconv_tensor *features, const spconv_tensor *indices,
+                                    int threads, spconv_tensor *dense);
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+/* The kinds that hold a conv weight: SUBM, CONV, TRANSPOSED, INVERSE. */
+static inline int spconv__layer_is_conv(spconv_layer_kind kind) {
+    return kind == SPCONV_LAYER_SUBM || kind == SPCONV_LAYER_CONV ||
+           kind == SPCONV_LAYER_TRANSPOSED || kind == SPCONV_LAYER_INVERSE;
+}
+
+/* Add the conv executor's phase clocks to @p phase in milliseconds. The executor sums them over
+ * its threads: divided by the thread count they are wall-clock shares. */
+static inline void spconv__net_add_conv_timing(spconv_phase_ms *phase,
+                                               const spconv__conv_timing *timing) {
+    const double ms_per_s = timing->threads > 0 ? 1e3 / timing->threads : 0.0;
+    phase->gather += timing->gather_s * ms_per_s;
+    phase->gemm += timing->gemm_s * ms_per_s;
+    phase->scatter += timing->scatter_s * ms_per_s;
+}
+
+/* Seconds on a monotonic clock. */
+static inline double spconv__net_now_s(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+/* Re-record the current error message prefixed by "func: layer i 'name' (kind): " and return
+ * @p status, so a failure deep inside a layer says which layer it was. */
+spconv_status spconv__net_layer_error(const char *func, const spconv__net_layer *layer,
+                                      spconv_status status);
+
+/* Copy a contiguous f32/f64 tensor's elements to doubles, and doubles into such a tensor. */
+void spconv__net_to_doubles(const spconv_tensor *t, double *dst);
+void spconv__net_from_doubles(const double *src, spconv_tensor *t);
+
+#endif /* SPCONV_NET_INTERNAL_H */

@@ -1,0 +1,344 @@
+/* Element-wise layer kernels on contiguous CPU features [n, c] of f32 or f64: batch norm,
+ * ReLU, axpy, and the gather of a dense gradient at the sites (to_dense backward).
+ *
+ * Per-channel sums (batch statistics and their gradients) run over fixed blocks of rows whose
+ * partial sums are added in block order, so they do not depend on the thread count; they
+ * accumulate in double whatever the dtype. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "net/net_internal.h"
+
+#define BLOCK_ROWS 1024
+/* Below this many elements a loop is not worth waking threads for: these loops are bound by
+ * memory bandwidth, which one core nearly saturates, and waking a team costs more than a few
+ * hundred thousand elements take. */
+#define PARALLEL_MIN (1 << 20)
+/* A parallel loop over @p work elements on the caller's `threads`, serial below PARALLEL_MIN. */
+#define PARALLEL_FOR(work)                                                                         \
+    SPCONV__NET_OMP(omp parallel for num_threads(threads) schedule(static)                         \
+                        if((work) > PARALLEL_MIN))
+
+/* Rows begin..end of x: acc[ch] += x (center NULL) or (x - center[ch])^2. */
+static void sum_rows(const spconv_tensor *x, int64_t begin, int64_t end, const double *center,
+                     double *acc) {
+    const int64_t c = spconv_tensor_size(x, 1);
+#define SUM_ROWS(T)                                                                                \
+    do {                                                                                           \
+        const T *row = (const T *)spconv_tensor_data(x) + begin * c;                               \
+        for (int64_t r = begin; r < end; ++r, row += c)                                            \
+            for (int64_t ch = 0; ch < c; ++ch) {                                                   \
+                double v = center != NULL ? row[ch] - center[ch] : row[ch];                        \
+                acc[ch] += center != NULL ? v * v : v;                                             \
+            }                                                                                      \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        SUM_ROWS(float);
+    else
+        SUM_ROWS(double);
+#undef SUM_ROWS
+}
+
+/* Rows begin..end: acc[ch] += dy and acc[c + ch] += dy * xhat with xhat = (x - mean) * invstd. */
+static void sum_grad_rows(const spconv_tensor *x, const spconv_tensor *dy, int64_t begin,
+                          int64_t end, const double *mean, const double *invstd, double *acc) {
+    const int64_t c = spconv_tensor_size(x, 1);
+#define SUM_GRAD_ROWS(T)                                                                           \
+    do {                                                                                           \
+        const T *xr = (const T *)spconv_tensor_data(x) + begin * c;                                \
+        const T *gr = (const T *)spconv_tensor_data(dy) + begin * c;                               \
+        for (int64_t r = begin; r < end; ++r, xr += c, gr += c)                                    \
+            for (int64_t ch = 0; ch < c; ++ch) {                                                   \
+                acc[ch] += gr[ch];                                                                 \
+                acc[c + ch] += gr[ch] * ((xr[ch] - mean[ch]) * invstd[ch]);                        \
+            }                                                                                      \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        SUM_GRAD_ROWS(float);
+    else
+        SUM_GRAD_ROWS(double);
+#undef SUM_GRAD_ROWS
+}
+
+/* Per-channel sums of @p width values per row over every row of x: a pass of sum_rows (width c)
+ * or sum_grad_rows (width 2c), block by block, reduced in block order into total[width]. */
+static spconv_status blocked_sums(const spconv_tensor *x, const spconv_tensor *dy, const double *a,
+                                  const double *b, int64_t width, int threads, double *total) {
+    const int64_t n = spconv_tensor_size(x, 0);
+    const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    double *partial = calloc((size_t)(blocks > 0 ? blocks : 1) * (size_t)width, sizeof *partial);
+    SPCONV_RETURN_ERROR_IF(partial == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for %" PRId64 " x %" PRId64 " partial sums", blocks,
+                           width);
+    PARALLEL_FOR(n * width)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t begin = blk * BLOCK_ROWS, end = begin + BLOCK_ROWS < n ? begin + BLOCK_ROWS : n;
+        if (dy == NULL)
+            sum_rows(x, begin, end, a, partial + blk * width);
+        else
+            sum_grad_rows(x, dy, begin, end, a, b, partial + blk * width);
+    }
+    for (int64_t ch = 0; ch < width; ++ch) total[ch] = 0.0;
+    for (int64_t blk = 0; blk < blocks; ++blk)
+        for (int64_t ch = 0; ch < width; ++ch) total[ch] += partial[blk * width + ch];
+    free(partial);
+    return SPCONV_OK;
+}
+
+spconv_status spconv__bn_batch_stats(const spconv_tensor *x, double eps, int threads, double *mean,
+                                     double *invstd, double *var_unbiased) {
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    SPCONV_FORWARD_IF_ERROR(blocked_sums(x, NULL, NULL, NULL, c, threads, mean));
+    for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
+    /* Two passes (mean, then squared deviations) keep the variance accurate in f32 data. */
+    SPCONV_FORWARD_IF_ERROR(blocked_sums(x, NULL, mean, NULL, c, threads, invstd));
+    for (int64_t ch = 0; ch < c; ++ch) {
+        double squares = invstd[ch];
+        if (var_unbiased != NULL) var_unbiased[ch] = n > 1 ? squares / (double)(n - 1) : 0.0;
+        invstd[ch] = 1.0 / sqrt((n > 0 ? squares / (double)n : 0.0) + eps);
+    }
+    return SPCONV_OK;
+}
+
+void spconv__bn_apply(const spconv_tensor *x, const double *scale, const double *shift, int threads,
+                      spconv_tensor *y) {
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+#define BN_APPLY(T)                                                                                \
+    do {                                                                                           \
+        const T *src = spconv_tensor_data(x);                                                      \
+        T *dst = spconv_tensor_data(y);                                                            \
+        PARALLEL_FOR(n *c)                                                                         \
+        for (int64_t r = 0; r < n; ++r)                                                            \
+            for (int64_t ch = 0; ch < c; ++ch)                                                     \
+                dst[r * c + ch] = (T)(src[r * c + ch] * scale[ch] + shift[ch]);                    \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        BN_APPLY(float);
+    else
+        BN_APPLY(double);
+#undef BN_APPLY
+}
+
+spconv_status spconv__bn_backward(const spconv_tensor *x, const spconv_tensor *dy,
+                                  const double *mean, const double *invstd, const double *gamma,
+                                  int threads, spconv_tensor *dx, double *dgamma, double *dbeta) {
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    double *sums = malloc((size_t)(2 * c) * sizeof *sums);
+    SPCONV_RETURN_ERROR_IF(sums == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for batch norm sums");
+    spconv_status st = blocked_sums(x, dy, mean, invstd, 2 * c, threads, sums);
+    if (st != SPCONV_OK) {
+        free(sums);
+        return st;
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+        dbeta[ch] = sums[ch];
+        dgamma[ch] = sums[c + ch];
+    }
+    free(sums);
+    /* dx = gamma * invstd / n * (n * dy - sum(dy) - xhat * sum(dy * xhat)). */
+    const double inv_n = n > 0 ? 1.0 / (double)n : 0.0;
+#define BN_BACKWARD(T)                                                                             \
+    do {                                                                                           \
+        const T *xs = spconv_tensor_data(x), *gs = spconv_tensor_data(dy);                         \
+        T *out = spconv_tensor_data(dx);                                                           \
+        PARALLEL_FOR(n *c)                                                                         \
+        for (int64_t r = 0; r < n; ++r)                                                            \
+            for (int64_t ch = 0; ch < c; ++ch) {                                                   \
+                double xhat = (xs[r * c + ch] - mean[ch]) * invstd[ch];                            \
+                double g = (double)gs[r * c + ch] - (dbeta[ch] + xhat * dgamma[ch]) * inv_n;       \
+                out[r * c + ch] = (T)(gamma[ch] * invstd[ch] * g);                                 \
+            }                                                                                      \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        BN_BACKWARD(float);
+    else
+        BN_BACKWARD(double);
+#undef BN_BACKWARD
+    return SPCONV_OK;
+}
+
+void spconv__relu_forward(const spconv_tensor *x, int threads, spconv_tensor *y) {
+    const int64_t n = spconv_tensor_numel(x);
+    /* "v < 0 ? 0 : v" lets NaN through, as PyTorch's relu does. */
+#define RELU(T)                                                                                    \
+    do {                                                                                           \
+        const T *src = spconv_tensor_data(x);                                                      \
+        T *dst = spconv_tensor_data(y);                                                            \
+        PARALLEL_FOR(n)                                                                            \
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i] < 0 ? 0 : src[i];                          \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        RELU(float);
+    else
+        RELU(double);
+#undef RELU
+}
+
+void spconv__relu_backward(const spconv_tensor *y, const spconv_tensor *dy, int threads,
+                           spconv_tensor *dx) {
+    const int64_t n = spconv_tensor_numel(y);
+#define RELU_BACKWARD(T)                                                                           \
+    do {                                                                                           \
+        const T *out = spconv_tensor_data(y), *g = spconv_tensor_data(dy);                         \
+        T *dst = spconv_tensor_data(dx);                                                           \
+        PARALLEL_FOR(n)                                                                            \
+        for (int64_t i = 0; i < n; ++i) dst[i] = out[i] > 0 ? g[i] : 0;                            \
+    } while (0)
+    if (spconv_tensor_dtype(y) == SPCONV_F32)
+        RELU_BACKWARD(float);
+    else
+        RELU_BACKWARD(double);
+#undef RELU_BACKWARD
+}
+
+void spconv__net_axpy(double alpha, const spconv_tensor *x, int threads, spconv_tensor *y) {
+    const int64_t n = spconv_tensor_numel(x);
+#define AXPY(T)                                                                                    \
+    do {                                                                                           \
+        const T *src = spconv_tensor_data(x);                                                      \
+        T *dst = spconv_tensor_data(y);                                                            \
+        PARALLEL_FOR(n)                                                                            \
+        for (int64_t i = 0; i < n; ++i) dst[i] = (T)(dst[i] + alpha * src[i]);                     \
+    } while (0)
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        AXPY(float);
+    else
+        AXPY(double);
+#undef AXPY
+}
+
+void spconv__dense_gather(const spconv_tensor *dense, const spconv_tensor *indices, int threads,
+                          spconv_tensor *features) {
+    const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
+    /* dense is [B, C*D, H, W] with channel c*D + z (HeightCompression's order). */
+    const int64_t cd = spconv_tensor_size(dense, 1), h = spconv_tensor_size(dense, 2),
+                  w = spconv_tensor_size(dense, 3), d = cd / c;
+    const int32_t *idx = spconv_tensor_data(indices);
+#define GATHER(T)                                                                                  \
+    do {                                                                                           \
+        const T *src = spconv_tensor_data(dense);                                                  \
+        T *dst = spconv_tensor_data(features);                                                     \
+        PARALLEL_FOR(n *c)                                                                         \
+        for (int64_t r = 0; r < n; ++r) {                                                          \
+            const int32_t *site = idx + 4 * r;                                                     \
+            int64_t base =                                                                         \
+                ((int64_t)site[0] * cd + site[1]) * h * w + (int64_t)site[2] * w + site[3];        \
+            for (int64_t ch = 0; ch < c; ++ch) dst[r * c + ch] = src[base + ch * d * h * w];       \
+        }                                                                                          \
+    } while (0)
+    if (spconv_tensor_dtype(features) == SPCONV_F32)
+        GATHER(float);
+    else
+        GATHER(double);
+#undef GATHER
+}
+
+void spconv__net_to_doubles(const spconv_tensor *t, double *dst) {
+    const int64_t n = spconv_tensor_numel(t);
+    if (spconv_tensor_dtype(t) == SPCONV_F32) {
+        const float *src = spconv_tensor_data(t);
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    } else {
+        const double *src = spconv_tensor_data(t);
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    }
+}
+
+void spconv__net_from_doubles(const double *src, spconv_tensor *t) {
+    const int64_t n = spconv_tensor_numel(t);
+    if (spconv_tensor_dtype(t) == SPCONV_F32) {
+        float *dst = spconv_tensor_data(t);
+        for (int64_t i = 0; i < n; ++i) dst[i] = (float)src[i];
+    } else {
+        double *dst = spconv_tensor_data(t);
+        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    }
+}
+
+/* Row @p r's site, checked against the map's batch and spatial sizes, and not seen before. */
+static spconv_status check_site(const int32_t *q, int64_t r, const int64_t dims[4],
+                                unsigned char *seen) {
+    int inside = q[0] >= 0 && q[0] < dims[0] && q[1] >= 0 && q[1] < dims[1] && q[2] >= 0 &&
+                 q[2] < dims[2] && q[3] >= 0 && q[3] < dims[3];
+    SPCONV_RETURN_ERROR_IF(!inside, SPCONV_ERR_OUT_OF_RANGE,
+                           "indices row %" PRId64 " = (%d, %d, %d, %d) is outside batch size "
+                           "%" PRId64 " and spatial shape (%" PRId64 ", %" PRId64 ", %" PRId64 ")",
+                           r, q[0], q[1], q[2], q[3], dims[0], dims[1], dims[2], dims[3]);
+    int64_t cell = ((q[0] * dims[1] + q[1]) * dims[2] + q[2]) * dims[3] + q[3];
+    SPCONV_RETURN_ERROR_IF(seen[cell / 8] & (1u << (cell % 8)), SPCONV_ERR_DUPLICATE_INDEX,
+                           "indices row %" PRId64 " = (%d, %d, %d, %d) repeats an earlier row", r,
+                           q[0], q[1], q[2], q[3]);
+    seen[cell / 8] |= (unsigned char)(1u << (cell % 8));
+    return SPCONV_OK;
+}
+
+/* Check every site of @p idx ([n, 4]) against dims (B, D, H, W) before anything is written (the
+ * sites of a to_dense that follows no conv come straight from the caller), and give each row's
+ * element offset at[r] in a [B, C*D, H, W] map with @p c channels. */
+static spconv_status site_offsets(const int32_t *idx, int64_t n, const int64_t dims[4], int64_t c,
+                                  int64_t *at) {
+    const int64_t cells = dims[0] * dims[1] * dims[2] * dims[3];
+    unsigned char *seen = calloc((size_t)(cells / 8 + 1), 1);
+    SPCONV_RETURN_ERROR_IF(seen == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for the occupancy bitmap of the dense map");
+    spconv_status st = SPCONV_OK;
+    const int64_t plane = dims[2] * dims[3];
+    for (int64_t r = 0; r < n && st == SPCONV_OK; ++r) {
+        const int32_t *q = idx + 4 * r;
+        st = check_site(q, r, dims, seen);
+        at[r] = ((int64_t)q[0] * c * dims[1] + q[1]) * plane + (int64_t)q[2] * dims[3] + q[3];
+    }
+    free(seen);
+    return st;
+}
+
+/* Zero @p bytes at @p base; in parallel, which also takes a fresh buffer's page faults in
+ * parallel. */
+static void zero_bytes(char *base, size_t bytes, int threads) {
+    const size_t chunk = (size_t)1 << 20;
+    PARALLEL_FOR(bytes / sizeof(float))
+    for (int64_t part = 0; part < (int64_t)((bytes + chunk - 1) / chunk); ++part) {
+        size_t begin = (size_t)part * chunk;
+        memset(base + begin, 0, begin + chunk < bytes ? chunk : bytes - begin);
+    }
+}
+
+spconv_status spconv__dense_scatter(const spconv_tensor *features, const spconv_tensor *indices,
+                                    int threads, spconv_tensor *dense) {
+    const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
+    const int64_t dims[4] = {spconv_tensor_size(dense, 0), spconv_tensor_size(dense, 1) / c,
+                             spconv_tensor_size(dense, 2), spconv_tensor_size(dense, 3)};
+    int64_t *at = malloc((size_t)(n > 0 ? n : 1) * sizeof *at);
+    SPCONV_RETURN_ERROR_IF(at == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for %" PRId64 " site offsets", n);
+    spconv_status st = site_offsets(spconv_tensor_data(indices), n, dims, c, at);
+    if (st != SPCONV_OK) {
+        free(at);
+        return st;
+    }
+    zero_bytes(spconv_tensor_data(dense),
+               (size_t)spconv_tensor_numel(dense) * spconv_dtype_size(spconv_tensor_dtype(dense)),
+               threads);
+    /* Channel by channel, so that the writes of one pass stay in one [D, H, W] block (cache
+     * and TLB friendly) instead of striding across the whole map for every row. */
+    const int64_t block = dims[1] * dims[2] * dims[3];
+#define SCATTER(T)                                                                                 \
+    do {                                                                                           \
+        const T *src = spconv_tensor_data(features);                                               \
+        T *dst = spconv_tensor_data(dense);                                                        \
+        PARALLEL_FOR(n * c)                                                                        \
+        for (int64_t ch = 0; ch < c; ++ch)                                                         \
+            for (int64_t r = 0; r < n; ++r) dst[at[r] + ch * block] = src[r * c + ch];             \
+    } while (0)
+    if (spconv_tensor_dtype(dense) == SPCONV_F32)
+        SCATTER(float);
+    else
+        SCATTER(double);
+#undef SCATTER
+    free(at);
+    return SPCONV_OK;
+}

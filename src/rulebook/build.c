@@ -1,0 +1,60 @@
+/* spconv_rulebook_build: validation of the arguments and rows, then the kind's builder. */
+#include <stddef.h>
+
+#include "core/error.h"
+#include "rulebook/build.h"
+#include "spconv/tensor.h"
+
+static spconv_status check_arguments(const char *func, const spconv_tensor *indices,
+                                     const int64_t spatial_shape[3], int64_t batch_size,
+                                     const spconv_conv_params *params, int64_t out_shape[3]) {
+    SPCONV_CHECK_NOT_NULL(func, indices);
+    SPCONV_CHECK_NOT_NULL(func, spatial_shape);
+    SPCONV_CHECK_NOT_NULL(func, params);
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
+    SPCONV_FORWARD_IF_ERROR(spconv__check_batch_size(func, batch_size));
+    /* The input layout is checked by the site table; the output one is checked up front so
+     * that no work is done for a geometry whose keys cannot be formed. */
+    spconv__key_layout out_layout;
+    return spconv__key_layout_checked(func, batch_size, out_shape, &out_layout);
+}
+
+spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                    const int64_t spatial_shape[3], int64_t batch_size,
+                                    const spconv_conv_params *params, spconv_rulebook **out) {
+    const char *func = "spconv_rulebook_build";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    int64_t out_shape[3];
+    SPCONV_FORWARD_IF_ERROR(
+        check_arguments(func, indices, spatial_shape, batch_size, params, out_shape));
+    spconv_tensor *rows;
+    SPCONV_FORWARD_IF_ERROR(spconv__indices_contiguous(ctx, func, indices, &rows));
+    spconv_rulebook *rb;
+    spconv_status st =
+        spconv__rulebook_alloc(func, params, spatial_shape, out_shape, batch_size, &rb);
+    if (st != SPCONV_OK) {
+        spconv_tensor_release(rows);
+        return st;
+    }
+    rb->in_indices = rows; /* the rulebook now owns the reference */
+    rb->num_in = spconv_tensor_size(rows, 0);
+
+    spconv__build_input in = {func, spconv_context_num_threads(ctx), spconv_tensor_data(rows),
+                              rb->num_in, NULL};
+    spconv__site_table sites;
+    SPCONV_TRY_GOTO(st,
+                    spconv__site_table_build(func, in.num_threads, in.rows, in.num_in,
+                                             spatial_shape, batch_size, &sites),
+                    fail);
+    in.sites = &sites;
+    st = params->kind == SPCONV_CONV_SUBM ? spconv__build_subm(&in, rb)
+                                          : spconv__build_strided(&in, rb);
+    spconv__site_table_free(&sites);
+    if (st != SPCONV_OK) goto fail;
+    *out = rb;
+    return SPCONV_OK;
+fail:
+    spconv_rulebook_release(rb);
+    return st;
+}

@@ -1,0 +1,25 @@
+/* The kind-specific halves of spconv_rulebook_build (build.c validates and dispatches). */
+#ifndef SPCONV_RULEBOOK_BUILD_H
+#define SPCONV_RULEBOOK_BUILD_H
+
+#include <stdint.h>
+
+#include "rulebook/internal.h"
+#include "rulebook/sites.h"
+
+/* What every builder gets: the validated input rows and their hash table. */
+typedef struct spconv__build_input {
+    const char *func;
+    int num_threads;
+    const int32_t *rows; /* contiguous [num_in, 4], all in range and unique */
+    int64_t num_in;
+    const spconv__site_table *sites;
+} spconv__build_input;
+
+/* Fill rb's outputs, offsets and pairs for a SUBM rulebook (rb's geometry is already set). */
+spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb);
+
+/* The same for REGULAR and TRANSPOSED rulebooks: outputs sorted by (b, z, y, x). */
+spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebook *rb);
+
+#endif /* SPCONV_RULEBOOK_BUILD_H */

@@ -1,0 +1,261 @@
+/* Regular and transposed rulebooks, found from the input side without probing:
+ *  1. every (input row r, offset k) that reaches an output site o is a candidate with key
+ *     pack(o) and value r << 32 | k;
+ *  2. a stable radix sort on the keys brings each output site's candidates together, in
+ *     (b, z, y, x) order;
+ *  3. the distinct keys are the outputs, numbered in that order; per-(chunk, offset) counts and
+ *     prefix sums place every pair, so each offset's pairs come out in increasing out_row.
+ * An output and an offset determine the input, so the candidates of one output have distinct
+ * offsets and no offset meets an output twice. The sorted candidates are a function of the input
+ * rows alone, hence the rulebook is the same for any thread count. */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "rulebook/build.h"
+#include "rulebook/radix_sort.h"
+#include "spconv/tensor.h"
+
+/* More chunks than threads, taken dynamically, so that a thread the OS preempts or a dense region
+ * does not hold the others up; the chunking never changes the result. */
+#define CHUNKS_PER_THREAD 4
+
+typedef struct axis_rule {
+    int64_t kernel, stride, padding, dilation, out_size;
+    int transposed;
+} axis_rule;
+
+typedef struct strided_plan {
+    const spconv__build_input *in;
+    axis_rule axes[3];
+    spconv__key_layout out_layout;
+    int64_t num_chunks;
+    int64_t *scratch;      /* per chunk: (k, o) lists of the three axes */
+    int64_t scratch_len;   /* entries per chunk */
+    int64_t *chunk_starts; /* [num_chunks + 1]: candidates per chunk, then their prefix sums */
+    int64_t num_candidates;
+    uint64_t *buffers[4]; /* keys, values and the sort's scratch copies */
+} strided_plan;
+
+/* The (k, o) pairs through which coordinate c reaches an output on one axis; returns how many. */
+static int64_t axis_targets(const axis_rule *rule, int64_t c, int64_t *ks, int64_t *os) {
+    int64_t count = 0;
+    for (int64_t k = 0; k < rule->kernel; ++k) {
+        int64_t o;
+        if (rule->transposed) {
+            o = c * rule->stride - rule->padding + k * rule->dilation;
+            if (o >= rule->out_size) break;
+            if (o < 0) continue;
+        } else {
+            const int64_t span = c + rule->padding - k * rule->dilation;
+            if (span < 0) break;
+            if (span % rule->stride != 0 || span / rule->stride >= rule->out_size) continue;
+            o = span / rule->stride;
+        }
+        ks[count] = k;
+        os[count] = o;
+        ++count;
+    }
+    return count;
+}
+
+/* The candidates of row r: counted only when keys is NULL, written otherwise. */
+static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scratch, uint64_t *keys,
+                              uint64_t *values) {
+    const int32_t *row = plan->in->rows + 4 * r;
+    int64_t *ks[3], *os[3], counts[3];
+    int64_t *cursor = scratch;
+    for (int axis = 0; axis < 3; ++axis) {
+        ks[axis] = cursor;
+        os[axis] = cursor + plan->axes[axis].kernel;
+        cursor += 2 * plan->axes[axis].kernel;
+        counts[axis] = axis_targets(&plan->axes[axis], row[1 + axis], ks[axis], os[axis]);
+    }
+    if (keys == NULL) return counts[0] * counts[1] * counts[2];
+    const int64_t kh = plan->axes[1].kernel, kw = plan->axes[2].kernel;
+    int64_t written = 0;
+    for (int64_t a = 0; a < counts[0]; ++a)
+        for (int64_t b = 0; b < counts[1]; ++b)
+            for (int64_t c = 0; c < counts[2]; ++c) {
+                keys[written] =
+                    spconv__key_pack(&plan->out_layout, row[0], os[0][a], os[1][b], os[2][c]);
+                values[written] =
+                    (uint64_t)r << 32 | (uint64_t)((ks[0][a] * kh + ks[1][b]) * kw + ks[2][c]);
+                ++written;
+            }
+    return written;
+}
+
+static void chunk_candidates(const strided_plan *plan, int64_t chunk, int write) {
+    int64_t begin, end;
+    spconv__chunk_bounds(plan->in->num_in, plan->num_chunks, chunk, &begin, &end);
+    int64_t *scratch = plan->scratch + chunk * plan->scratch_len;
+    if (!write) {
+        int64_t total = 0;
+        for (int64_t r = begin; r < end; ++r) total += row_candidates(plan, r, scratch, NULL, NULL);
+        plan->chunk_starts[chunk] = total;
+        return;
+    }
+    int64_t pos = plan->chunk_starts[chunk];
+    for (int64_t r = begin; r < end; ++r)
+        pos += row_candidates(plan, r, scratch, plan->buffers[0] + pos, plan->buffers[1] + pos);
+}
+
+static spconv_status generate_candidates(strided_plan *plan) {
+    const char *func = plan->in->func;
+    const int num_threads = plan->in->num_threads;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < plan->num_chunks; ++c) chunk_candidates(plan, c, 0);
+    int64_t total = 0;
+    for (int64_t c = 0; c <= plan->num_chunks; ++c) {
+        const int64_t count = c < plan->num_chunks ? plan->chunk_starts[c] : 0;
+        plan->chunk_starts[c] = total;
+        total += count;
+    }
+    plan->num_candidates = total;
+    SPCONV_RETURN_ERROR_IF((uint64_t)total > SIZE_MAX / sizeof(uint64_t), SPCONV_ERR_OVERFLOW,
+                           "%s: %" PRId64 " candidate pairs are too many", func, total);
+    for (int b = 0; b < 4; ++b) {
+        plan->buffers[b] = malloc((size_t)(total > 0 ? total : 1) * sizeof(uint64_t));
+        SPCONV_RETURN_ERROR_IF(plan->buffers[b] == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                               "%s: out of host memory for %" PRId64 " candidate pairs", func,
+                               total);
+    }
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < plan->num_chunks; ++c) chunk_candidates(plan, c, 1);
+    return SPCONV_OK;
+}
+
+static int is_head(const uint64_t *keys, int64_t j) { return j == 0 || keys[j] != keys[j - 1]; }
+
+static void count_sorted_chunk(const uint64_t *keys, const uint64_t *values, int64_t begin,
+                               int64_t end, int64_t *heads, int64_t *pair_counts) {
+    int64_t count = 0;
+    for (int64_t j = begin; j < end; ++j) {
+        count += is_head(keys, j);
+        ++pair_counts[values[j] & UINT32_MAX];
+    }
+    *heads = count;
+}
+
+/* heads[c] becomes the number of outputs before chunk c, next[c][k] the position of chunk c's
+ * first pair of offset k; fills rb->offsets and rb->num_out. */
+static void place_pairs(int64_t num_chunks, int64_t *heads, int64_t *next, spconv_rulebook *rb) {
+    const int64_t kv = rb->kernel_volume;
+    int64_t outputs = 0;
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        const int64_t count = heads[c];
+        heads[c] = outputs;
+        outputs += count;
+    }
+    rb->num_out = outputs;
+    int64_t running = 0;
+    for (int64_t k = 0; k < kv; ++k) {
+        rb->offsets[k] = running;
+        for (int64_t c = 0; c < num_chunks; ++c) {
+            const int64_t count = next[c * kv + k];
+            next[c * kv + k] = running;
+            running += count;
+        }
+    }
+    rb->offsets[kv] = running;
+}
+
+static void write_sorted_chunk(const strided_plan *plan, const uint64_t *keys,
+                               const uint64_t *values, int64_t begin, int64_t end,
+                               int64_t outputs_before, int64_t *next, spconv_rulebook *rb) {
+    int32_t *out_rows = spconv_tensor_data(rb->out_indices);
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    int64_t out_row = outputs_before - 1; /* a chunk may start inside the previous output */
+    for (int64_t j = begin; j < end; ++j) {
+        if (is_head(keys, j))
+            spconv__key_unpack(&plan->out_layout, keys[j], out_rows + 4 * ++out_row);
+        const int64_t pos = next[values[j] & UINT32_MAX]++;
+        pairs_in[pos] = (int32_t)(values[j] >> 32);
+        pairs_out[pos] = (int32_t)out_row;
+    }
+}
+
+static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *keys,
+                                   const uint64_t *values, spconv_rulebook *rb) {
+    const char *func = plan->in->func;
+    const int num_threads = plan->in->num_threads;
+    const int64_t num_chunks = plan->num_chunks, kv = rb->kernel_volume, n = plan->num_candidates;
+    int64_t *heads = malloc((size_t)num_chunks * sizeof *heads);
+    int64_t *next = calloc((size_t)(num_chunks * kv), sizeof *next);
+    spconv_status st = SPCONV_OK;
+    if (heads == NULL || next == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for pair counts", func);
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
+        count_sorted_chunk(keys, values, begin, end, heads + c, next + c * kv);
+    }
+    place_pairs(num_chunks, heads, next, rb);
+    if (rb->num_out > INT32_MAX)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OVERFLOW,
+                         "%s: %" PRId64 " output sites exceed int32 row numbers", func,
+                         rb->num_out);
+    const int64_t out_sizes[2] = {rb->num_out, 4};
+    SPCONV_TRY_GOTO(
+        st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, out_sizes, &rb->out_indices), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
+        write_sorted_chunk(plan, keys, values, begin, end, heads[c], next + c * kv, rb);
+    }
+done:
+    free(heads);
+    free(next);
+    return st;
+}
+
+static spconv_status plan_init(const spconv__build_input *in, const spconv_rulebook *rb,
+                               strided_plan *plan) {
+    const spconv_conv_params *params = &rb->params;
+    plan->in = in;
+    plan->scratch_len = 0;
+    for (int axis = 0; axis < 3; ++axis) {
+        plan->axes[axis] = (axis_rule){
+            params->kernel[axis],   params->stride[axis], params->padding[axis],
+            params->dilation[axis], rb->out_shape[axis],  params->kind == SPCONV_CONV_TRANSPOSED};
+        plan->scratch_len += 2 * params->kernel[axis];
+    }
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__key_layout_checked(in->func, rb->batch_size, rb->out_shape, &plan->out_layout));
+    plan->num_chunks = (int64_t)in->num_threads * CHUNKS_PER_THREAD;
+    plan->scratch = malloc((size_t)(plan->num_chunks * plan->scratch_len) * sizeof *plan->scratch);
+    plan->chunk_starts = malloc((size_t)(plan->num_chunks + 1) * sizeof *plan->chunk_starts);
+    SPCONV_RETURN_ERROR_IF(plan->scratch == NULL || plan->chunk_starts == NULL,
+                           SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory for candidate counts",
+                           in->func);
+    return SPCONV_OK;
+}
+
+static void plan_free(strided_plan *plan) {
+    free(plan->scratch);
+    free(plan->chunk_starts);
+    for (int b = 0; b < 4; ++b) free(plan->buffers[b]);
+}
+
+spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebook *rb) {
+    strided_plan plan = {0};
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, plan_init(in, rb, &plan), done);
+    SPCONV_TRY_GOTO(st, generate_candidates(&plan), done);
+    uint64_t *keys, *values;
+    SPCONV_TRY_GOTO(st,
+                    spconv__radix_sort(in->func, in->num_threads, plan.num_candidates,
+                                       plan.out_layout.total_bits, plan.buffers[0], plan.buffers[1],
+                                       plan.buffers[2], plan.buffers[3], &keys, &values),
+                    done);
+    st = emit_rulebook(&plan, keys, values, rb);
+done:
+    plan_free(&plan);
+    return st;
+}

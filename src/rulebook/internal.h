@@ -1,0 +1,50 @@
+/* Shared by the files of the rulebook module (builders, reference, cache, sparse tensors). */
+#ifndef SPCONV_RULEBOOK_INTERNAL_H
+#define SPCONV_RULEBOOK_INTERNAL_H
+
+#include <stdint.h>
+
+#include "rulebook/rulebook_impl.h"
+#include "spconv/rulebook.h"
+
+/* Axis letters for messages, indexed like params and shapes (z, y, x). */
+#define SPCONV__AXIS_NAME(axis) ((axis) == 0 ? 'z' : (axis) == 1 ? 'y' : 'x')
+
+/* Check params for @p kind-specific rules and compute the output spatial shape (the messages
+ * name @p func). For SUBM the output shape is the input shape. */
+spconv_status spconv__conv_geometry(const char *func, const spconv_conv_params *params,
+                                    const int64_t in_shape[3], int64_t out_shape[3]);
+
+/* Check a batch size for int32 batch indices. */
+spconv_status spconv__check_batch_size(const char *func, int64_t batch_size);
+
+/* Check that @p indices is a CPU int32 [N, 4] tensor with N <= INT32_MAX and return it
+ * contiguous (one new reference, possibly @p indices itself). */
+spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
+                                         const spconv_tensor *indices, spconv_tensor **out);
+
+/* A rulebook with one reference, the given geometry, zeroed offsets [kernel_volume + 1] and no
+ * tensors yet. */
+spconv_status spconv__rulebook_alloc(const char *func, const spconv_conv_params *params,
+                                     const int64_t in_shape[3], const int64_t out_shape[3],
+                                     int64_t batch_size, spconv_rulebook **out);
+
+/* Allocate rb->pairs_in and rb->pairs_out as int32 [rb->offsets[kernel_volume]]. */
+spconv_status spconv__rulebook_alloc_pairs(spconv_rulebook *rb);
+
+/* The per-axis offset k of a kernel offset index, k = (kz * KH + ky) * KW + kx. */
+static inline void spconv__kernel_offset_split(const int64_t kernel[3], int64_t k, int64_t out[3]) {
+    out[2] = k % kernel[2];
+    out[1] = (k / kernel[2]) % kernel[1];
+    out[0] = k / (kernel[2] * kernel[1]);
+}
+
+/* Bounds of chunk @p chunk of @p num_chunks nearly equal chunks of [0, n). */
+static inline void spconv__chunk_bounds(int64_t n, int64_t num_chunks, int64_t chunk,
+                                        int64_t *begin, int64_t *end) {
+    const int64_t base = n / num_chunks, extra = n % num_chunks;
+    *begin = chunk * base + (chunk < extra ? chunk : extra);
+    *end = *begin + base + (chunk < extra ? 1 : 0);
+}
+
+#endif /* SPCONV_RULEBOOK_INTERNAL_H */

@@ -1,0 +1,142 @@
+/* Validating hash tables of active sites (see sites.h). */
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "rulebook/sites.h"
+
+/* Rows are handed out in blocks on demand, so a thread that the OS preempts does not hold the
+ * others up. */
+#define ROWS_PER_TASK 4096
+
+spconv_status spconv__key_layout_checked(const char *func, int64_t batch_size,
+                                         const int64_t shape[3], spconv__key_layout *layout) {
+    SPCONV_RETURN_ERROR_IF(!spconv__key_layout_init(layout, batch_size, shape), SPCONV_ERR_OVERFLOW,
+                           "%s: batch size %" PRId64 " and spatial shape (%" PRId64 ", %" PRId64
+                           ", %" PRId64 ") need %u key bits; a 64-bit site key holds at most %d",
+                           func, batch_size, shape[0], shape[1], shape[2],
+                           (unsigned)layout->total_bits, SPCONV_KEY_MAX_BITS);
+    return SPCONV_OK;
+}
+
+static int row_in_range(const int32_t *row, const int64_t shape[3], int64_t batch_size) {
+    return row[0] >= 0 && row[0] < batch_size && row[1] >= 0 && row[1] < shape[0] && row[2] >= 0 &&
+           row[2] < shape[1] && row[3] >= 0 && row[3] < shape[2];
+}
+
+/* First row outside the batch or the shape, or num_rows when all are inside. */
+static int64_t first_out_of_range(int num_threads, const int32_t *rows, int64_t num_rows,
+                                  const int64_t shape[3], int64_t batch_size) {
+    int64_t first = num_rows;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK)                 \
+    reduction(min                                                                                  \
+              : first)
+    for (int64_t r = 0; r < num_rows; ++r)
+        if (r < first && !row_in_range(rows + 4 * r, shape, batch_size)) first = r;
+    return first;
+}
+
+static spconv_status report_out_of_range(const char *func, const int32_t *row, int64_t r,
+                                         const int64_t shape[3], int64_t batch_size) {
+    SPCONV_RETURN_ERROR_IF(row[0] < 0 || row[0] >= batch_size, SPCONV_ERR_OUT_OF_RANGE,
+                           "%s: indices row %" PRId64 " = (%d, %d, %d, %d) has batch index %d "
+                           "outside batch size %" PRId64,
+                           func, r, row[0], row[1], row[2], row[3], row[0], batch_size);
+    SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_RANGE,
+                        "%s: indices row %" PRId64
+                        " = (%d, %d, %d, %d) is outside spatial shape (%" PRId64 ", %" PRId64
+                        ", %" PRId64 ")",
+                        func, r, row[0], row[1], row[2], row[3], shape[0], shape[1], shape[2]);
+}
+
+static uint64_t row_key(const spconv__key_layout *layout, const int32_t *row) {
+    return spconv__key_pack(layout, row[0], row[1], row[2], row[3]);
+}
+
+/* Inserts rows [0, num_rows); returns 0 when some insert found the table full. */
+static int insert_rows(int num_threads, const spconv__site_table *table, const int32_t *rows,
+                       int64_t num_rows) {
+    int64_t refused = 0;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) \
+    reduction(+ : refused)
+    for (int64_t r = 0; r < num_rows; ++r)
+        refused += !spconv__hash_insert(table->slots, table->capacity,
+                                        row_key(&table->layout, rows + 4 * r), (int32_t)r);
+    return refused == 0;
+}
+
+/* The table keeps the smallest row of each key, so a row that does not find itself repeats an
+ * earlier one; returns the first such row, or num_rows. */
+static int64_t first_duplicate(int num_threads, const spconv__site_table *table,
+                               const int32_t *rows, int64_t num_rows) {
+    int64_t first = num_rows;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK)                 \
+    reduction(min                                                                                  \
+              : first)
+    for (int64_t r = 0; r < num_rows; ++r) {
+        if (r >= first) continue;
+        const int32_t owner =
+            spconv__hash_find(table->slots, table->capacity, row_key(&table->layout, rows + 4 * r));
+        if (owner != r) first = r;
+    }
+    return first;
+}
+
+static spconv_status table_alloc(const char *func, int num_threads, int64_t num_rows,
+                                 spconv__site_table *table) {
+    table->capacity = spconv__hash_capacity_for(num_rows);
+    SPCONV_RETURN_ERROR_IF(
+        table->capacity == 0 || table->capacity > SIZE_MAX / sizeof *table->slots,
+        SPCONV_ERR_OVERFLOW, "%s: a hash table for %" PRId64 " sites is too large", func, num_rows);
+    table->slots = malloc(table->capacity * sizeof *table->slots);
+    SPCONV_RETURN_ERROR_IF(table->slots == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for a hash table of %" PRIu64 " slots", func,
+                           table->capacity);
+    const int64_t capacity = (int64_t)table->capacity;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t s = 0; s < capacity; ++s) {
+        table->slots[s].key = SPCONV_HASH_EMPTY;
+        table->slots[s].value = INT32_MAX;
+    }
+    return SPCONV_OK;
+}
+
+spconv_status spconv__site_table_build(const char *func, int num_threads, const int32_t *rows,
+                                       int64_t num_rows, const int64_t shape[3], int64_t batch_size,
+                                       spconv__site_table *table) {
+    table->slots = NULL;
+    table->capacity = 0;
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, batch_size, shape, &table->layout));
+    /* Rows before the first out-of-range one still go in, so that a duplicate before it is
+     * reported first: the message always names the first offending row. */
+    const int64_t bad_row = first_out_of_range(num_threads, rows, num_rows, shape, batch_size);
+    SPCONV_FORWARD_IF_ERROR(table_alloc(func, num_threads, num_rows, table));
+    spconv_status st = SPCONV_OK;
+    if (!insert_rows(num_threads, table, rows, bad_row))
+        SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_CAPACITY,
+                         "%s: hash table of %" PRIu64 " slots is full (%" PRId64 " sites)", func,
+                         table->capacity, bad_row);
+    const int64_t duplicate = first_duplicate(num_threads, table, rows, bad_row);
+    if (duplicate < bad_row) {
+        const int32_t *row = rows + 4 * duplicate;
+        const int32_t owner =
+            spconv__hash_find(table->slots, table->capacity, row_key(&table->layout, row));
+        SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_DUPLICATE_INDEX,
+                         "%s: indices row %" PRId64 " = (%d, %d, %d, %d) duplicates row %d", func,
+                         duplicate, row[0], row[1], row[2], row[3], owner);
+    }
+    if (bad_row < num_rows) {
+        st = report_out_of_range(func, rows + 4 * bad_row, bad_row, shape, batch_size);
+        goto fail;
+    }
+    return SPCONV_OK;
+fail:
+    spconv__site_table_free(table);
+    return st;
+}
+
+void spconv__site_table_free(spconv__site_table *table) {
+    free(table->slots);
+    table->slots = NULL;
+    table->capacity = 0;
+}

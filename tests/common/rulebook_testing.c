@@ -1,0 +1,208 @@
+/* Helpers for the rulebook and sparse-tensor tests (see rulebook_testing.h). */
+#include "common/rulebook_testing.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int32_t *spconv_test_random_sites(int64_t batch, const int64_t shape[3], int64_t per_batch) {
+    const int64_t volume = shape[0] * shape[1] * shape[2], n = batch * per_batch;
+    assert_true(per_batch <= volume);
+    int32_t *rows = malloc((size_t)(n > 0 ? n : 1) * 4 * sizeof *rows);
+    int64_t *cells = malloc((size_t)volume * sizeof *cells);
+    assert_non_null(rows);
+    assert_non_null(cells);
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t c = 0; c < volume; ++c) cells[c] = c;
+        /* A partial Fisher-Yates shuffle draws per_batch distinct cells. */
+        for (int64_t j = 0; j < per_batch; ++j) {
+            const int64_t pick = spconv_test_rand_int(j, volume - 1);
+            const int64_t cell = cells[pick];
+            cells[pick] = cells[j];
+            cells[j] = cell;
+            int32_t *row = rows + 4 * (b * per_batch + j);
+            row[0] = (int32_t)b;
+            row[1] = (int32_t)(cell / (shape[1] * shape[2]));
+            row[2] = (int32_t)(cell / shape[2] % shape[1]);
+            row[3] = (int32_t)(cell % shape[2]);
+        }
+    }
+    for (int64_t j = n - 1; j > 0; --j) { /* mix the batches */
+        const int64_t pick = spconv_test_rand_int(0, j);
+        int32_t swap[4];
+        memcpy(swap, rows + 4 * j, sizeof swap);
+        memcpy(rows + 4 * j, rows + 4 * pick, sizeof swap);
+        memcpy(rows + 4 * pick, swap, sizeof swap);
+    }
+    free(cells);
+    return rows;
+}
+
+spconv_tensor *spconv_test_indices_tensor(const int32_t *rows, int64_t n) {
+    const int64_t sizes[2] = {n, 4};
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, sizes, rows, &t));
+    return t;
+}
+
+int spconv_test_pair_follows_rule(const spconv_conv_params *params, const int32_t *in,
+                                  const int32_t *out, int64_t k) {
+    if (in[0] != out[0]) return 0;
+    const int64_t *kernel = params->kernel;
+    const int64_t split[3] = {k / (kernel[1] * kernel[2]), k / kernel[2] % kernel[1],
+                              k % kernel[2]};
+    for (int axis = 0; axis < 3; ++axis) {
+        const int64_t i = in[1 + axis], o = out[1 + axis], c = split[axis];
+        const int64_t s = params->stride[axis], p = params->padding[axis],
+                      d = params->dilation[axis];
+        int ok;
+        switch (params->kind) {
+        case SPCONV_CONV_SUBM: ok = i + (kernel[axis] / 2) * d - c * d == o; break;
+        case SPCONV_CONV_TRANSPOSED: ok = o == i * s - p + c * d; break;
+        case SPCONV_CONV_INVERSE: ok = o + p - c * d == i * s; break;
+        default: ok = i + p - c * d == o * s; break;
+        }
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+static int compare_rows(const int32_t *a, const int32_t *b) {
+    for (int f = 0; f < 4; ++f)
+        if (a[f] != b[f]) return a[f] < b[f] ? -1 : 1;
+    return 0;
+}
+
+static const int32_t *contiguous_i32(const spconv_tensor *t, int64_t numel) {
+    assert_int_equal(spconv_tensor_dtype(t), SPCONV_I32);
+    assert_int_equal(spconv_tensor_numel(t), numel);
+    assert_true(spconv_tensor_is_contiguous(t));
+    return spconv_tensor_data(t);
+}
+
+static void check_sites(const spconv_rulebook *rb, const int32_t *in_rows,
+                        const int32_t *out_rows) {
+    const spconv_conv_params *params = spconv_rulebook_params(rb);
+    int64_t in_shape[3], out_shape[3], expected[3];
+    spconv_rulebook_in_shape(rb, in_shape);
+    spconv_rulebook_out_shape(rb, out_shape);
+    if (params->kind == SPCONV_CONV_INVERSE) {
+        /* The inverse's input shape is the output shape of the regular conv it inverts. */
+        spconv_conv_params forward = *params;
+        forward.kind = SPCONV_CONV_REGULAR;
+        SPCONV_ASSERT_OK(spconv_conv_output_shape(&forward, out_shape, expected));
+        assert_memory_equal(expected, in_shape, sizeof expected);
+    } else {
+        SPCONV_ASSERT_OK(spconv_conv_output_shape(params, in_shape, expected));
+        assert_memory_equal(expected, out_shape, sizeof expected);
+    }
+    const int64_t batch = spconv_rulebook_batch_size(rb);
+    for (int64_t o = 0; o < spconv_rulebook_num_out(rb); ++o) {
+        const int32_t *row = out_rows + 4 * o;
+        assert_true(row[0] >= 0 && row[0] < batch);
+        for (int axis = 0; axis < 3; ++axis)
+            assert_true(row[1 + axis] >= 0 && row[1 + axis] < out_shape[axis]);
+        if ((params->kind == SPCONV_CONV_REGULAR || params->kind == SPCONV_CONV_TRANSPOSED) &&
+            o > 0)
+            assert_true(compare_rows(out_rows + 4 * (o - 1), row) < 0);
+    }
+    if (params->kind == SPCONV_CONV_SUBM) {
+        assert_ptr_equal(spconv_rulebook_in_indices(rb), spconv_rulebook_out_indices(rb));
+        assert_ptr_equal(in_rows, out_rows);
+    }
+}
+
+/* Every pair obeys the rule, has rows in range and a distinct out_row within its offset. */
+static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
+                        const int32_t *out_rows) {
+    const spconv_conv_params *params = spconv_rulebook_params(rb);
+    const int64_t kv = spconv_rulebook_kernel_volume(rb), num_out = spconv_rulebook_num_out(rb);
+    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    const int64_t num_pairs = spconv_rulebook_num_pairs(rb);
+    const int32_t *pairs_in = contiguous_i32(spconv_rulebook_pairs_in(rb), num_pairs);
+    const int32_t *pairs_out = contiguous_i32(spconv_rulebook_pairs_out(rb), num_pairs);
+    int64_t *last_offset = malloc((size_t)(num_out > 0 ? num_out : 1) * sizeof *last_offset);
+    unsigned char *reached = calloc((size_t)(num_out > 0 ? num_out : 1), 1);
+    assert_non_null(last_offset);
+    assert_non_null(reached);
+    for (int64_t o = 0; o < num_out; ++o) last_offset[o] = -1;
+    assert_int_equal(offsets[0], 0);
+    for (int64_t k = 0; k < kv; ++k) {
+        assert_true(offsets[k] <= offsets[k + 1]);
+        for (int64_t j = offsets[k]; j < offsets[k + 1]; ++j) {
+            const int32_t i = pairs_in[j], o = pairs_out[j];
+            assert_true(i >= 0 && i < spconv_rulebook_num_in(rb));
+            assert_true(o >= 0 && o < num_out);
+            assert_true(
+                spconv_test_pair_follows_rule(params, in_rows + 4 * i, out_rows + 4 * o, k));
+            assert_true(last_offset[o] < k); /* out_row at most once per offset */
+            last_offset[o] = k;
+            reached[o] = 1;
+            if (params->kind != SPCONV_CONV_INVERSE && j > offsets[k])
+                assert_true(pairs_out[j - 1] < o);
+        }
+    }
+    if (params->kind == SPCONV_CONV_REGULAR || params->kind == SPCONV_CONV_TRANSPOSED)
+        for (int64_t o = 0; o < num_out; ++o) assert_true(reached[o]);
+    if (params->kind == SPCONV_CONV_SUBM) {
+        const int64_t center = kv / 2;
+        assert_int_equal(offsets[center + 1] - offsets[center], num_out);
+        for (int64_t o = 0; o < num_out; ++o) {
+            assert_int_equal(pairs_in[offsets[center] + o], o);
+            assert_int_equal(pairs_out[offsets[center] + o], o);
+        }
+    }
+    free(last_offset);
+    free(reached);
+}
+
+void spconv_test_check_rulebook(const spconv_rulebook *rb) {
+    assert_non_null(rb);
+    const spconv_conv_params *params = spconv_rulebook_params(rb);
+    assert_int_equal(spconv_rulebook_kernel_volume(rb), spconv_conv_kernel_volume(params));
+    assert_int_equal(spconv_rulebook_num_pairs(rb),
+                     spconv_rulebook_offsets(rb)[spconv_rulebook_kernel_volume(rb)]);
+    const int32_t *in_rows =
+        contiguous_i32(spconv_rulebook_in_indices(rb), 4 * spconv_rulebook_num_in(rb));
+    const int32_t *out_rows =
+        contiguous_i32(spconv_rulebook_out_indices(rb), 4 * spconv_rulebook_num_out(rb));
+    check_sites(rb, in_rows, out_rows);
+    check_pairs(rb, in_rows, out_rows);
+}
+
+static void assert_tensors_equal(const spconv_tensor *a, const spconv_tensor *b) {
+    assert_int_equal(spconv_tensor_numel(a), spconv_tensor_numel(b));
+    const int64_t n = spconv_tensor_numel(a);
+    if (n > 0)
+        assert_memory_equal(contiguous_i32(a, n), contiguous_i32(b, n),
+                            (size_t)n * sizeof(int32_t));
+}
+
+void spconv_test_assert_rulebooks_equal(const spconv_rulebook *a, const spconv_rulebook *b) {
+    const spconv_conv_params *pa = spconv_rulebook_params(a), *pb = spconv_rulebook_params(b);
+    assert_int_equal(pa->kind, pb->kind);
+    for (int axis = 0; axis < 3; ++axis) {
+        assert_int_equal(pa->kernel[axis], pb->kernel[axis]);
+        assert_int_equal(pa->stride[axis], pb->stride[axis]);
+        assert_int_equal(pa->padding[axis], pb->padding[axis]);
+        assert_int_equal(pa->dilation[axis], pb->dilation[axis]);
+        assert_int_equal(pa->output_padding[axis], pb->output_padding[axis]);
+    }
+    int64_t shape_a[3], shape_b[3];
+    spconv_rulebook_in_shape(a, shape_a);
+    spconv_rulebook_in_shape(b, shape_b);
+    assert_memory_equal(shape_a, shape_b, sizeof shape_a);
+    spconv_rulebook_out_shape(a, shape_a);
+    spconv_rulebook_out_shape(b, shape_b);
+    assert_memory_equal(shape_a, shape_b, sizeof shape_a);
+    assert_int_equal(spconv_rulebook_batch_size(a), spconv_rulebook_batch_size(b));
+    assert_int_equal(spconv_rulebook_num_in(a), spconv_rulebook_num_in(b));
+    assert_int_equal(spconv_rulebook_num_out(a), spconv_rulebook_num_out(b));
+    const int64_t kv = spconv_rulebook_kernel_volume(a);
+    assert_int_equal(kv, spconv_rulebook_kernel_volume(b));
+    assert_memory_equal(spconv_rulebook_offsets(a), spconv_rulebook_offsets(b),
+                        (size_t)(kv + 1) * sizeof(int64_t));
+    assert_tensors_equal(spconv_rulebook_in_indices(a), spconv_rulebook_in_indices(b));
+    assert_tensors_equal(spconv_rulebook_out_indices(a), spconv_rulebook_out_indices(b));
+    assert_tensors_equal(spconv_rulebook_pairs_in(a), spconv_rulebook_pairs_in(b));
+    assert_tensors_equal(spconv_rulebook_pairs_out(a), spconv_rulebook_pairs_out(b));
+}

@@ -1,0 +1,749 @@
+/* The `spconv` command-line tool (path in env SPCONV_TOOL, set by CTest): conv, maxpool and
+ * rulebook through .npy files, held against the same computation through the C API, and the
+ * error exits (status 2, one line on stderr, nothing left in --out). */
+#define _XOPEN_SOURCE 700
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "common/test_files.h"
+#include "common/test_util.h"
+
+extern char **environ;
+
+#define PATH_CAP 1024
+#define MAX_ARGS 48
+
+/* ---- running the tool ------------------------------------------------------------------------ */
+
+typedef struct fixture {
+    const char *tool;
+    char *dir;
+    char *out_text; /* stdout of the last run */
+    char *err_text; /* stderr of the last run */
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    if (f == NULL) return -1;
+    f->tool = getenv("SPCONV_TOOL");
+    f->dir = spconv_test_make_scratch("spconv_cli");
+    if (f->dir == NULL) {
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    int rc = spconv_test_remove_tree(f->dir);
+    free(f->dir);
+    free(f->out_text);
+    free(f->err_text);
+    free(f);
+    return rc;
+}
+
+static void require_tool(const fixture *f) {
+    if (f->tool != NULL && f->tool[0] != '\0') return;
+    print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
+    skip();
+}
+
+/* A command line under construction: "@name" arguments become paths in the scratch folder. */
+typedef struct arglist {
+    const char *argv[MAX_ARGS];
+    int argc;
+    char pool[16384];
+    size_t used;
+} arglist;
+
+static void arg_add(arglist *a, const fixture *f, const char *fmt, ...) {
+    assert_true(a->argc + 1 < MAX_ARGS);
+    char text[PATH_CAP];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(text, sizeof text, fmt, args);
+    va_end(args);
+    char *slot = a->pool + a->used;
+    size_t room = sizeof a->pool - a->used;
+    int n = text[0] == '@' ? snprintf(slot, room, "%s/%s", f->dir, text + 1)
+                           : snprintf(slot, room, "%s", text);
+    assert_true(n >= 0 && (size_t)n < room);
+    a->argv[a->argc++] = slot;
+    a->argv[a->argc] = NULL;
+    a->used += (size_t)n + 1;
+}
+
+static void arg_triple(arglist *a, const fixture *f, const char *flag, const int64_t v[3]) {
+    arg_add(a, f, "%s", flag);
+    arg_add(a, f, "%lld,%lld,%lld", (long long)v[0], (long long)v[1], (long long)v[2]);
+}
+
+/* Run the tool with @p a (argv[0] is filled in); returns its exit status, stdout and stderr are
+ * kept in f->out_text / f->err_text. */
+static int run_tool(fixture *f, arglist *a) {
+    const char *argv[MAX_ARGS + 1];
+    argv[0] = f->tool;
+    for (int i = 0; i <= a->argc; ++i) argv[i + 1] = a->argv[i];
+    char out_path[PATH_CAP], err_path[PATH_CAP];
+    spconv_test_join(f->dir, "stdout.txt", out_path, sizeof out_path);
+    spconv_test_join(f->dir, "stderr.txt", err_path, sizeof err_path);
+    posix_spawn_file_actions_t actions;
+    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
+    assert_int_equal(
+        posix_spawn_file_actions_addopen(&actions, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+        0);
+    assert_int_equal(
+        posix_spawn_file_actions_addopen(&actions, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+        0);
+    pid_t pid;
+    int rc = posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    assert_int_equal(rc, 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    free(f->out_text);
+    free(f->err_text);
+    size_t n;
+    f->out_text = spconv_test_read_bytes(out_path, &n);
+    f->err_text = spconv_test_read_bytes(err_path, &n);
+    assert_non_null(f->out_text);
+    assert_non_null(f->err_text);
+    if (!WIFEXITED(status))
+        fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
+    return WEXITSTATUS(status);
+}
+
+static void assert_success(fixture *f, arglist *a) {
+    int status = run_tool(f, a);
+    if (status != 0) fail_msg("exit status %d, stderr: %s", status, f->err_text);
+    assert_string_equal(f->err_text, "");
+}
+
+/* ---- inputs ---------------------------------------------------------------------------------- */
+
+static void save(const fixture *f, const char *name, const spconv_tensor *t) {
+    char path[PATH_CAP];
+    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(f->dir, name, path, sizeof path), t));
+}
+
+/* @p n unique random rows (b, z, y, x) with b < batch, inside @p shape; the first rows take
+ * batch 0, 1, ... so that the largest batch index is batch - 1 whenever n >= batch. */
+static spconv_tensor *random_indices(int64_t n, int64_t batch, const int64_t shape[3]) {
+    spconv_tensor *t = NULL;
+    const int64_t sizes[2] = {n, 4};
+    SPCONV_ASSERT_OK(spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, sizes, &t));
+    int32_t *rows = spconv_tensor_data(t);
+    for (int64_t i = 0; i < n; ++i) {
+        int unique;
+        do {
+            rows[4 * i] = (int32_t)(i < batch ? i : spconv_test_rand_int(0, batch - 1));
+            for (int a = 0; a < 3; ++a)
+                rows[4 * i + 1 + a] = (int32_t)spconv_test_rand_int(0, shape[a] - 1);
+            unique = 1;
+            for (int64_t j = 0; j < i && unique; ++j)
+                unique = memcmp(&rows[4 * i], &rows[4 * j], 16) != 0;
+        } while (!unique);
+    }
+    return t;
+}
+
+static spconv_tensor *random_values(spconv_dtype dtype, int ndim, const int64_t *sizes) {
+    spconv_tensor *f64 = NULL, *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_empty(spconv_cpu(), SPCONV_F64, ndim, sizes, &f64));
+    double *data = spconv_tensor_data(f64);
+    for (int64_t i = 0; i < spconv_tensor_numel(f64); ++i) data[i] = spconv_test_rand_double(-1, 1);
+    SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, f64, dtype, &t));
+    spconv_tensor_release(f64);
+    return t;
+}
+
+/* ---- comparing outputs ----------------------------------------------------------------------- */
+
+/* The .npy output @p name of --out must hold exactly @p expected (dtype, shape and bytes). */
+static void assert_output(const char *out_dir, const char *name, const spconv_tensor *expected) {
+    char path[PATH_CAP];
+    spconv_tensor *got = NULL;
+    SPCONV_ASSERT_OK(spconv_npy_read(spconv_test_join(out_dir, name, path, sizeof path), &got));
+    assert_int_equal(spconv_tensor_dtype(got), spconv_tensor_dtype(expected));
+    assert_int_equal(spconv_tensor_ndim(got), spconv_tensor_ndim(expected));
+    for (int i = 0; i < spconv_tensor_ndim(got); ++i)
+        assert_int_equal(spconv_tensor_size(got, i), spconv_tensor_size(expected, i));
+    size_t n = (size_t)spconv_tensor_numel(got) * spconv_dtype_size(spconv_tensor_dtype(got));
+    char *want = malloc(n + 1);
+    assert_non_null(want);
+    SPCONV_ASSERT_OK(spconv_tensor_copy_to_host(NULL, expected, want, n));
+    /* Same inputs, same thread count: the design promises bitwise-identical results. */
+    if (n > 0 && memcmp(want, spconv_tensor_data(got), n) != 0)
+        fail_msg("%s differs from the C API", name);
+    free(want);
+    spconv_tensor_release(got);
+}
+
+/* ---- weight layouts, written out here independently of the library's converters -------------- */
+
+enum { LAYOUT_RSCK3, LAYOUT_KRSC, LAYOUT_OIDHW, LAYOUT_RSCK5 };
+static const char *const layout_flag[] = {"rsck", "krsc", "oidhw", "rsck"};
+
+/* Where element (k, i, o) of RSCK [KV, C_in, C_out] lives in @p layout. */
+static int64_t layout_index(int layout, const int64_t kern[3], int64_t c_in, int64_t c_out,
+                            int64_t k, int64_t i, int64_t o) {
+    int64_t kd = k / (kern[1] * kern[2]), kh = (k / kern[2]) % kern[1], kw = k % kern[2];
+    switch (layout) {
+    case LAYOUT_KRSC: return (((o * kern[0] + kd) * kern[1] + kh) * kern[2] + kw) * c_in + i;
+    case LAYOUT_OIDHW: return (((o * c_in + i) * kern[0] + kd) * kern[1] + kh) * kern[2] + kw;
+    default: return (k * c_in + i) * c_out + o;
+    }
+}
+
+/* RSCK [KV, C_in, C_out] rearranged into @p layout with its own shape. */
+static spconv_tensor *rsck_to_layout(const spconv_tensor *w, int layout, const int64_t kern[3]) {
+    int64_t kv = spconv_tensor_size(w, 0), c_in = spconv_tensor_size(w, 1),
+            c_out = spconv_tensor_size(w, 2);
+    int64_t sizes[5];
+    int ndim = 5;
+    if (layout == LAYOUT_RSCK3) {
+        ndim = 3;
+        memcpy(sizes, spconv_tensor_sizes(w), 3 * sizeof *sizes);
+    } else if (layout == LAYOUT_RSCK5) {
+        int64_t s[5] = {kern[0], kern[1], kern[2], c_in, c_out};
+        memcpy(sizes, s, sizeof s);
+    } else if (layout == LAYOUT_KRSC) {
+        int64_t s[5] = {c_out, kern[0], kern[1], kern[2], c_in};
+        memcpy(sizes, s, sizeof s);
+    } else {
+        int64_t s[5] = {c_out, c_in, kern[0], kern[1], kern[2]};
+        memcpy(sizes, s, sizeof s);
+    }
+    spconv_tensor *out = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_empty(spconv_cpu(), spconv_tensor_dtype(w), ndim, sizes, &out));
+    size_t elem = spconv_dtype_size(spconv_tensor_dtype(w));
+    const char *src = spconv_tensor_data(w);
+    char *dst = spconv_tensor_data(out);
+    for (int64_t k = 0; k < kv; ++k)
+        for (int64_t i = 0; i < c_in; ++i)
+            for (int64_t o = 0; o < c_out; ++o)
+                memcpy(dst + (size_t)layout_index(layout, kern, c_in, c_out, k, i, o) * elem,
+                       src + (size_t)((k * c_in + i) * c_out + o) * elem, elem);
+    return out;
+}
+
+/* ---- conv round trips ------------------------------------------------------------------------ */
+
+typedef struct conv_case {
+    const char *name;
+    spconv_conv_kind kind;
+    int64_t kernel[3], stride[3], padding[3], dilation[3], output_padding[3];
+    spconv_dtype dtype;
+    int layout;
+    int bias, grad;
+    int64_t n, c_in, c_out;
+    int64_t batch_flag;  /* > 0: pass --batch-size */
+    int explicit_kernel; /* pass --kernel although the 5-d weight implies it */
+} conv_case;
+
+static const int64_t shape_567[3] = {5, 6, 7};
+
+/* The reference: the same layer through the C API, one thread like the tool's --threads 1. */
+typedef struct conv_reference {
+    spconv_context *ctx;
+    spconv_rulebook *rb;
+    spconv_tensor *out, *grad_features, *grad_weight, *grad_bias;
+} conv_reference;
+
+static spconv_conv_params case_params(const conv_case *c) {
+    spconv_conv_params p = spconv_conv_params_default(c->kind);
+    for (int a = 0; a < 3; ++a) {
+        p.kernel[a] = c->kernel[a];
+        p.stride[a] = c->stride[a];
+        p.padding[a] =
+            c->kind == SPCONV_CONV_SUBM ? (c->kernel[a] / 2) * c->dilation[a] : c->padding[a];
+        p.dilation[a] = c->dilation[a];
+        p.output_padding[a] = c->output_padding[a];
+    }
+    return p;
+}
+
+/* The batch size the tool must use: --batch-size, else 1 + the largest batch index. */
+static int64_t batch_of(int64_t batch_flag, const spconv_tensor *indices) {
+    if (batch_flag > 0) return batch_flag;
+    const int32_t *rows = spconv_tensor_data(indices);
+    int64_t largest = 0;
+    for (int64_t i = 0; i < spconv_tensor_size(indices, 0); ++i)
+        if (rows[4 * i] > largest) largest = rows[4 * i];
+    return largest + 1;
+}
+
+/* The command line of case @p c for `spconv conv`, or for `spconv rulebook` (the same geometry
+ * flags, no features or weight) when @p cmd says so. */
+static void layer_args(arglist *a, const fixture *f, const char *cmd, const conv_case *c) {
+    int conv = strcmp(cmd, "conv") == 0;
+    arg_add(a, f, "%s", cmd);
+    const char *fixed[] = {
+        "--indices", "@in_indices.npy", "--spatial-shape", "5,6,7", "--threads", "1", "--out",
+        "@out"};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; ++i) arg_add(a, f, "%s", fixed[i]);
+    if (conv) {
+        const char *inputs[] = {"--features",     "@in_features.npy", "--weight",
+                                "@in_weight.npy", "--weight-layout",  layout_flag[c->layout]};
+        for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i)
+            arg_add(a, f, "%s", inputs[i]);
+    }
+    if (!conv || c->layout == LAYOUT_RSCK3 || c->explicit_kernel)
+        arg_triple(a, f, "--kernel", c->kernel);
+    /* A submanifold conv takes no stride and pads (K/2)*d: passing that padding is allowed. */
+    if (c->kind != SPCONV_CONV_SUBM) arg_triple(a, f, "--stride", c->stride);
+    spconv_conv_params p = case_params(c);
+    if (c->kind != SPCONV_CONV_SUBM || !conv) arg_triple(a, f, "--padding", p.padding);
+    arg_triple(a, f, "--dilation", c->dilation);
+    if (c->kind == SPCONV_CONV_SUBM) arg_add(a, f, "--subm");
+    if (c->kind == SPCONV_CONV_TRANSPOSED) {
+        arg_add(a, f, "--transposed");
+        arg_triple(a, f, "--output-padding", c->output_padding);
+    }
+    if (c->batch_flag > 0) {
+        arg_add(a, f, "--batch-size");
+        arg_add(a, f, "%lld", (long long)c->batch_flag);
+    }
+    if (c->bias) {
+        arg_add(a, f, "--bias");
+        arg_add(a, f, "@in_bias.npy");
+    }
+    if (c->grad) {
+        arg_add(a, f, "--grad-out");
+        arg_add(a, f, "@in_grad.npy");
+    }
+}
+
+static void run_conv_case(fixture *f, const conv_case *c) {
+    print_message("conv case: %s\n", c->name);
+    spconv_tensor *indices = random_indices(c->n, 3, shape_567);
+    spconv_tensor *features = random_values(c->dtype, 2, (const int64_t[2]){c->n, c->c_in});
+    int64_t kv = c->kernel[0] * c->kernel[1] * c->kernel[2];
+    spconv_tensor *weight = random_values(c->dtype, 3, (const int64_t[3]){kv, c->c_in, c->c_out});
+    spconv_tensor *bias = c->bias ? random_values(c->dtype, 1, &c->c_out) : NULL;
+    spconv_tensor *given_weight = rsck_to_layout(weight, c->layout, c->kernel);
+    conv_reference r = {0};
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &r.ctx));
+    SPCONV_ASSERT_OK(spconv_context_set_num_threads(r.ctx, 1));
+    spconv_conv_params params = case_params(c);
+    SPCONV_ASSERT_OK(spconv_rulebook_build(r.ctx, indices, shape_567,
+                                           batch_of(c->batch_flag, indices), &params, &r.rb));
+    SPCONV_ASSERT_OK(spconv_conv_forward(r.ctx, r.rb, features, weight, bias, &r.out));
+    spconv_tensor *grad = NULL;
+    if (c->grad) {
+        grad = random_values(c->dtype, 2, spconv_tensor_sizes(r.out));
+        SPCONV_ASSERT_OK(spconv_conv_backward(r.ctx, r.rb, features, weight, grad, &r.grad_features,
+                                              &r.grad_weight, bias ? &r.grad_bias : NULL));
+        save(f, "in_grad.npy", grad);
+    }
+    save(f, "in_indices.npy", indices);
+    save(f, "in_features.npy", features);
+    save(f, "in_weight.npy", given_weight);
+    if (bias) save(f, "in_bias.npy", bias);
+
+    arglist a = {0};
+    layer_args(&a, f, "conv", c);
+    assert_success(f, &a);
+    char out_dir[PATH_CAP], path[PATH_CAP];
+    spconv_test_join(f->dir, "out", out_dir, sizeof out_dir);
+    assert_output(out_dir, "indices.npy", spconv_rulebook_out_indices(r.rb));
+    assert_output(out_dir, "features.npy", r.out);
+    assert_int_equal(spconv_test_count_entries(out_dir), 2 + (c->grad ? 2 + (c->bias != 0) : 0));
+    if (c->grad) {
+        assert_output(out_dir, "grad_features.npy", r.grad_features);
+        spconv_tensor *grad_weight = rsck_to_layout(r.grad_weight, c->layout, c->kernel);
+        assert_output(out_dir, "grad_weight.npy", grad_weight);
+        spconv_tensor_release(grad_weight);
+        if (c->bias)
+            assert_output(out_dir, "grad_bias.npy", r.grad_bias);
+        else
+            assert_false(
+                spconv_test_exists(spconv_test_join(out_dir, "grad_bias.npy", path, sizeof path)));
+    }
+    assert_int_equal(spconv_test_remove_tree(out_dir), 0);
+    spconv_tensor *tensors[] = {indices, features, weight,          bias,          given_weight,
+                                grad,    r.out,    r.grad_features, r.grad_weight, r.grad_bias};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+        spconv_tensor_release(tensors[i]);
+    spconv_rulebook_release(r.rb);
+    spconv_context_destroy(r.ctx);
+}
+
+static void test_conv_matches_c_api(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    const conv_case cases[] = {
+        {.name = "regular f32, rsck [KV, C_in, C_out], stride 2, padding 1",
+         .kind = SPCONV_CONV_REGULAR, .kernel = {3, 3, 3}, .stride = {2, 2, 2},
+         .padding = {1, 1, 1}, .dilation = {1, 1, 1}, .dtype = SPCONV_F32,
+         .layout = LAYOUT_RSCK3, .n = 60, .c_in = 5, .c_out = 4},
+        {.name = "regular f64, oidhw, anisotropic, bias, backward", .kind = SPCONV_CONV_REGULAR,
+         .kernel = {3, 1, 2}, .stride = {1, 2, 1}, .padding = {1, 0, 0}, .dilation = {1, 1, 2},
+         .dtype = SPCONV_F64, .layout = LAYOUT_OIDHW, .bias = 1, .grad = 1, .n = 45, .c_in = 3,
+         .c_out = 6, .explicit_kernel = 1},
+        {.name = "subm f32, rsck 5-d, dilation 2, bias, backward", .kind = SPCONV_CONV_SUBM,
+         .kernel = {3, 3, 3}, .stride = {1, 1, 1}, .dilation = {2, 1, 2}, .dtype = SPCONV_F32,
+         .layout = LAYOUT_RSCK5, .bias = 1, .grad = 1, .n = 50, .c_in = 4, .c_out = 7},
+        {.name = "transposed f32, krsc, output padding 1, backward without bias",
+         .kind = SPCONV_CONV_TRANSPOSED, .kernel = {2, 2, 2}, .stride = {2, 2, 2},
+         .dilation = {1, 1, 1}, .output_padding = {1, 1, 1}, .dtype = SPCONV_F32,
+         .layout = LAYOUT_KRSC, .grad = 1, .n = 31, .c_in = 3, .c_out = 2},
+        {.name = "subm f64, krsc, explicit batch size 4", .kind = SPCONV_CONV_SUBM,
+         .kernel = {1, 3, 5}, .stride = {1, 1, 1}, .dilation = {1, 1, 1}, .dtype = SPCONV_F64,
+         .layout = LAYOUT_KRSC, .n = 40, .c_in = 2, .c_out = 3, .batch_flag = 4,
+         .explicit_kernel = 1},
+        {.name = "empty input (N = 0), regular f32 with bias, backward",
+         .kind = SPCONV_CONV_REGULAR, .kernel = {3, 3, 3}, .stride = {1, 1, 1},
+         .dilation = {1, 1, 1}, .dtype = SPCONV_F32, .layout = LAYOUT_RSCK3, .bias = 1,
+         .grad = 1, .n = 0, .c_in = 3, .c_out = 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_conv_case(f, &cases[i]);
+}
+
+/* ---- maxpool and rulebook -------------------------------------------------------------------- */
+
+static void test_maxpool_matches_c_api(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    spconv_tensor *indices = random_indices(80, 2, shape_567);
+    spconv_tensor *features = random_values(SPCONV_F32, 2, (const int64_t[2]){80, 5});
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+    SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, 1));
+    spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    const int64_t kernel[3] = {2, 3, 2}, stride[3] = {2, 1, 2};
+    memcpy(params.kernel, kernel, sizeof kernel);
+    memcpy(params.stride, stride, sizeof stride);
+    spconv_rulebook *rb = NULL;
+    spconv_tensor *out = NULL, *argmax = NULL, *grad_features = NULL;
+    SPCONV_ASSERT_OK(
+        spconv_rulebook_build(ctx, indices, shape_567, batch_of(0, indices), &params, &rb));
+    SPCONV_ASSERT_OK(spconv_maxpool_forward(ctx, rb, features, &out, &argmax));
+    spconv_tensor *grad = random_values(SPCONV_F32, 2, spconv_tensor_sizes(out));
+    SPCONV_ASSERT_OK(spconv_maxpool_backward(ctx, rb, argmax, grad, &grad_features));
+    save(f, "in_indices.npy", indices);
+    save(f, "in_features.npy", features);
+    save(f, "in_grad.npy", grad);
+
+    arglist a = {0};
+    const char *args[] = {
+        "maxpool",         "--indices",    "@in_indices.npy", "--features", "@in_features.npy",
+        "--spatial-shape", "5,6,7",        "--kernel",        "2,3,2",      "--stride=2,1,2",
+        "--grad-out",      "@in_grad.npy", "--threads",       "1",          "--out",
+        "@pool/nested"};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; ++i) arg_add(&a, f, "%s", args[i]);
+    assert_success(f, &a);
+    char out_dir[PATH_CAP];
+    spconv_test_join(f->dir, "pool/nested", out_dir, sizeof out_dir);
+    assert_int_equal(spconv_test_count_entries(out_dir), 3);
+    assert_output(out_dir, "indices.npy", spconv_rulebook_out_indices(rb));
+    assert_output(out_dir, "features.npy", out);
+    assert_output(out_dir, "grad_features.npy", grad_features);
+
+    spconv_tensor *tensors[] = {indices, features, out, argmax, grad, grad_features};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+        spconv_tensor_release(tensors[i]);
+    spconv_rulebook_release(rb);
+    spconv_context_destroy(ctx);
+}
+
+/* counts [KV] and pairs [M, 3] (offset, in_row, out_row) as the tool must write them. */
+static void rulebook_tables(const spconv_rulebook *rb, spconv_tensor **counts,
+                            spconv_tensor **pairs) {
+    int64_t kv = spconv_rulebook_kernel_volume(rb), m = spconv_rulebook_num_pairs(rb);
+    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    SPCONV_ASSERT_OK(spconv_tensor_empty(spconv_cpu(), SPCONV_I64, 1, &kv, counts));
+    SPCONV_ASSERT_OK(
+        spconv_tensor_empty(spconv_cpu(), SPCONV_I64, 2, (const int64_t[2]){m, 3}, pairs));
+    int32_t *in_rows = malloc((size_t)m * sizeof *in_rows + 1),
+            *out_rows = malloc((size_t)m * sizeof *out_rows + 1);
+    assert_non_null(in_rows);
+    assert_non_null(out_rows);
+    SPCONV_ASSERT_OK(
+        spconv_tensor_copy_to_host(NULL, spconv_rulebook_pairs_in(rb), in_rows, (size_t)m * 4));
+    SPCONV_ASSERT_OK(
+        spconv_tensor_copy_to_host(NULL, spconv_rulebook_pairs_out(rb), out_rows, (size_t)m * 4));
+    int64_t *count = spconv_tensor_data(*counts), *pair = spconv_tensor_data(*pairs);
+    for (int64_t k = 0; k < kv; ++k) {
+        count[k] = offsets[k + 1] - offsets[k];
+        for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
+            pair[3 * p] = k;
+            pair[3 * p + 1] = in_rows[p];
+            pair[3 * p + 2] = out_rows[p];
+        }
+    }
+    free(in_rows);
+    free(out_rows);
+}
+
+static void test_rulebook_matches_c_api(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    const conv_case cases[] = {
+        {.name = "subm 3", .kind = SPCONV_CONV_SUBM, .kernel = {3, 3, 3}, .stride = {1, 1, 1},
+         .dilation = {1, 1, 1}, .n = 70},
+        {.name = "regular 3, stride 2, padding 1", .kind = SPCONV_CONV_REGULAR,
+         .kernel = {3, 3, 3}, .stride = {2, 2, 2}, .padding = {1, 1, 1}, .dilation = {1, 1, 1},
+         .n = 70},
+        {.name = "transposed 2,3,1", .kind = SPCONV_CONV_TRANSPOSED, .kernel = {2, 3, 1},
+         .stride = {2, 1, 3}, .padding = {0, 1, 0}, .dilation = {1, 1, 1},
+         .output_padding = {1, 0, 2}, .n = 30, .batch_flag = 2},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        print_message("rulebook case: %s\n", cases[c].name);
+        spconv_tensor *indices = random_indices(cases[c].n, 2, shape_567);
+        spconv_conv_params params = case_params(&cases[c]);
+        spconv_rulebook *rb = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(
+            NULL, indices, shape_567, batch_of(cases[c].batch_flag, indices), &params, &rb));
+        spconv_tensor *counts = NULL, *pairs = NULL;
+        rulebook_tables(rb, &counts, &pairs);
+        save(f, "in_indices.npy", indices);
+        arglist a = {0};
+        layer_args(&a, f, "rulebook", &cases[c]);
+        assert_success(f, &a);
+        char out_dir[PATH_CAP];
+        spconv_test_join(f->dir, "out", out_dir, sizeof out_dir);
+        assert_int_equal(spconv_test_count_entries(out_dir), 3);
+        assert_output(out_dir, "out_indices.npy", spconv_rulebook_out_indices(rb));
+        assert_output(out_dir, "counts.npy", counts);
+        assert_output(out_dir, "pairs.npy", pairs);
+        assert_int_equal(spconv_test_remove_tree(out_dir), 0);
+        spconv_tensor_release(counts);
+        spconv_tensor_release(pairs);
+        spconv_tensor_release(indices);
+        spconv_rulebook_release(rb);
+    }
+}
+
+/* ---- help ------------------------------------------------------------------------------------ */
+
+static void test_help_lists_the_contract(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    const struct {
+        const char *cmd;
+        const char *flags[20];
+    } commands[] = {
+        {"conv",
+         {"--indices", "--features", "--weight", "--spatial-shape", "--batch-size", "--kernel",
+          "--stride", "--padding", "--dilation", "--output-padding", "--subm", "--transposed",
+          "--bias", "--weight-layout", "--grad-out", "--threads", "--out", "grad_weight.npy",
+          NULL}},
+        {"maxpool",
+         {"--indices", "--features", "--spatial-shape", "--batch-size", "--kernel", "--stride",
+          "--padding", "--dilation", "--grad-out", "--out", "grad_features.npy", NULL}},
+        {"rulebook",
+         {"--indices", "--spatial-shape", "--kernel", "--subm", "--transposed", "--out",
+          "pairs.npy", "counts.npy", "out_indices.npy", NULL}},
+    };
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; ++c) {
+        arglist a = {0};
+        arg_add(&a, f, "%s", commands[c].cmd);
+        arg_add(&a, f, "--bogus"); /* --help wins over other problems */
+        arg_add(&a, f, "--help");
+        assert_success(f, &a);
+        char usage[64];
+        snprintf(usage, sizeof usage, "usage: spconv %s ", commands[c].cmd);
+        assert_non_null(strstr(f->out_text, usage));
+        for (int i = 0; commands[c].flags[i] != NULL; ++i)
+            if (strstr(f->out_text, commands[c].flags[i]) == NULL)
+                fail_msg("`spconv %s --help` does not mention %s", commands[c].cmd,
+                         commands[c].flags[i]);
+    }
+}
+
+/* ---- error exits ----------------------------------------------------------------------------- */
+
+/* Valid inputs (20 sites in 8x8x8, 3 -> 4 channels, kernel 3) and broken variants of them. */
+static void write_error_inputs(const fixture *f) {
+    const int64_t shape[3] = {8, 8, 8};
+    spconv_tensor *indices = random_indices(20, 2, shape);
+    save(f, "indices.npy", indices);
+    int32_t *rows = spconv_tensor_data(indices);
+    int32_t z = rows[4 * 3 + 1];
+    rows[4 * 3 + 1] = 8; /* row 3: z = D */
+    save(f, "indices_oob.npy", indices);
+    rows[4 * 3 + 1] = z;
+    memcpy(&rows[4 * 5], &rows[4 * 2], 16); /* row 5 repeats row 2 */
+    save(f, "indices_dup.npy", indices);
+    spconv_tensor *t = random_values(SPCONV_F32, 2, (const int64_t[2]){20, 4});
+    save(f, "indices_f32.npy", t);
+    spconv_tensor *tensors[] = {
+        indices, t,
+        random_values(SPCONV_F32, 2, (const int64_t[2]){20, 3}),
+        random_values(SPCONV_F32, 2, (const int64_t[2]){20, 5}),
+        random_values(SPCONV_F32, 3, (const int64_t[3]){27, 3, 4}),
+        random_values(SPCONV_F64, 3, (const int64_t[3]){27, 3, 4}),
+        random_values(SPCONV_F32, 3, (const int64_t[3]){8, 3, 4}),
+        random_values(SPCONV_F32, 1, (const int64_t[1]){5}),
+        random_values(SPCONV_F32, 2, (const int64_t[2]){1, 1}),
+    };
+    const char *names[] = {NULL, NULL, "features.npy", "features_c5.npy", "weight.npy",
+                           "weight_f64.npy", "weight_kv8.npy", "bias_5.npy", "grad_1x1.npy"};
+    for (size_t i = 2; i < sizeof names / sizeof names[0]; ++i) save(f, names[i], tensors[i]);
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+        spconv_tensor_release(tensors[i]);
+    char path[PATH_CAP];
+    /* features [20, 3] f32 whose data stops after 2 bytes */
+    const char *dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (20, 3), }\n";
+    char bytes[128] = "\x93NUMPY\x01";
+    bytes[8] = (char)strlen(dict);
+    size_t n = 10 + strlen(dict);
+    memcpy(bytes + 10, dict, strlen(dict));
+    memcpy(bytes + n, "\x01\x02", 2);
+    spconv_test_write_bytes(spconv_test_join(f->dir, "truncated.npy", path, sizeof path), bytes,
+                            n + 2);
+    spconv_test_write_bytes(spconv_test_join(f->dir, "not_a_folder", path, sizeof path), "x", 1);
+}
+
+typedef struct error_case {
+    const char *args[24]; /* the command first; "@name" = a file of write_error_inputs */
+    const char *message;
+} error_case;
+
+#define CONV_BASE                                                                                  \
+    "conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight", "@weight.npy", \
+        "--spatial-shape", "8,8,8"
+
+static const error_case error_cases[] = {
+    {{CONV_BASE, "--features", "@features.npy"}, "--features is given more than once"},
+    {{"conv", "--indices", "@missing.npy", "--features", "@features.npy", "--weight", "@weight.npy",
+      "--spatial-shape", "8,8,8"}, "No such file or directory"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@truncated.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "truncated"},
+    {{"conv", "--indices", "@indices_f32.npy", "--features", "@features.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"},
+     "--indices: expected int32 [N, 4], got f32 [20, 4]"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features_c5.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "channel mismatch"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_f64.npy", "--spatial-shape", "8,8,8"}, "dtype mismatch"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_kv8.npy", "--spatial-shape", "8,8,8"}, "KV = the --kernel volume"},
+    {{"conv", "--indices", "@indices_oob.npy", "--features", "@features.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "indices row 3"},
+    {{"conv", "--indices", "@indices_dup.npy", "--features", "@features.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "indices row 5 = "},
+    {{CONV_BASE, "--batch-size", "1", "--subm"}, "batch index 1 outside batch size 1"},
+    {{CONV_BASE, "--bias", "@bias_5.npy"}, "--bias: expected f32 [C_out = 4], got f32 [5]"},
+    {{CONV_BASE, "--grad-out", "@grad_1x1.npy"}, "--grad-out: expected f32 [N_out"},
+    {{CONV_BASE, "--kernel", "3,3"}, "--kernel '3,3'"},
+    {{CONV_BASE, "--stride", "0"}, "--stride 0: value 0 is outside [1, "},
+    {{CONV_BASE, "--padding", "-1"}, "--padding -1"},
+    {{CONV_BASE, "--threads", "two"}, "--threads 'two': expected an integer"},
+    {{CONV_BASE, "--spatial-shape=8,8,x"}, "--spatial-shape is given more than once"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight", "@weight.npy",
+      "--spatial-shape", "8,8,x"}, "--spatial-shape '8,8,x'"},
+    {{CONV_BASE, "--weight-layout", "nchw"}, "expected one of rsck, krsc, oidhw"},
+    {{CONV_BASE, "--weight-layout", "krsc"}, "5-d KRSC"},
+    {{CONV_BASE, "--foo"}, "unknown option '--foo'"},
+    {{CONV_BASE, "stray"}, "unexpected argument 'stray'"},
+    {{CONV_BASE, "--bias"}, "--bias needs a value"},
+    {{CONV_BASE, "--subm=yes"}, "--subm takes no value"},
+    {{CONV_BASE, "--subm", "--transposed"}, "exclude each other"},
+    {{CONV_BASE, "--subm", "--stride", "2"}, "stride 1"},
+    {{CONV_BASE, "--subm", "--padding", "0"}, "pads (K/2)*dilation = 1,1,1"},
+    {{CONV_BASE, "--output-padding", "1"}, "--output-padding needs --transposed"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_kv8.npy", "--spatial-shape", "8,8,8", "--subm", "--kernel", "2"},
+     "needs odd kernels"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight", "@weight.npy",
+      "--spatial-shape", "8,8,8"}, "missing --out DIR"},
+    {{"conv", "--indices", "@indices.npy", "--weight", "@weight.npy", "--spatial-shape", "8,8,8"},
+     "missing --features"},
+    {{"maxpool", "--indices", "@indices.npy", "--features", "@features.npy", "--spatial-shape",
+      "8,8,8", "--subm"}, "unknown option '--subm'"},
+    {{"maxpool", "--indices", "@indices_oob.npy", "--features", "@features.npy", "--spatial-shape",
+      "8,8,8"}, "indices row 3"},
+    {{"maxpool", "--indices", "@indices.npy", "--features", "@features.npy", "--spatial-shape",
+      "8,8,8", "--grad-out", "@grad_1x1.npy"}, "--grad-out: expected f32 [N_out"},
+    {{"rulebook", "--indices", "@indices.npy"}, "missing --spatial-shape"},
+    {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--kernel", "9"},
+     "output spatial shape is empty on axis 0"},
+    {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--transposed",
+      "--stride", "2", "--output-padding", "2"}, "output_padding[0] = 2"},
+};
+
+static void test_errors_exit_2_with_one_line_and_no_outputs(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    write_error_inputs(f);
+    for (size_t c = 0; c < sizeof error_cases / sizeof error_cases[0]; ++c) {
+        const error_case *e = &error_cases[c];
+        arglist a = {0};
+        for (int i = 0; e->args[i] != NULL; ++i) arg_add(&a, f, "%s", e->args[i]);
+        int needs_out = strstr(e->message, "missing --out") == NULL;
+        if (needs_out) {
+            arg_add(&a, f, "--out");
+            arg_add(&a, f, "@out_%zu/nested", c);
+        }
+        print_message("error case %zu: %s\n", c, e->message);
+        int status = run_tool(f, &a);
+        if (status != 2) fail_msg("exit status %d (expected 2), stderr: %s", status, f->err_text);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "spconv %s: ", e->args[0]);
+        if (strncmp(f->err_text, prefix, strlen(prefix)) != 0 ||
+            strstr(f->err_text, e->message) == NULL)
+            fail_msg("stderr \"%s\" is not \"%s...%s...\"", f->err_text, prefix, e->message);
+        char *newline = strchr(f->err_text, '\n');
+        if (newline == NULL || newline[1] != '\0')
+            fail_msg("stderr is not one line: \"%s\"", f->err_text);
+        char out_dir[PATH_CAP];
+        snprintf(out_dir, sizeof out_dir, "%s/out_%zu", f->dir, c);
+        assert_false(spconv_test_exists(out_dir));
+    }
+}
+
+/* Outputs appear together or not at all: when the last rename fails, the first is undone and the
+ * files that were there before stay. */
+static void test_failed_output_leaves_nothing(void **state) {
+    fixture *f = *state;
+    require_tool(f);
+    write_error_inputs(f);
+    char out_dir[PATH_CAP], path[PATH_CAP];
+    spconv_test_join(f->dir, "out", out_dir, sizeof out_dir);
+    assert_int_equal(mkdir(out_dir, 0777), 0);
+    assert_int_equal(mkdir(spconv_test_join(out_dir, "features.npy", path, sizeof path), 0777), 0);
+    assert_int_equal(
+        spconv_test_write_bytes(spconv_test_join(out_dir, "keep.txt", path, sizeof path), "k", 1),
+        0);
+    arglist a = {0};
+    const char *args[] = {CONV_BASE, "--out", "@out"};
+    for (size_t i = 0; i < sizeof args / sizeof args[0]; ++i) arg_add(&a, f, "%s", args[i]);
+    assert_int_equal(run_tool(f, &a), 2);
+    assert_non_null(strstr(f->err_text, "features.npy"));
+    assert_int_equal(spconv_test_count_entries(out_dir), 2);
+    assert_false(spconv_test_exists(spconv_test_join(out_dir, "indices.npy", path, sizeof path)));
+
+    /* --out naming a file fails before anything is computed. */
+    a = (arglist){0};
+    const char *args2[] = {CONV_BASE, "--out", "@not_a_folder"};
+    for (size_t i = 0; i < sizeof args2 / sizeof args2[0]; ++i) arg_add(&a, f, "%s", args2[i]);
+    assert_int_equal(run_tool(f, &a), 2);
+    assert_non_null(strstr(f->err_text, "is not a folder"));
+}
+
+int main(void) {
+    spconv_test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_conv_matches_c_api, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_maxpool_matches_c_api, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rulebook_matches_c_api, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_help_lists_the_contract, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_errors_exit_2_with_one_line_and_no_outputs, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_failed_output_leaves_nothing, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

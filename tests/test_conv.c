@@ -1,0 +1,564 @@
+/* indice_conv forward: against a dense double oracle written from the geometry alone (the grid of
+ * spconv's own tests and more), against the pair-loop reference, across thread counts and GEMM
+ * implementations, and every bad input. Gradients live in test_conv_grad.c, pooling in
+ * test_conv_pool.c, GEMM in test_conv_gemm.c, dense helpers and weight layouts in test_conv_dense.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/conv_cases.h"
+#include "common/conv_helpers.h"
+#include "conv/conv_exec.h"
+#include "conv/conv_ref.h"
+
+/* The case's forward in @p dtype through the public API (or _ex with @p options). */
+static spconv_tensor *run_forward(spconv_context *ctx, const conv_case *c, spconv_dtype dtype,
+                                  int with_bias, const spconv__conv_options *options) {
+    int64_t x_sizes[2] = {c->n_in, c->c_in}, w_sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
+    spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c->x);
+    spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c->w);
+    spconv_tensor *b = with_bias ? conv_tensor(dtype, 1, &c->c_out, c->bias) : NULL;
+    spconv_tensor *out = NULL;
+    SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, b, options, &out));
+    assert_int_equal(spconv_tensor_ndim(out), 2);
+    assert_int_equal(spconv_tensor_size(out, 0), c->n_out);
+    assert_int_equal(spconv_tensor_size(out, 1), c->c_out);
+    assert_int_equal(spconv_tensor_dtype(out), dtype);
+    spconv_tensor_release(x);
+    spconv_tensor_release(w);
+    spconv_tensor_release(b);
+    return out;
+}
+
+static void expect_close(const conv_case *c, const char *what, const double *got,
+                         const double *expected, int64_t n, double tolerance) {
+    double err = oracle_rel_error(got, expected, n);
+    if (!(err <= tolerance)) {
+        char text[512];
+        fail_msg("%s: %s: normalised error %.3g > %.3g", conv_case_text(c, text, sizeof text), what,
+                 err, tolerance);
+    }
+}
+
+/* Set up @p c, run its forward in f32 with the bias and in f64 without, and hold both to the
+ * oracle (the oracle's sums less the bias, exact to an f64 rounding). */
+static void check_forward(conv_case *c) {
+    /* One thread: results do not depend on the thread count (test_determinism_threads), and a
+     * serial run keeps OpenMP workers from spinning while the oracle computes. */
+    spconv_context *ctx = conv_context(1);
+    conv_case_setup(c, ctx);
+    const int64_t n = c->n_out * c->c_out;
+    double *expected = calloc((size_t)n + 1, sizeof(double));
+    assert_non_null(expected);
+    conv_case_oracle_forward(c, expected);
+    for (int d = 0; d < 2; ++d) {
+        spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+        spconv_tensor *out = run_forward(ctx, c, dtype, d == 0, NULL);
+        if (d == 1)
+            for (int64_t i = 0; i < n; ++i) expected[i] -= c->bias[i % c->c_out];
+        double *got = conv_read(out, NULL);
+        expect_close(c, d == 0 ? "f32 with bias" : "f64 without bias", got, expected, n,
+                     conv_tolerance(dtype));
+        free(got);
+        spconv_tensor_release(out);
+    }
+    free(expected);
+    conv_case_free(c);
+    spconv_context_destroy(ctx);
+}
+
+/* spconv's own test grid: shape [19, 18, 17], 1500 unique sites per batch, C_in 32, C_out
+ * {32, 48, 64}, kernel {2, 3}, stride {1, 2, 3}, padding {0, 1, 2}, dilation {1, 2, 3}, every
+ * combination (stride > 1 together with dilation > 1 too), f32 and f64. */
+static void forward_grid(int64_t batch) {
+    static const int64_t c_outs[3] = {32, 48, 64};
+    for (int oc = 0; oc < 3; ++oc)
+        for (int64_t k = 2; k <= 3; ++k)
+            for (int64_t s = 1; s <= 3; ++s)
+                for (int64_t p = 0; p <= 2; ++p)
+                    for (int64_t d = 1; d <= 3; ++d) {
+                        conv_case c =
+                            conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, k, s, p, d),
+                                           (int64_t[3]){19, 18, 17}, batch, 1500, 32, c_outs[oc]);
+                        check_forward(&c);
+                    }
+}
+
+static void test_forward_grid_batch1(void **state) {
+    (void)state;
+    forward_grid(1);
+}
+
+static void test_forward_grid_batch2(void **state) {
+    (void)state;
+    forward_grid(2);
+}
+
+/* A random geometry: per-axis kernel 1..4, stride 1..3, padding 0..2, dilation 1..3 (and for a
+ * transposed conv output padding below max(stride, dilation)), redrawn until the output of
+ * @p shape is not empty. */
+static spconv_conv_params random_params(spconv_conv_kind kind, const int64_t shape[3]) {
+    spconv_conv_params p = spconv_conv_params_default(kind);
+    int64_t out_shape[3];
+    int ok;
+    do {
+        for (int a = 0; a < 3; ++a) {
+            p.kernel[a] = spconv_test_rand_int(1, 4);
+            p.stride[a] = spconv_test_rand_int(1, 3);
+            p.padding[a] = spconv_test_rand_int(0, 2);
+            p.dilation[a] = spconv_test_rand_int(1, 3);
+            int64_t limit = p.stride[a] > p.dilation[a] ? p.stride[a] : p.dilation[a];
+            p.output_padding[a] =
+                kind == SPCONV_CONV_TRANSPOSED ? spconv_test_rand_int(0, limit - 1) : 0;
+        }
+        oracle_geometry g = oracle_geometry_from_params(&p);
+        ok = kind == SPCONV_CONV_TRANSPOSED ? oracle_transposed_shape(&g, shape, out_shape)
+                                            : oracle_regular_shape(&g, shape, out_shape);
+    } while (!ok);
+    return p;
+}
+
+/* A random case: shape 3..16 per axis, batch 1..3, up to a third of the cells active, channel
+ * counts that are mostly not multiples of 4 or 8. */
+static conv_case random_case(spconv_conv_kind kind) {
+    conv_case c;
+    memset(&c, 0, sizeof c);
+    for (int a = 0; a < 3; ++a) c.shape[a] = spconv_test_rand_int(3, 16);
+    c.batch = spconv_test_rand_int(1, 3);
+    c.n_per_batch = spconv_test_rand_int(1, oracle_cells(c.shape) / 3 + 1);
+    c.c_in = spconv_test_rand_int(1, 19);
+    c.c_out = spconv_test_rand_int(1, 21);
+    c.params = random_params(kind, c.shape);
+    return c;
+}
+
+static void test_forward_anisotropic(void **state) {
+    (void)state;
+    for (int i = 0; i < 60; ++i) {
+        conv_case c = random_case(SPCONV_CONV_REGULAR);
+        check_forward(&c);
+    }
+}
+
+static void test_forward_transposed(void **state) {
+    (void)state;
+    for (int i = 0; i < 60; ++i) {
+        conv_case c = random_case(SPCONV_CONV_TRANSPOSED);
+        check_forward(&c);
+    }
+    /* The main sizes with output padding on every axis. */
+    conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_TRANSPOSED, 3, 2, 1, 1),
+                                 (int64_t[3]){19, 18, 17}, 2, 1500, 32, 48);
+    for (int a = 0; a < 3; ++a) c.params.output_padding[a] = 1;
+    check_forward(&c);
+}
+
+/* Submanifold: dilation 1..3 with the main sizes, then random odd anisotropic kernels. */
+static void test_forward_subm(void **state) {
+    (void)state;
+    static const int64_t c_outs[3] = {32, 48, 64};
+    for (int64_t d = 1; d <= 3; ++d)
+        for (int oc = 0; oc < 3; ++oc) {
+            conv_case c =
+                conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, d),
+                               (int64_t[3]){19, 18, 17}, 1 + oc % 2, 1500, 32, c_outs[oc]);
+            check_forward(&c);
+        }
+    for (int i = 0; i < 40; ++i) {
+        conv_case c = random_case(SPCONV_CONV_SUBM);
+        for (int a = 0; a < 3; ++a) {
+            c.params.kernel[a] = 2 * spconv_test_rand_int(0, 2) + 1;
+            c.params.dilation[a] = spconv_test_rand_int(1, 3);
+        }
+        check_forward(&c);
+    }
+}
+
+/* Inverse conv: features on the outputs of a regular conv, back onto its inputs. */
+static void test_forward_inverse(void **state) {
+    (void)state;
+    conv_case main_case = conv_case_make(conv_params_iso(SPCONV_CONV_INVERSE, 3, 2, 1, 1),
+                                         (int64_t[3]){19, 18, 17}, 2, 1500, 64, 32);
+    check_forward(&main_case);
+    for (int i = 0; i < 40; ++i) {
+        conv_case c = random_case(SPCONV_CONV_REGULAR);
+        c.params.kind = SPCONV_CONV_INVERSE;
+        check_forward(&c);
+    }
+}
+
+/* No sites, one site, one channel: the sizes where loops run zero or one time. */
+static void test_forward_small_sizes(void **state) {
+    (void)state;
+    conv_case one = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                   (int64_t[3]){5, 5, 5}, 1, 1, 1, 1);
+    check_forward(&one);
+    conv_case single_regular = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
+                                              (int64_t[3]){4, 4, 4}, 2, 1, 3, 5);
+    check_forward(&single_regular);
+    conv_case empty = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                     (int64_t[3]){9, 9, 9}, 1, 0, 7, 6);
+    check_forward(&empty);
+    conv_case empty_subm = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                          (int64_t[3]){9, 9, 9}, 1, 0, 7, 6);
+    check_forward(&empty_subm);
+    /* With C_out = 0 the output has no columns; with C_in = 0 it is the bias alone. */
+    conv_case no_outputs = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 1, 1, 1),
+                                          (int64_t[3]){6, 6, 6}, 1, 20, 4, 0);
+    check_forward(&no_outputs);
+    conv_case no_inputs = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         (int64_t[3]){6, 6, 6}, 1, 20, 0, 5);
+    check_forward(&no_inputs);
+}
+
+/* A case of @p kind whose target rows are cut into many blocks: the executor sizes blocks by
+ * bytes (1024 f32 channels give 256 rows, f64 128), so wide channels on the accumulated side
+ * (C_out in forward, C_in in backward) make short blocks. The transposed conv has many more
+ * outputs than inputs, so it gets fewer sites and channels (its buffers stay small). */
+static conv_case many_blocks_case(int i, int backward) {
+    static const spconv_conv_kind kinds[4] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                              SPCONV_CONV_TRANSPOSED, SPCONV_CONV_INVERSE};
+    const int transposed = kinds[i] == SPCONV_CONV_TRANSPOSED;
+    const int64_t wide = transposed ? 256 : 1024;
+    return conv_case_make(conv_params_iso(kinds[i], 3, i == 1 ? 1 : 2, 1, 1),
+                          (int64_t[3]){20, 20, 20}, 1, transposed ? 1000 : 3000,
+                          backward ? wide : 3, backward ? 3 : wide);
+}
+
+/* Dozens of output blocks, whose pair ranges are found per offset; the inverse case also sorts
+ * its pairs by out row first. */
+static void test_forward_many_blocks(void **state) {
+    (void)state;
+    for (int i = 0; i < 4; ++i) {
+        conv_case c = many_blocks_case(i, 0);
+        check_forward(&c);
+    }
+}
+
+/* Strided views and the 5-d weight layout give the same bits as contiguous operands. */
+static void test_forward_layouts(void **state) {
+    (void)state;
+    conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                 (int64_t[3]){11, 12, 13}, 2, 200, 6, 5);
+    c.params.kernel[2] = 2;
+    conv_case_setup(&c, NULL);
+    spconv_tensor *reference = run_forward(NULL, &c, SPCONV_F32, 1, NULL);
+
+    /* features as the left half of a [n, 2 C_in] tensor, weight as a 5-d tensor */
+    int64_t wide_sizes[2] = {c.n_in, 2 * c.c_in};
+    double *wide = calloc((size_t)(c.n_in * 2 * c.c_in) + 1, sizeof(double));
+    assert_non_null(wide);
+    for (int64_t i = 0; i < c.n_in; ++i)
+        memcpy(wide + i * 2 * c.c_in, c.x + i * c.c_in, (size_t)c.c_in * sizeof(double));
+    spconv_tensor *wide_t = conv_tensor(SPCONV_F32, 2, wide_sizes, wide), *x_view = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_narrow(wide_t, 1, 0, c.c_in, &x_view));
+    assert_false(spconv_tensor_is_contiguous(x_view));
+    int64_t w5_sizes[5] = {c.params.kernel[0], c.params.kernel[1], c.params.kernel[2], c.c_in,
+                           c.c_out};
+    spconv_tensor *w5 = conv_tensor(SPCONV_F32, 5, w5_sizes, c.w);
+    spconv_tensor *b = conv_tensor(SPCONV_F32, 1, &c.c_out, c.bias), *out = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, c.rb, x_view, w5, b, &out));
+    assert_true(conv_same_bits(out, reference));
+
+    spconv_tensor_release(out);
+    spconv_tensor_release(b);
+    spconv_tensor_release(w5);
+    spconv_tensor_release(x_view);
+    spconv_tensor_release(wide_t);
+    spconv_tensor_release(reference);
+    free(wide);
+    conv_case_free(&c);
+}
+
+/* The fast path against the pair-loop reference on every kind, f32 and f64. */
+static void test_forward_matches_reference(void **state) {
+    (void)state;
+    static const spconv_conv_kind kinds[4] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                              SPCONV_CONV_TRANSPOSED, SPCONV_CONV_INVERSE};
+    for (int i = 0; i < 4; ++i) {
+        conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, i == 1 ? 1 : 2, 1, 1),
+                                     (int64_t[3]){15, 14, 13}, 2, 600, 19, 23);
+        conv_case_setup(&c, NULL);
+        for (int d = 0; d < 2; ++d) {
+            spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+            int64_t x_sizes[2] = {c.n_in, c.c_in}, w_sizes[3] = {c.kernel_volume, c.c_in, c.c_out};
+            spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x);
+            spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c.w);
+            spconv_tensor *b = conv_tensor(dtype, 1, &c.c_out, c.bias), *fast = NULL, *ref = NULL;
+            SPCONV_ASSERT_OK(spconv_conv_forward(NULL, c.rb, x, w, b, &fast));
+            SPCONV_ASSERT_OK(spconv__conv_forward_ref(NULL, c.rb, x, w, b, &ref));
+            double *got = conv_read(fast, NULL), *want = conv_read(ref, NULL);
+            expect_close(&c, "fast vs reference", got, want, c.n_out * c.c_out,
+                         conv_tolerance(dtype));
+            free(got);
+            free(want);
+            spconv_tensor_release(fast);
+            spconv_tensor_release(ref);
+            spconv_tensor_release(x);
+            spconv_tensor_release(w);
+            spconv_tensor_release(b);
+        }
+        conv_case_free(&c);
+    }
+}
+
+/* Forward and backward of @p c with 1 and with 2 threads give the same bits. */
+static void check_threads_agree(conv_case *c) {
+    spconv_context *one = conv_context(1), *two = conv_context(2);
+    conv_case_setup(c, one);
+    spconv_tensor *out1 = run_forward(one, c, SPCONV_F32, 1, NULL);
+    spconv_tensor *out2 = run_forward(two, c, SPCONV_F32, 1, NULL);
+    char text[512];
+    if (!conv_same_bits(out1, out2))
+        fail_msg("%s: forward differs between 1 and 2 threads",
+                 conv_case_text(c, text, sizeof text));
+    int64_t x_sizes[2] = {c->n_in, c->c_in}, w_sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
+    spconv_tensor *x = conv_tensor(SPCONV_F32, 2, x_sizes, c->x);
+    spconv_tensor *w = conv_tensor(SPCONV_F32, 3, w_sizes, c->w);
+    spconv_tensor *g[2][3];
+    SPCONV_ASSERT_OK(
+        spconv__conv_backward_ex(one, c->rb, x, w, out1, NULL, &g[0][0], &g[0][1], &g[0][2]));
+    SPCONV_ASSERT_OK(
+        spconv__conv_backward_ex(two, c->rb, x, w, out1, NULL, &g[1][0], &g[1][1], &g[1][2]));
+    for (int j = 0; j < 3; ++j) {
+        if (!conv_same_bits(g[0][j], g[1][j]))
+            fail_msg("%s: gradient %d differs between 1 and 2 threads",
+                     conv_case_text(c, text, sizeof text), j);
+        spconv_tensor_release(g[0][j]);
+        spconv_tensor_release(g[1][j]);
+    }
+    spconv_tensor_release(x);
+    spconv_tensor_release(w);
+    spconv_tensor_release(out1);
+    spconv_tensor_release(out2);
+    conv_case_free(c);
+    spconv_context_destroy(one);
+    spconv_context_destroy(two);
+}
+
+/* Every kind at the main sizes (subm's centre offset takes the direct-GEMM path), then random
+ * geometries. */
+static void test_determinism_threads(void **state) {
+    (void)state;
+    static const spconv_conv_kind kinds[4] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                              SPCONV_CONV_TRANSPOSED, SPCONV_CONV_INVERSE};
+    for (int i = 0; i < 4; ++i) {
+        conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, 2, 1, 1),
+                                     (int64_t[3]){19, 18, 17}, 2, 1500, 32, 48);
+        check_threads_agree(&c);
+    }
+    for (int i = 0; i < 12; ++i) {
+        conv_case c = random_case(i % 2 == 0 ? SPCONV_CONV_REGULAR : SPCONV_CONV_TRANSPOSED);
+        check_threads_agree(&c);
+    }
+    /* Many row blocks, so that both threads take some, in forward and in backward. */
+    for (int i = 0; i < 8; ++i) {
+        conv_case c = many_blocks_case(i % 4, i >= 4);
+        check_threads_agree(&c);
+    }
+}
+
+/* The conv run with the plain-C fallback GEMM agrees with the default (BLAS when built in). */
+static void test_blas_and_fallback_agree(void **state) {
+    (void)state;
+    static const spconv_conv_kind kinds[2] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM};
+    spconv__conv_options fallback = {SPCONV__GEMM_FALLBACK, NULL};
+    printf("GEMM: %s\n", spconv__gemm_has_blas() ? "BLAS vs fallback" : "fallback only");
+    for (int i = 0; i < 2; ++i)
+        for (int d = 0; d < 2; ++d) {
+            spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+            conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, 2, 1, 2),
+                                         (int64_t[3]){19, 18, 17}, 1, 1500, 32, 40);
+            conv_case_setup(&c, NULL);
+            spconv_tensor *a = run_forward(NULL, &c, dtype, 1, NULL);
+            spconv_tensor *b = run_forward(NULL, &c, dtype, 1, &fallback);
+            double *va = conv_read(a, NULL), *vb = conv_read(b, NULL);
+            expect_close(&c, "BLAS vs fallback forward", vb, va, c.n_out * c.c_out,
+                         conv_tolerance(dtype));
+            int64_t x_sizes[2] = {c.n_in, c.c_in}, w_sizes[3] = {c.kernel_volume, c.c_in, c.c_out};
+            spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x);
+            spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c.w);
+            spconv_tensor *ga[3], *gb[3];
+            SPCONV_ASSERT_OK(
+                spconv__conv_backward_ex(NULL, c.rb, x, w, a, NULL, &ga[0], &ga[1], &ga[2]));
+            SPCONV_ASSERT_OK(
+                spconv__conv_backward_ex(NULL, c.rb, x, w, a, &fallback, &gb[0], &gb[1], &gb[2]));
+            for (int j = 0; j < 3; ++j) {
+                int64_t n;
+                double *x1 = conv_read(ga[j], &n), *x2 = conv_read(gb[j], NULL);
+                expect_close(&c, "BLAS vs fallback backward", x2, x1, n, conv_tolerance(dtype));
+                free(x1);
+                free(x2);
+                spconv_tensor_release(ga[j]);
+                spconv_tensor_release(gb[j]);
+            }
+            free(va);
+            free(vb);
+            spconv_tensor_release(x);
+            spconv_tensor_release(w);
+            spconv_tensor_release(a);
+            spconv_tensor_release(b);
+            conv_case_free(&c);
+        }
+}
+
+/* Operands for the error tests: a subm rulebook over 10 sites, features [10, 4], weight
+ * [27, 4, 3], bias [3]. */
+typedef struct bad_inputs {
+    spconv_rulebook *rb;
+    spconv_tensor *x, *w, *b;
+} bad_inputs;
+
+static bad_inputs make_bad_inputs(spconv_dtype dtype) {
+    int64_t shape[3] = {6, 6, 6};
+    int32_t *sites = oracle_random_sites(1, shape, 10);
+    spconv_conv_params p = conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    bad_inputs in;
+    in.rb = conv_build(NULL, sites, 10, shape, 1, &p);
+    free(sites);
+    int64_t xs[2] = {10, 4}, ws[3] = {27, 4, 3}, bs = 3;
+    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), dtype, 2, xs, 0.5, &in.x));
+    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), dtype, 3, ws, 0.25, &in.w));
+    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), dtype, 1, &bs, 1.0, &in.b));
+    return in;
+}
+
+static void free_bad_inputs(bad_inputs *in) {
+    spconv_rulebook_release(in->rb);
+    spconv_tensor_release(in->x);
+    spconv_tensor_release(in->w);
+    spconv_tensor_release(in->b);
+}
+
+static spconv_tensor *full(spconv_dtype dtype, int ndim, const int64_t *sizes) {
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), dtype, ndim, sizes, 1.0, &t));
+    return t;
+}
+
+static void test_forward_errors(void **state) {
+    (void)state;
+    bad_inputs in = make_bad_inputs(SPCONV_F32);
+    spconv_tensor *out = (spconv_tensor *)&in; /* must be reset to NULL on failure */
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, in.b, NULL),
+                        SPCONV_ERR_NULL_POINTER, "'out'");
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, NULL, in.x, in.w, in.b, &out),
+                        SPCONV_ERR_NULL_POINTER, "spconv_conv_forward: 'rb' is NULL");
+    assert_null(out);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, NULL, in.w, in.b, &out),
+                        SPCONV_ERR_NULL_POINTER, "'features'");
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, NULL, in.b, &out),
+                        SPCONV_ERR_NULL_POINTER, "'weight'");
+
+    int64_t rows9[2] = {9, 4}, ch5[2] = {10, 5}, x3[3] = {10, 4, 1};
+    spconv_tensor *t = full(SPCONV_F32, 2, rows9);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, t, in.w, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH,
+                        "features have 9 rows but the rulebook has 10 input sites");
+    spconv_tensor_release(t);
+    t = full(SPCONV_F32, 2, ch5);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, t, in.w, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH,
+                        "features have C_in = 5 channels but weight [27, 4, 3] expects C_in = 4");
+    spconv_tensor_release(t);
+    t = full(SPCONV_F32, 3, x3);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, t, in.w, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH, "features must be 2-d [num_in, C_in], got 3-d");
+    spconv_tensor_release(t);
+
+    int64_t kv8[3] = {8, 4, 3}, w4[4] = {27, 4, 3, 1}, w5[5] = {3, 3, 2, 4, 3}, b4 = 4;
+    t = full(SPCONV_F32, 3, kv8);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, t, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH,
+                        "weight [8, 4, 3] has KV = 8 kernel offsets but the rulebook has 27");
+    spconv_tensor_release(t);
+    t = full(SPCONV_F32, 4, w4);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, t, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH, "got 4-d [27, 4, 3, 1]");
+    spconv_tensor_release(t);
+    t = full(SPCONV_F32, 5, w5);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, t, in.b, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH,
+                        "has kernel (3, 3, 2) but the rulebook has (3, 3, 3)");
+    spconv_tensor_release(t);
+    t = full(SPCONV_F32, 1, &b4);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, t, &out),
+                        SPCONV_ERR_SHAPE_MISMATCH, "bias must be [C_out] = [3], got [4]");
+    spconv_tensor_release(t);
+
+    int64_t bias_sizes = 3;
+    t = full(SPCONV_F64, 1, &bias_sizes);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, t, &out),
+                        SPCONV_ERR_DTYPE_MISMATCH, "features is f32 but bias is f64");
+    spconv_tensor_release(t);
+    int64_t ws[3] = {27, 4, 3};
+    t = full(SPCONV_F64, 3, ws);
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, t, in.b, &out),
+                        SPCONV_ERR_DTYPE_MISMATCH, "features is f32 but weight is f64");
+    spconv_tensor_release(t);
+    assert_null(out);
+    free_bad_inputs(&in);
+}
+
+/* Valid requests this build cannot serve: dtypes the CPU kernels do not compute in. */
+static void test_forward_unsupported_dtypes(void **state) {
+    (void)state;
+    static const spconv_dtype dtypes[3] = {SPCONV_F16, SPCONV_BF16, SPCONV_I32};
+    static const char *const names[3] = {"not f16", "not bf16", "not i32"};
+    for (int i = 0; i < 3; ++i) {
+        bad_inputs in = make_bad_inputs(dtypes[i]);
+        spconv_tensor *out = NULL;
+        SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, in.b, &out),
+                            SPCONV_ERR_NOT_SUPPORTED, names[i]);
+        SPCONV_ASSERT_FAILS(spconv__conv_forward_ref(NULL, in.rb, in.x, in.w, in.b, &out),
+                            SPCONV_ERR_NOT_SUPPORTED, names[i]);
+        assert_null(out);
+        free_bad_inputs(&in);
+    }
+}
+
+/* CUDA operands go to the CUDA backend, which has no conv kernels yet: a clean status. Without a
+ * device no CUDA tensor can exist, and the dispatch is unreachable. */
+static void test_forward_cuda_dispatch(void **state) {
+    (void)state;
+    bad_inputs in = make_bad_inputs(SPCONV_F32);
+    spconv_tensor *x = NULL, *w = NULL, *out = NULL;
+    if (spconv_tensor_to_device(NULL, in.x, spconv_cuda(0), &x) != SPCONV_OK) {
+        printf("skip: no CUDA device (%s)\n", spconv_last_error());
+        free_bad_inputs(&in);
+        return;
+    }
+    SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, x, in.w, in.b, &out),
+                        SPCONV_ERR_DEVICE_MISMATCH, "features is on cuda:0 but weight is on cpu");
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, in.w, spconv_cuda(0), &w));
+    spconv_status st = spconv_conv_forward(NULL, in.rb, x, w, NULL, &out);
+    if (st != SPCONV_OK) {
+        SPCONV_ASSERT_FAILS(st, SPCONV_ERR_NOT_SUPPORTED, "spconv_conv_forward: the ");
+    }
+    spconv_tensor_release(out);
+    spconv_tensor_release(x);
+    spconv_tensor_release(w);
+    free_bad_inputs(&in);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forward_grid_batch1),
+        cmocka_unit_test(test_forward_grid_batch2),
+        cmocka_unit_test(test_forward_anisotropic),
+        cmocka_unit_test(test_forward_transposed),
+        cmocka_unit_test(test_forward_subm),
+        cmocka_unit_test(test_forward_inverse),
+        cmocka_unit_test(test_forward_small_sizes),
+        cmocka_unit_test(test_forward_many_blocks),
+        cmocka_unit_test(test_forward_layouts),
+        cmocka_unit_test(test_forward_matches_reference),
+        cmocka_unit_test(test_determinism_threads),
+        cmocka_unit_test(test_blas_and_fallback_agree),
+        cmocka_unit_test(test_forward_errors),
+        cmocka_unit_test(test_forward_unsupported_dtypes),
+        cmocka_unit_test(test_forward_cuda_dispatch),
+    };
+    spconv_test_seed();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

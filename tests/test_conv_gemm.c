@@ -1,0 +1,149 @@
+/* The conv executors' GEMM: the plain-C blocked fallback (called directly, as builds without BLAS
+ * use it) and the default path (BLAS when built in) against a naive triple loop in double, over
+ * transposes, leading dimensions with padding, beta 0 and 1, sizes of 0 and sizes that cross the
+ * fallback's block edges. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/test_util.h"
+#include "conv/gemm.h"
+
+typedef struct gemm_case {
+    int trans_a, trans_b;
+    int64_t m, n, k, lda, ldb, ldc;
+    int beta_one;
+} gemm_case;
+
+/* Element (i, p) of op(A) for A stored row-major with leading dimension lda. */
+static double op_at(const double *a, int trans, int64_t ld, int64_t row, int64_t col) {
+    return trans ? a[col * ld + row] : a[row * ld + col];
+}
+
+/* C = op(A) op(B) + beta C in double: the obviously-correct definition. */
+static void naive_gemm(const gemm_case *g, const double *a, const double *b, double *c) {
+    for (int64_t i = 0; i < g->m; ++i)
+        for (int64_t j = 0; j < g->n; ++j) {
+            double sum = g->beta_one ? c[i * g->ldc + j] : 0.0;
+            for (int64_t p = 0; p < g->k; ++p)
+                sum += op_at(a, g->trans_a, g->lda, i, p) * op_at(b, g->trans_b, g->ldb, p, j);
+            c[i * g->ldc + j] = sum;
+        }
+}
+
+static double *random_matrix(int64_t n) {
+    double *v = malloc((size_t)(n + 1) * sizeof(double));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; ++i) v[i] = spconv_test_rand_float(-1.0f, 1.0f);
+    return v;
+}
+
+/* Largest |got - want| over C's m x n block, divided by the largest |want| (or 1 when C is 0). */
+static double block_error(const gemm_case *g, const double *got, const double *want) {
+    double diff = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < g->m; ++i)
+        for (int64_t j = 0; j < g->n; ++j) {
+            double d = fabs(got[i * g->ldc + j] - want[i * g->ldc + j]);
+            if (isnan(d)) return INFINITY;
+            if (d > diff) diff = d;
+            if (fabs(want[i * g->ldc + j]) > scale) scale = fabs(want[i * g->ldc + j]);
+        }
+    return diff / (scale > 0.0 ? scale : 1.0);
+}
+
+/* Run one case through @p impl (or the fallback entry points directly when @p direct) in f32 and
+ * f64; C starts as NaN when beta is 0, which must not leak through. */
+static void check_case(const gemm_case *g, spconv__gemm_impl impl, int direct) {
+    int64_t a_rows = g->trans_a ? g->k : g->m, b_rows = g->trans_b ? g->n : g->k;
+    int64_t a_n = a_rows * g->lda, b_n = b_rows * g->ldb, c_n = g->m * g->ldc;
+    double *a = random_matrix(a_n), *b = random_matrix(b_n), *c0 = random_matrix(c_n);
+    if (!g->beta_one)
+        for (int64_t i = 0; i < c_n; ++i) c0[i] = NAN;
+    double *want = malloc((size_t)(c_n + 1) * sizeof(double));
+    float *af = malloc((size_t)(a_n + 1) * sizeof(float)),
+          *bf = malloc((size_t)(b_n + 1) * sizeof(float));
+    float *cf = malloc((size_t)(c_n + 1) * sizeof(float));
+    double *cd = malloc((size_t)(c_n + 1) * sizeof(double)),
+           *cf_d = malloc((size_t)(c_n + 1) * sizeof(double));
+    assert_true(want && af && bf && cf && cd && cf_d);
+    for (int64_t i = 0; i < c_n; ++i) want[i] = cd[i] = c0[i], cf[i] = (float)c0[i];
+    for (int64_t i = 0; i < a_n; ++i) af[i] = (float)a[i];
+    for (int64_t i = 0; i < b_n; ++i) bf[i] = (float)b[i];
+    naive_gemm(g, a, b, want);
+    if (direct) {
+        spconv__sgemm_fallback(g->trans_a, g->trans_b, g->m, g->n, g->k, af, g->lda, bf, g->ldb,
+                               (float)g->beta_one, cf, g->ldc);
+        spconv__dgemm_fallback(g->trans_a, g->trans_b, g->m, g->n, g->k, a, g->lda, b, g->ldb,
+                               (double)g->beta_one, cd, g->ldc);
+    } else {
+        spconv__gemm(SPCONV_F32, impl, g->trans_a, g->trans_b, g->m, g->n, g->k, af, g->lda, bf,
+                     g->ldb, g->beta_one, cf, g->ldc);
+        spconv__gemm(SPCONV_F64, impl, g->trans_a, g->trans_b, g->m, g->n, g->k, a, g->lda, b,
+                     g->ldb, g->beta_one, cd, g->ldc);
+    }
+    for (int64_t i = 0; i < c_n; ++i) cf_d[i] = cf[i];
+    /* k <= 1500 products of values below 1 in f32 (eps 6e-8) stay far below 1e-5 of the largest
+     * entry; the f64 sums differ from the naive order only by blocking, far below 1e-13. */
+    double err32 = block_error(g, cf_d, want), err64 = block_error(g, cd, want);
+    if (!(err32 <= 1e-5) || !(err64 <= 1e-13))
+        fail_msg("gemm %s m=%lld n=%lld k=%lld trans=(%d,%d) ld=(%lld,%lld,%lld) beta=%d: "
+                 "f32 error %.3g, f64 error %.3g",
+                 direct ? "fallback" : "default", (long long)g->m, (long long)g->n, (long long)g->k,
+                 g->trans_a, g->trans_b, (long long)g->lda, (long long)g->ldb, (long long)g->ldc,
+                 g->beta_one, err32, err64);
+    free(a), free(b), free(c0), free(want), free(af), free(bf), free(cf), free(cd), free(cf_d);
+}
+
+static gemm_case random_case(void) {
+    gemm_case g;
+    g.trans_a = (int)spconv_test_rand_int(0, 1);
+    g.trans_b = (int)spconv_test_rand_int(0, 1);
+    /* mostly small, sometimes 0, sometimes past the fallback's 64 x 128 blocks */
+    int64_t limits[3] = {9, 70, 300};
+    g.m = spconv_test_rand_int(0, limits[spconv_test_rand_int(0, 2)]);
+    g.n = spconv_test_rand_int(0, limits[spconv_test_rand_int(0, 2)]);
+    g.k = spconv_test_rand_int(0, limits[spconv_test_rand_int(0, 2)]);
+    int64_t a_cols = g.trans_a ? g.m : g.k, b_cols = g.trans_b ? g.k : g.n;
+    g.lda = (a_cols > 0 ? a_cols : 1) + spconv_test_rand_int(0, 3);
+    g.ldb = (b_cols > 0 ? b_cols : 1) + spconv_test_rand_int(0, 3);
+    g.ldc = (g.n > 0 ? g.n : 1) + spconv_test_rand_int(0, 3);
+    g.beta_one = (int)spconv_test_rand_int(0, 1);
+    return g;
+}
+
+static void test_fallback_vs_naive(void **state) {
+    (void)state;
+    for (int i = 0; i < 300; ++i) {
+        gemm_case g = random_case();
+        check_case(&g, SPCONV__GEMM_FALLBACK, 1);
+        check_case(&g, SPCONV__GEMM_FALLBACK, 0);
+    }
+}
+
+static void test_default_vs_naive(void **state) {
+    (void)state;
+    printf("default GEMM: %s\n", spconv__gemm_has_blas() ? "BLAS" : "fallback");
+    spconv__gemm_prepare();
+    for (int i = 0; i < 300; ++i) {
+        gemm_case g = random_case();
+        check_case(&g, SPCONV__GEMM_AUTO, 0);
+    }
+    /* The conv executors' shapes: a gathered chunk times W[k], its transpose, and the
+     * weight-gradient product over a long k. */
+    gemm_case shapes[3] = {{0, 0, 1024, 64, 64, 64, 64, 64, 0},
+                           {0, 1, 1024, 64, 64, 64, 64, 64, 1},
+                           {1, 0, 64, 48, 1500, 64, 48, 48, 1}};
+    for (int i = 0; i < 3; ++i) {
+        check_case(&shapes[i], SPCONV__GEMM_AUTO, 0);
+        check_case(&shapes[i], SPCONV__GEMM_FALLBACK, 1);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fallback_vs_naive),
+        cmocka_unit_test(test_default_vs_naive),
+    };
+    spconv_test_seed();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,275 @@
+/* `spconv voxelize` and `spconv info` (path in env SPCONV_TOOL, set by CTest): the .npy and .pcd
+ * outputs held against the same computation through the C API, the summary, and the error exits
+ * (status 2, one line on stderr naming the problem, no output folder left behind). */
+#define _XOPEN_SOURCE 700
+
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "common/test_files.h"
+#include "common/test_util.h"
+#include "io/pointcloud_pcd.h"
+
+extern char **environ;
+
+#define PATH_CAP 1024
+#define MAX_ARGS 24
+
+typedef struct fixture {
+    const char *tool;
+    char *dir;
+    char *out_text, *err_text; /* of the last run */
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    if (f == NULL) return -1;
+    f->tool = getenv("SPCONV_TOOL");
+    f->dir = spconv_test_make_scratch("spconv_pc_cli");
+    if (f->dir == NULL) {
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    int rc = spconv_test_remove_tree(f->dir);
+    free(f->dir);
+    free(f->out_text);
+    free(f->err_text);
+    free(f);
+    return rc;
+}
+
+static fixture *tool_or_skip(void **state) {
+    fixture *f = *state;
+    if (f->tool == NULL || f->tool[0] == '\0') {
+        print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
+        skip();
+    }
+    return f;
+}
+
+static const char *in_dir(const fixture *f, const char *name, char *buf) {
+    return spconv_test_join(f->dir, name, buf, PATH_CAP);
+}
+
+/* Run the tool with the NULL-terminated @p args; returns its exit status. */
+static int run(fixture *f, const char *const *args) {
+    const char *argv[MAX_ARGS + 1] = {f->tool};
+    for (int i = 0; args[i] != NULL; ++i) {
+        assert_true(i + 1 < MAX_ARGS);
+        argv[i + 1] = args[i];
+    }
+    char out_path[PATH_CAP], err_path[PATH_CAP];
+    posix_spawn_file_actions_t actions;
+    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
+    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 1, in_dir(f, "stdout.txt", out_path),
+                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
+    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 2, in_dir(f, "stderr.txt", err_path),
+                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    free(f->out_text);
+    free(f->err_text);
+    size_t n;
+    f->out_text = spconv_test_read_bytes(out_path, &n);
+    f->err_text = spconv_test_read_bytes(err_path, &n);
+    assert_true(f->out_text != NULL && f->err_text != NULL);
+    if (!WIFEXITED(status)) fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
+    return WEXITSTATUS(status);
+}
+
+/* Exit status 2 with one line on stderr that contains @p substring. */
+static void expect_usage_error(fixture *f, const char *const *args, const char *substring) {
+    assert_int_equal(run(f, args), 2);
+    if (strstr(f->err_text, substring) == NULL)
+        fail_msg("stderr \"%s\" does not contain \"%s\"", f->err_text, substring);
+    int lines = 0;
+    for (const char *c = f->err_text; *c != '\0'; ++c) lines += *c == '\n';
+    assert_int_equal(lines, 1);
+}
+
+static spconv_tensor *read_npy(const fixture *f, const char *dir, const char *name) {
+    char folder[PATH_CAP], path[PATH_CAP];
+    spconv_test_join(in_dir(f, dir, folder), name, path, PATH_CAP);
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_npy_read(path, &t));
+    return t;
+}
+
+static void assert_same_tensor(const spconv_tensor *a, const spconv_tensor *b) {
+    assert_int_equal(spconv_tensor_dtype(a), spconv_tensor_dtype(b));
+    assert_int_equal(spconv_tensor_ndim(a), spconv_tensor_ndim(b));
+    for (int d = 0; d < spconv_tensor_ndim(a); ++d)
+        assert_int_equal(spconv_tensor_size(a, d), spconv_tensor_size(b, d));
+    size_t bytes = (size_t)spconv_tensor_numel(a) * spconv_dtype_size(spconv_tensor_dtype(a));
+    assert_memory_equal(spconv_tensor_data(a), spconv_tensor_data(b), bytes);
+}
+
+/* A random KITTI-like scan in the scratch folder; returns it as a tensor. */
+static spconv_tensor *write_scan(const fixture *f, const char *name, int64_t P) {
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_empty(spconv_cpu(), SPCONV_F32, 2, (int64_t[]){P, 4}, &t));
+    float *d = spconv_tensor_data(t);
+    for (int64_t i = 0; i < P; ++i) {
+        d[i * 4 + 0] = spconv_test_rand_float(-5.0f, 75.0f);
+        d[i * 4 + 1] = spconv_test_rand_float(-45.0f, 45.0f);
+        d[i * 4 + 2] = spconv_test_rand_float(-3.5f, 1.5f);
+        d[i * 4 + 3] = spconv_test_rand_float(0.0f, 1.0f);
+    }
+    char path[PATH_CAP];
+    SPCONV_ASSERT_OK(spconv_bin_write(NULL, in_dir(f, name, path), t));
+    return t;
+}
+
+/* The outputs of `spconv voxelize` equal spconv_voxelize on the same points; centres.pcd holds
+ * the voxel centres, the means and the counts. */
+static void test_voxelize_outputs(void **state) {
+    fixture *f = tool_or_skip(state);
+    spconv_tensor *points = write_scan(f, "scan.bin", spconv_test_rand_int(1000, 20000));
+    char scan[PATH_CAP], out[PATH_CAP];
+    const char *args[] = {"voxelize", in_dir(f, "scan.bin", scan), "--voxel-size", "0.2,0.2,0.25",
+                          "--range", "0,-40,-3,70.4,40,1", "--max-points", "3", "--max-voxels",
+                          "20000", "--threads", "2", "--out", in_dir(f, "out", out), NULL};
+    assert_int_equal(run(f, args), 0);
+    assert_string_equal(f->err_text, "");
+    const spconv_voxelize_params vp = {{0.2f, 0.2f, 0.25f}, {0, -40, -3, 70.4f, 40, 1}, 3, 20000,
+                                       SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN};
+    spconv_voxels v;
+    SPCONV_ASSERT_OK(spconv_voxelize(NULL, points, &vp, &v));
+    const char *names[4] = {"coords.npy", "features.npy", "voxels.npy", "num_points.npy"};
+    const spconv_tensor *want[4] = {v.coords, v.features, v.voxels, v.num_points};
+    for (int i = 0; i < 4; ++i) {
+        spconv_tensor *got = read_npy(f, "out", names[i]);
+        assert_same_tensor(got, want[i]);
+        spconv_tensor_release(got);
+    }
+    char line[128];
+    snprintf(line, sizeof line, "voxels        %lld", (long long)spconv_tensor_size(v.coords, 0));
+    assert_non_null(strstr(f->out_text, line));
+    snprintf(line, sizeof line, "out of range %lld", (long long)v.stats.dropped_range);
+    assert_non_null(strstr(f->out_text, line));
+    assert_non_null(strstr(f->out_text, "grid          352 x 400 x 16"));
+    /* centres.pcd: x, y, z of the centre, mean of each field, count */
+    char pcd[PATH_CAP];
+    spconv_test_join(out, "centres.pcd", pcd, PATH_CAP);
+    size_t n = 0;
+    char *bytes = spconv_test_read_bytes(pcd, &n);
+    assert_non_null(bytes);
+    spconv__pcd_header h;
+    SPCONV_ASSERT_OK(spconv__pcd_check("test", pcd, bytes, n, n, &h));
+    const int64_t M = spconv_tensor_size(v.coords, 0);
+    assert_int_equal(h.points, M);
+    assert_int_equal(h.values, 8);
+    assert_non_null(strstr(bytes, "FIELDS x y z mean_x mean_y mean_z mean_intensity num_points\n"));
+    const float *rows = (const float *)(bytes + h.data_offset);
+    const int32_t *c = spconv_tensor_data(v.coords), *cnt = spconv_tensor_data(v.num_points);
+    const float *mean = spconv_tensor_data(v.features);
+    for (int64_t i = 0; i < M; ++i) {
+        float row[8];
+        memcpy(row, rows + i * 8, sizeof row);
+        for (int a = 0; a < 3; ++a) {
+            float centre = vp.range[a] + ((float)c[i * 3 + 2 - a] + 0.5f) * vp.voxel_size[a];
+            assert_true(fabsf(row[a] - centre) < 1e-4f);
+        }
+        assert_memory_equal(row + 3, mean + i * 4, 4 * sizeof(float));
+        assert_true(row[7] == (float)cnt[i]);
+    }
+    free(bytes);
+    spconv_voxels_release(&v);
+    spconv_tensor_release(points);
+}
+
+/* Without --out only the summary is printed; the project's sample scan works as input. */
+static void test_voxelize_sample_scan(void **state) {
+    fixture *f = tool_or_skip(state);
+    char sample[PATH_CAP];
+    snprintf(sample, sizeof sample, "%s", __FILE__);
+    char *slash = strrchr(sample, '/');
+    assert_non_null(slash);
+    snprintf(slash, sizeof sample - (size_t)(slash - sample), "/../data/sample_scan.bin");
+    const char *args[] = {"voxelize", sample, "--voxel-size", "0.05,0.05,0.1", "--range",
+                          "0,-40,-3,70.4,40,1", NULL};
+    assert_int_equal(run(f, args), 0);
+    assert_non_null(strstr(f->out_text, "points read   100791")); /* data/README.md */
+    assert_non_null(strstr(f->out_text, "grid          1408 x 1600 x 40"));
+    assert_int_equal(spconv_test_count_entries(f->dir), 2); /* stdout.txt and stderr.txt */
+}
+
+static void test_info(void **state) {
+    fixture *f = tool_or_skip(state);
+    spconv_tensor *points = write_scan(f, "scan.pcd.bin", 0);
+    spconv_tensor_release(points);
+    points = write_scan(f, "cloud.pcd.bin", 10);
+    spconv_tensor_release(points);
+    char path[PATH_CAP];
+    /* 10 KITTI points (40 floats) read as nuScenes records (5 floats): 8 points */
+    const char *args[] = {"info", in_dir(f, "cloud.pcd.bin", path), NULL};
+    assert_int_equal(run(f, args), 0);
+    assert_non_null(strstr(f->out_text, "nuScenes .bin, 5 float32 per point"));
+    assert_non_null(strstr(f->out_text, "points        8 (0 NaN/inf dropped)"));
+    assert_non_null(strstr(f->out_text, "fields        x y z intensity ring"));
+    assert_non_null(strstr(f->out_text, "bounds        x ["));
+    const char *four[] = {"info", path, "--columns", "4", NULL};
+    assert_int_equal(run(f, four), 0);
+    assert_non_null(strstr(f->out_text, "points        10 (0 NaN/inf dropped)"));
+    const char *empty[] = {"info", in_dir(f, "scan.pcd.bin", path), NULL};
+    assert_int_equal(run(f, empty), 0);
+    assert_non_null(strstr(f->out_text, "points        0"));
+}
+
+static void test_errors(void **state) {
+    fixture *f = tool_or_skip(state);
+    spconv_tensor_release(write_scan(f, "scan.bin", 100));
+    char scan[PATH_CAP], out[PATH_CAP], cut[PATH_CAP];
+    in_dir(f, "scan.bin", scan);
+    in_dir(f, "out", out);
+    const char *missing[] = {"voxelize", in_dir(f, "nope.bin", cut), "--voxel-size", "1,1,1",
+                             "--range", "0,0,0,1,1,1", "--out", out, NULL};
+    expect_usage_error(f, missing, "cannot open");
+    const char *size0[] = {"voxelize", scan, "--voxel-size", "0,1,1", "--range", "0,0,0,1,1,1", NULL};
+    expect_usage_error(f, size0, "voxel size x = 0 must be positive");
+    const char *range[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,5,0,1,1,1", NULL};
+    expect_usage_error(f, range, "range y = [5, 1] needs min < max");
+    const char *huge[] = {"voxelize", scan, "--voxel-size", "1e-9,1,1", "--range", "0,0,0,100,1,1", NULL};
+    expect_usage_error(f, huge, "more than int32 coordinates hold");
+    const char *points0[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
+                             "--max-points", "0", NULL};
+    expect_usage_error(f, points0, "--max-points");
+    const char *nosize[] = {"voxelize", scan, "--range", "0,0,0,1,1,1", NULL};
+    expect_usage_error(f, nosize, "--voxel-size");
+    const char *columns[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
+                             "--columns", "2", NULL};
+    expect_usage_error(f, columns, "--columns");
+    char bytes[4 * 4 * 3 + 2] = {0};
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "cut.bin", cut), bytes, sizeof bytes), 0);
+    const char *truncated[] = {"voxelize", cut, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
+                               "--out", out, NULL};
+    expect_usage_error(f, truncated, "not a whole number of 16-byte records");
+    const char *info[] = {"info", cut, NULL};
+    expect_usage_error(f, info, "truncated");
+    assert_false(spconv_test_exists(out));
+}
+
+int main(void) {
+    spconv_test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_voxelize_outputs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_voxelize_sample_scan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_info, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("pointcloud_cli", tests, NULL, NULL);
+}

@@ -1,0 +1,880 @@
+/* Rulebooks: the coordinate hash table, conv geometry, the fast builder against the brute-force
+ * reference on random inputs, invariants, determinism across thread counts, inverse rulebooks,
+ * every bad input, and the real scan of ../shared/data when present. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rulebook_testing.h"
+#include "common/test_util.h"
+#include "rulebook/hash.h"
+#include "rulebook/rulebook_impl.h"
+#include "rulebook/rulebook_ref.h"
+
+/* spconv's own test grid. */
+static const int64_t GRID[3] = {19, 18, 17};
+
+static spconv_conv_params make_params(spconv_conv_kind kind, int64_t kernel, int64_t stride,
+                                      int64_t padding, int64_t dilation) {
+    spconv_conv_params params = spconv_conv_params_default(kind);
+    for (int axis = 0; axis < 3; ++axis) {
+        params.kernel[axis] = kernel;
+        params.stride[axis] = stride;
+        params.padding[axis] = padding;
+        params.dilation[axis] = dilation;
+    }
+    return params;
+}
+
+static spconv_context *context_with_threads(int threads) {
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+    SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, threads));
+    return ctx;
+}
+
+/* Fast builder against the reference on the same rows; returns the number of pairs. */
+static int64_t check_against_reference(spconv_context *ctx, const int32_t *rows, int64_t n,
+                                       const int64_t shape[3], int64_t batch,
+                                       const spconv_conv_params *params) {
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+    spconv_rulebook *fast = NULL, *ref = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, batch, params, &fast));
+    SPCONV_ASSERT_OK(spconv__rulebook_build_ref(indices, shape, batch, params, &ref));
+    spconv_test_assert_rulebooks_equal(fast, ref);
+    spconv_test_check_rulebook(fast);
+    assert_int_equal(fast->center_is_identity, params->kind == SPCONV_CONV_SUBM);
+    const int64_t pairs = spconv_rulebook_num_pairs(fast);
+    spconv_rulebook_release(fast);
+    spconv_rulebook_release(ref);
+    spconv_tensor_release(indices);
+    return pairs;
+}
+
+/* Random sites on GRID (between 1 and max_per_batch per batch), then check_against_reference. */
+static int64_t random_case(spconv_context *ctx, int64_t batch, int64_t max_per_batch,
+                           const spconv_conv_params *params) {
+    const int64_t per_batch = spconv_test_rand_int(1, max_per_batch);
+    int32_t *rows = spconv_test_random_sites(batch, GRID, per_batch);
+    const int64_t pairs =
+        check_against_reference(ctx, rows, batch * per_batch, GRID, batch, params);
+    free(rows);
+    return pairs;
+}
+
+/* ---- hash table ---------------------------------------------------------------------------- */
+
+static int compare_rows(const int32_t *a, const int32_t *b) {
+    for (int f = 0; f < 4; ++f)
+        if (a[f] != b[f]) return a[f] < b[f] ? -1 : 1;
+    return 0;
+}
+
+static void test_key_packing_roundtrip_and_order(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 200; ++trial) {
+        const int64_t shape[3] = {spconv_test_rand_int(1, 1 << 20), spconv_test_rand_int(1, 3000),
+                                  spconv_test_rand_int(1, 1 << 16)};
+        const int64_t batch = spconv_test_rand_int(1, 64);
+        spconv__key_layout layout;
+        assert_true(spconv__key_layout_init(&layout, batch, shape));
+        int32_t a[4], b[4], back[4];
+        for (int f = 0; f < 4; ++f) {
+            const int64_t extent = f == 0 ? batch : shape[f - 1];
+            a[f] = (int32_t)spconv_test_rand_int(0, extent - 1);
+            b[f] = (int32_t)spconv_test_rand_int(0, extent - 1);
+        }
+        const uint64_t ka = spconv__key_pack(&layout, a[0], a[1], a[2], a[3]);
+        const uint64_t kb = spconv__key_pack(&layout, b[0], b[1], b[2], b[3]);
+        spconv__key_unpack(&layout, ka, back);
+        assert_memory_equal(a, back, sizeof a);
+        assert_true(ka < (UINT64_C(1) << SPCONV_KEY_MAX_BITS));
+        assert_int_equal(compare_rows(a, b), ka == kb ? 0 : ka < kb ? -1 : 1);
+    }
+    const int64_t huge[3] = {INT32_MAX, INT32_MAX, 2};
+    spconv__key_layout layout;
+    assert_false(spconv__key_layout_init(&layout, 2, huge)); /* 1 + 31 + 31 + 1 bits */
+    assert_int_equal(layout.total_bits, 64);
+}
+
+static spconv__hash_slot *empty_slots(uint64_t capacity) {
+    spconv__hash_slot *slots = malloc(capacity * sizeof *slots);
+    assert_non_null(slots);
+    for (uint64_t s = 0; s < capacity; ++s) {
+        slots[s].key = SPCONV_HASH_EMPTY;
+        slots[s].value = INT32_MAX;
+    }
+    return slots;
+}
+
+static void test_hash_insert_find(void **state) {
+    (void)state;
+    const int64_t n = 5000;
+    const uint64_t capacity = spconv__hash_capacity_for(n);
+    assert_true(capacity >= 2 * (uint64_t)n && (capacity & (capacity - 1)) == 0);
+    spconv__hash_slot *slots = empty_slots(capacity);
+    uint64_t *keys = malloc((size_t)n * sizeof *keys);
+    assert_non_null(keys);
+    for (int64_t i = 0; i < n; ++i) {
+        keys[i] = spconv_test_rand_u64() >> 2 & ~UINT64_C(1); /* even keys; odd ones stay absent */
+        assert_true(spconv__hash_insert(slots, capacity, keys[i], (int32_t)i));
+    }
+    for (int64_t i = n - 1; i >= 0; --i) /* repeats keep the smallest row */
+        assert_true(spconv__hash_insert(slots, capacity, keys[i], (int32_t)(i + n)));
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t found = spconv__hash_find(slots, capacity, keys[i]);
+        assert_true(found >= 0 && keys[found] == keys[i] && found <= i);
+        assert_int_equal(spconv__hash_find(slots, capacity, keys[i] | 1), -1);
+    }
+    free(keys);
+    free(slots);
+}
+
+static void test_hash_full_table_is_bounded(void **state) {
+    (void)state;
+    const uint64_t capacity = SPCONV_HASH_MIN_CAPACITY;
+    spconv__hash_slot *slots = empty_slots(capacity);
+    for (uint64_t key = 0; key < capacity; ++key)
+        assert_true(spconv__hash_insert(slots, capacity, key * 7, (int32_t)key));
+    /* No free slot is left: a new key is refused and a missing key is not found, both after
+     * visiting each slot once instead of probing forever. */
+    assert_false(spconv__hash_insert(slots, capacity, 5, 99));
+    assert_int_equal(spconv__hash_find(slots, capacity, 5), -1);
+    assert_int_equal(spconv__hash_find(slots, capacity, 14), 2);
+    free(slots);
+}
+
+/* ---- geometry ------------------------------------------------------------------------------ */
+
+static void test_params_default_and_kernel_volume(void **state) {
+    (void)state;
+    const spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_TRANSPOSED);
+    assert_int_equal(p.kind, SPCONV_CONV_TRANSPOSED);
+    for (int axis = 0; axis < 3; ++axis) {
+        assert_int_equal(p.kernel[axis], 3);
+        assert_int_equal(p.stride[axis], 1);
+        assert_int_equal(p.padding[axis], 0);
+        assert_int_equal(p.dilation[axis], 1);
+        assert_int_equal(p.output_padding[axis], 0);
+    }
+    spconv_conv_params q = p;
+    q.kernel[0] = 2;
+    q.kernel[2] = 5;
+    assert_int_equal(spconv_conv_kernel_volume(&q), 2 * 3 * 5);
+    assert_int_equal(spconv_conv_kernel_volume(NULL), 0);
+}
+
+/* Output extent of a regular conv by counting the windows that fit the padded input. */
+static int64_t counted_regular_extent(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
+    int64_t count = 0;
+    while (count * s + d * (k - 1) <= in - 1 + 2 * p) ++count;
+    return count;
+}
+
+static void test_output_shape_regular_and_transposed(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 500; ++trial) {
+        spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+        int64_t in[3], out[3], expected[3];
+        int empty = 0;
+        for (int axis = 0; axis < 3; ++axis) {
+            in[axis] = spconv_test_rand_int(1, 40);
+            p.kernel[axis] = spconv_test_rand_int(1, 5);
+            p.stride[axis] = spconv_test_rand_int(1, 4);
+            p.padding[axis] = spconv_test_rand_int(0, 3);
+            p.dilation[axis] = spconv_test_rand_int(1, 3);
+            expected[axis] = counted_regular_extent(in[axis], p.kernel[axis], p.stride[axis],
+                                                    p.padding[axis], p.dilation[axis]);
+            empty |= expected[axis] == 0;
+        }
+        if (empty) {
+            SPCONV_ASSERT_FAILS(spconv_conv_output_shape(&p, in, out), SPCONV_ERR_INVALID_ARGUMENT,
+                                "output spatial shape is empty on axis");
+            continue;
+        }
+        SPCONV_ASSERT_OK(spconv_conv_output_shape(&p, in, out));
+        assert_memory_equal(out, expected, sizeof out);
+        /* A transposed conv with the same parameters maps those outputs back onto the input
+         * extent, up to the stride remainder that output padding restores; that can leave
+         * nothing only where the input is shorter than the stride. */
+        p.kind = SPCONV_CONV_TRANSPOSED;
+        int64_t back[3];
+        if (spconv_conv_output_shape(&p, out, back) != SPCONV_OK) {
+            SPCONV_ASSERT_ERROR_CONTAINS("output spatial shape is empty");
+            assert_true(in[0] < p.stride[0] || in[1] < p.stride[1] || in[2] < p.stride[2]);
+        } else {
+            for (int axis = 0; axis < 3; ++axis)
+                assert_true(back[axis] <= in[axis] && back[axis] > in[axis] - p.stride[axis]);
+        }
+        p.kind = SPCONV_CONV_SUBM;
+        for (int axis = 0; axis < 3; ++axis) p.kernel[axis] |= 1;
+        SPCONV_ASSERT_OK(spconv_conv_output_shape(&p, in, out));
+        assert_memory_equal(out, in, sizeof out);
+    }
+}
+
+static void expect_param_error(const spconv_conv_params *p, const char *substring) {
+    int64_t out[3];
+    SPCONV_ASSERT_FAILS(spconv_conv_output_shape(p, GRID, out), SPCONV_ERR_INVALID_ARGUMENT,
+                        substring);
+}
+
+static void test_output_shape_errors(void **state) {
+    (void)state;
+    spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.kernel[1] = 0;
+    expect_param_error(&p, "kernel[1] = 0 must be in [1,");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.stride[2] = -1;
+    expect_param_error(&p, "stride[2] = -1");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.padding[0] = -2;
+    expect_param_error(&p, "padding[0] = -2 must be in [0,");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.dilation[1] = 0;
+    expect_param_error(&p, "dilation[1] = 0");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.output_padding[2] = 1;
+    expect_param_error(&p, "output_padding[2] = 1 is only allowed for transposed conv");
+    p = spconv_conv_params_default(SPCONV_CONV_TRANSPOSED);
+    p.stride[0] = 2;
+    p.output_padding[0] = 2;
+    expect_param_error(&p, "output_padding[0] = 2 must be in [0, max(stride 2, dilation 1))");
+    p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    p.kernel[1] = 2;
+    expect_param_error(&p, "kernel[1] = 2 is even; submanifold conv needs odd kernels");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    p.kernel[1] = 20;
+    expect_param_error(&p, "output spatial shape is empty on axis 1 (y)");
+    p = spconv_conv_params_default(SPCONV_CONV_INVERSE);
+    expect_param_error(&p, "INVERSE");
+    p.kind = (spconv_conv_kind)7;
+    expect_param_error(&p, "kind 7 is not a conv kind");
+    p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    const int64_t zero_shape[3] = {4, 0, 4};
+    int64_t out[3];
+    SPCONV_ASSERT_FAILS(spconv_conv_output_shape(&p, zero_shape, out), SPCONV_ERR_INVALID_ARGUMENT,
+                        "axis 1 (y) outside [1,");
+    SPCONV_ASSERT_FAILS(spconv_conv_output_shape(NULL, GRID, out), SPCONV_ERR_NULL_POINTER,
+                        "'params'");
+    SPCONV_ASSERT_FAILS(spconv_conv_output_shape(&p, NULL, out), SPCONV_ERR_NULL_POINTER,
+                        "'in_shape'");
+    SPCONV_ASSERT_FAILS(spconv_conv_output_shape(&p, GRID, NULL), SPCONV_ERR_NULL_POINTER,
+                        "'out_shape'");
+}
+
+/* ---- builder against the reference --------------------------------------------------------- */
+
+static void test_regular_grid_matches_reference(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    int64_t cases = 0, pairs = 0;
+    for (int64_t batch = 1; batch <= 2; ++batch)
+        for (int64_t kernel = 2; kernel <= 3; ++kernel)
+            for (int64_t stride = 1; stride <= 3; ++stride)
+                for (int64_t padding = 0; padding <= 2; ++padding)
+                    for (int64_t dilation = 1; dilation <= 3; ++dilation) {
+                        const spconv_conv_params p =
+                            make_params(SPCONV_CONV_REGULAR, kernel, stride, padding, dilation);
+                        pairs += random_case(ctx, batch, 150, &p);
+                        ++cases;
+                    }
+    printf("regular grid: %lld cases, %lld pairs\n", (long long)cases, (long long)pairs);
+    spconv_context_destroy(ctx);
+}
+
+/* spconv's density: 1500 sites per batch on the 19x18x17 grid. */
+static void test_dense_inputs_match_reference(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    const int64_t configs[][4] = {
+        {3, 2, 1, 1}, {2, 2, 0, 1}, {3, 1, 1, 2}, {3, 3, 2, 3}, {3, 2, 0, 2}};
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c) {
+        int32_t *rows = spconv_test_random_sites(2, GRID, 1500);
+        const spconv_conv_params regular = make_params(SPCONV_CONV_REGULAR, configs[c][0],
+                                                       configs[c][1], configs[c][2], configs[c][3]);
+        const spconv_conv_params subm =
+            make_params(SPCONV_CONV_SUBM, configs[c][0] | 1, 1, 0, configs[c][3]);
+        check_against_reference(ctx, rows, 3000, GRID, 2, &regular);
+        check_against_reference(ctx, rows, 3000, GRID, 2, &subm);
+        free(rows);
+    }
+    spconv_context_destroy(ctx);
+}
+
+static void test_transposed_grid_matches_reference(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    int64_t cases = 0;
+    for (int64_t kernel = 2; kernel <= 3; ++kernel)
+        for (int64_t stride = 1; stride <= 3; ++stride)
+            for (int64_t padding = 0; padding <= 1; ++padding)
+                for (int64_t dilation = 1; dilation <= 2; ++dilation)
+                    for (int extra = 0; extra <= 1; ++extra) {
+                        spconv_conv_params p =
+                            make_params(SPCONV_CONV_TRANSPOSED, kernel, stride, padding, dilation);
+                        const int64_t limit = stride > dilation ? stride : dilation;
+                        for (int axis = 0; axis < 3; ++axis)
+                            p.output_padding[axis] = extra * (limit - 1);
+                        random_case(ctx, 1 + cases % 2, 60, &p);
+                        ++cases;
+                    }
+    spconv_context_destroy(ctx);
+}
+
+static void test_subm_matches_reference(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    for (int64_t batch = 1; batch <= 2; ++batch)
+        for (int64_t kernel = 1; kernel <= 5; kernel += 2)
+            for (int64_t dilation = 1; dilation <= 3; ++dilation) {
+                /* stride and padding are ignored by a submanifold conv */
+                const spconv_conv_params p =
+                    make_params(SPCONV_CONV_SUBM, kernel, spconv_test_rand_int(1, 3),
+                                spconv_test_rand_int(0, 2), dilation);
+                random_case(ctx, batch, 400, &p);
+            }
+    spconv_context_destroy(ctx);
+}
+
+/* A random valid parameter set of @p kind with independent values per axis. */
+static spconv_conv_params random_anisotropic(spconv_conv_kind kind) {
+    for (;;) {
+        spconv_conv_params p = spconv_conv_params_default(kind);
+        for (int axis = 0; axis < 3; ++axis) {
+            p.kernel[axis] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 2) + 1
+                                                      : spconv_test_rand_int(1, 4);
+            p.stride[axis] = spconv_test_rand_int(1, 3);
+            p.padding[axis] = spconv_test_rand_int(0, 2);
+            p.dilation[axis] = spconv_test_rand_int(1, 3);
+            if (kind == SPCONV_CONV_TRANSPOSED) {
+                const int64_t limit =
+                    p.stride[axis] > p.dilation[axis] ? p.stride[axis] : p.dilation[axis];
+                p.output_padding[axis] = spconv_test_rand_int(0, limit - 1);
+            }
+        }
+        int64_t out[3];
+        if (spconv_conv_output_shape(&p, GRID, out) == SPCONV_OK) return p;
+    }
+}
+
+static void test_anisotropic_matches_reference(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    const spconv_conv_kind kinds[3] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                       SPCONV_CONV_TRANSPOSED};
+    for (int trial = 0; trial < 45; ++trial) {
+        const spconv_conv_params p = random_anisotropic(kinds[trial % 3]);
+        random_case(ctx, spconv_test_rand_int(1, 3),
+                    kinds[trial % 3] == SPCONV_CONV_TRANSPOSED ? 60 : 200, &p);
+    }
+    spconv_context_destroy(ctx);
+}
+
+static void test_empty_input(void **state) {
+    (void)state;
+    const spconv_conv_kind kinds[3] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                       SPCONV_CONV_TRANSPOSED};
+    for (int i = 0; i < 3; ++i) {
+        spconv_conv_params p = make_params(kinds[i], 3, 2, 1, 1);
+        if (kinds[i] == SPCONV_CONV_TRANSPOSED) p.output_padding[0] = 1;
+        check_against_reference(NULL, NULL, 0, GRID, 2, &p);
+        spconv_tensor *indices = spconv_test_indices_tensor(NULL, 0);
+        spconv_rulebook *rb = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &p, &rb));
+        assert_int_equal(spconv_rulebook_num_in(rb), 0);
+        assert_int_equal(spconv_rulebook_num_out(rb), 0);
+        assert_int_equal(spconv_rulebook_num_pairs(rb), 0);
+        for (int64_t k = 0; k <= spconv_rulebook_kernel_volume(rb); ++k)
+            assert_int_equal(spconv_rulebook_offsets(rb)[k], 0);
+        spconv_rulebook_release(rb);
+        spconv_tensor_release(indices);
+    }
+}
+
+static void test_single_voxel(void **state) {
+    (void)state;
+    const int64_t shape[3] = {11, 12, 13};
+    const int32_t site[4] = {1, 5, 6, 7};
+    spconv_tensor *indices = spconv_test_indices_tensor(site, 1);
+    /* Away from the borders a 3x3x3 conv with padding 1 spreads one voxel to its 27 neighbours,
+     * one pair each; a submanifold conv keeps it with its centre pair only. */
+    const spconv_conv_params regular = make_params(SPCONV_CONV_REGULAR, 3, 1, 1, 1);
+    const spconv_conv_params subm = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, shape, 2, &regular, &rb));
+    assert_int_equal(spconv_rulebook_num_out(rb), 27);
+    for (int64_t k = 0; k < 27; ++k) assert_int_equal(spconv_rulebook_offsets(rb)[k + 1], k + 1);
+    spconv_test_check_rulebook(rb);
+    spconv_rulebook_release(rb);
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, shape, 2, &subm, &rb));
+    assert_int_equal(spconv_rulebook_num_pairs(rb), 1);
+    assert_int_equal(spconv_rulebook_offsets(rb)[13], 0);
+    assert_int_equal(spconv_rulebook_offsets(rb)[14], 1);
+    spconv_rulebook_release(rb);
+    check_against_reference(NULL, site, 1, shape, 2, &regular);
+    check_against_reference(NULL, site, 1, shape, 2, &subm);
+    spconv_tensor_release(indices);
+}
+
+/* ---- determinism, layouts, inverse --------------------------------------------------------- */
+
+static void test_thread_count_does_not_change_rulebooks(void **state) {
+    (void)state;
+    const int64_t shape[3] = {40, 60, 50};
+    int32_t *rows = spconv_test_random_sites(2, shape, 15000);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 30000);
+    spconv_context *contexts[3] = {context_with_threads(1), context_with_threads(2),
+                                   context_with_threads(3)};
+    spconv_conv_params cases[4] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                   make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                   make_params(SPCONV_CONV_TRANSPOSED, 2, 2, 0, 1),
+                                   make_params(SPCONV_CONV_REGULAR, 3, 1, 1, 2)};
+    for (int c = 0; c < 4; ++c) {
+        spconv_rulebook *one = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(contexts[0], indices, shape, 2, &cases[c], &one));
+        spconv_test_check_rulebook(one);
+        for (int t = 1; t < 3; ++t) {
+            spconv_rulebook *many = NULL;
+            SPCONV_ASSERT_OK(
+                spconv_rulebook_build(contexts[t], indices, shape, 2, &cases[c], &many));
+            spconv_test_assert_rulebooks_equal(one, many);
+            spconv_rulebook_release(many);
+        }
+        spconv_rulebook_release(one);
+    }
+    for (int t = 0; t < 3; ++t) spconv_context_destroy(contexts[t]);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
+static void test_any_indices_layout(void **state) {
+    (void)state;
+    const int64_t n = 500;
+    int32_t *rows = spconv_test_random_sites(1, GRID, n);
+    /* The same rows stored column-major: a [4, N] tensor viewed transposed. */
+    int32_t *columns = malloc((size_t)n * 4 * sizeof *columns);
+    assert_non_null(columns);
+    for (int64_t r = 0; r < n; ++r)
+        for (int f = 0; f < 4; ++f) columns[f * n + r] = rows[4 * r + f];
+    const int64_t sizes[2] = {4, n};
+    spconv_tensor *by_column = NULL, *strided = NULL;
+    SPCONV_ASSERT_OK(
+        spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, sizes, columns, &by_column));
+    SPCONV_ASSERT_OK(spconv_tensor_transpose(by_column, 0, 1, &strided));
+    assert_false(spconv_tensor_is_contiguous(strided));
+    spconv_tensor *contiguous = spconv_test_indices_tensor(rows, n);
+    const spconv_conv_params p = make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1);
+    spconv_rulebook *a = NULL, *b = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, strided, GRID, 1, &p, &a));
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, contiguous, GRID, 1, &p, &b));
+    spconv_test_assert_rulebooks_equal(a, b);
+    /* A contiguous input is kept by reference, and outlives the caller's reference. */
+    assert_ptr_equal(spconv_rulebook_in_indices(b), contiguous);
+    spconv_tensor_release(contiguous);
+    spconv_tensor_release(strided);
+    spconv_tensor_release(by_column);
+    spconv_test_check_rulebook(b);
+    spconv_rulebook_release(a);
+    spconv_rulebook_release(b);
+    free(columns);
+    free(rows);
+}
+
+static void check_inverse(const spconv_rulebook *fwd) {
+    spconv_rulebook *inv = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_inverse(fwd, &inv));
+    assert_int_equal(spconv_rulebook_params(inv)->kind, SPCONV_CONV_INVERSE);
+    assert_int_equal(spconv_rulebook_num_in(inv), spconv_rulebook_num_out(fwd));
+    assert_int_equal(spconv_rulebook_num_out(inv), spconv_rulebook_num_in(fwd));
+    int64_t a[3], b[3];
+    spconv_rulebook_in_shape(inv, a);
+    spconv_rulebook_out_shape(fwd, b);
+    assert_memory_equal(a, b, sizeof a);
+    /* Outputs are the forward's input sites in their order; pairs are swapped. */
+    assert_ptr_equal(spconv_rulebook_out_indices(inv), spconv_rulebook_in_indices(fwd));
+    const int64_t kv = spconv_rulebook_kernel_volume(fwd), pairs = spconv_rulebook_num_pairs(fwd);
+    assert_memory_equal(spconv_rulebook_offsets(inv), spconv_rulebook_offsets(fwd),
+                        (size_t)(kv + 1) * sizeof(int64_t));
+    if (pairs > 0) {
+        assert_memory_equal(spconv_tensor_data(spconv_rulebook_pairs_in(inv)),
+                            spconv_tensor_data(spconv_rulebook_pairs_out(fwd)), (size_t)pairs * 4);
+        assert_memory_equal(spconv_tensor_data(spconv_rulebook_pairs_out(inv)),
+                            spconv_tensor_data(spconv_rulebook_pairs_in(fwd)), (size_t)pairs * 4);
+    }
+    spconv_test_check_rulebook(inv);
+    spconv_rulebook_release(inv);
+}
+
+static void test_inverse_rulebook(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 12; ++trial) {
+        const spconv_conv_params p = random_anisotropic(SPCONV_CONV_REGULAR);
+        const int64_t per_batch = spconv_test_rand_int(0, 300);
+        int32_t *rows = spconv_test_random_sites(2, GRID, per_batch);
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, 2 * per_batch);
+        spconv_rulebook *fwd = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &p, &fwd));
+        spconv_tensor_release(indices);
+        check_inverse(fwd);
+        spconv_rulebook_release(fwd);
+        free(rows);
+    }
+    int32_t site[4] = {0, 1, 2, 3};
+    spconv_tensor *indices = spconv_test_indices_tensor(site, 1);
+    const spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    spconv_rulebook *rb = NULL, *inv = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 1, &subm, &rb));
+    SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(rb, &inv), SPCONV_ERR_INVALID_ARGUMENT,
+                        "only a REGULAR conv or pool rulebook can be inverted");
+    assert_null(inv);
+    SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(NULL, &inv), SPCONV_ERR_NULL_POINTER, "'forward'");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(rb, NULL), SPCONV_ERR_NULL_POINTER, "'out'");
+    spconv_rulebook_release(rb);
+    spconv_tensor_release(indices);
+    spconv_rulebook_release(NULL);
+}
+
+/* ---- bad input ----------------------------------------------------------------------------- */
+
+/* Build on both thread counts and with the reference, expecting @p status and a message with
+ * @p substring each time; nothing may be returned. */
+static void expect_build_error(const int32_t *rows, int64_t n, int64_t batch,
+                               const spconv_conv_params *p, spconv_status status,
+                               const char *substring) {
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+    for (int threads = 1; threads <= 2; ++threads) {
+        spconv_context *ctx = context_with_threads(threads);
+        spconv_rulebook *rb = (spconv_rulebook *)indices; /* any non-NULL value: must be reset */
+        SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, indices, GRID, batch, p, &rb), status,
+                            substring);
+        assert_null(rb);
+        spconv_context_destroy(ctx);
+    }
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_FAILS(spconv__rulebook_build_ref(indices, GRID, batch, p, &rb), status,
+                        substring);
+    spconv_tensor_release(indices);
+}
+
+/* Row @p r of @p rows gets an out-of-range value in a random field; returns the expected message.
+ */
+static void break_row(int32_t *rows, int64_t r, char *message, size_t size) {
+    const int field = (int)spconv_test_rand_int(0, 3);
+    const int64_t limit = field == 0 ? 2 : GRID[field - 1];
+    int32_t *row = rows + 4 * r;
+    row[field] = spconv_test_rand_int(0, 1) ? (int32_t)-spconv_test_rand_int(1, 5)
+                                            : (int32_t)(limit + spconv_test_rand_int(0, 5));
+    if (field == 0)
+        snprintf(message, size,
+                 "indices row %lld = (%d, %d, %d, %d) has batch index %d outside batch size 2",
+                 (long long)r, row[0], row[1], row[2], row[3], row[0]);
+    else
+        snprintf(message, size,
+                 "indices row %lld = (%d, %d, %d, %d) is outside spatial shape (19, 18, 17)",
+                 (long long)r, row[0], row[1], row[2], row[3]);
+}
+
+/* Row @p r becomes a copy of the earlier row @p first; returns the expected message. */
+static void duplicate_row(int32_t *rows, int64_t r, int64_t first, char *message, size_t size) {
+    memcpy(rows + 4 * r, rows + 4 * first, 4 * sizeof *rows);
+    const int32_t *row = rows + 4 * r;
+    snprintf(message, size, "indices row %lld = (%d, %d, %d, %d) duplicates row %lld", (long long)r,
+             row[0], row[1], row[2], row[3], (long long)first);
+}
+
+static void test_bad_rows(void **state) {
+    (void)state;
+    const int64_t n = 400;
+    const size_t bytes = (size_t)n * 4 * sizeof(int32_t);
+    const spconv_conv_params kinds[3] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1)};
+    int32_t *rows = malloc(bytes);
+    assert_non_null(rows);
+    for (int trial = 0; trial < 12; ++trial) {
+        const spconv_conv_params *p = &kinds[trial % 3];
+        int32_t *valid = spconv_test_random_sites(2, GRID, n / 2);
+        /* Three distinct rows: early < first < bad, and a later one. */
+        const int64_t bad = spconv_test_rand_int(2, n - 2),
+                      first = spconv_test_rand_int(1, bad - 1);
+        const int64_t early = spconv_test_rand_int(0, first - 1),
+                      later = spconv_test_rand_int(bad + 1, n - 1);
+        char message[160], unused[160];
+
+        memcpy(rows, valid, bytes);
+        break_row(rows, bad, message, sizeof message);
+        expect_build_error(rows, n, 2, p, SPCONV_ERR_OUT_OF_RANGE, message);
+
+        memcpy(rows, valid, bytes);
+        duplicate_row(rows, bad, first, message, sizeof message);
+        expect_build_error(rows, n, 2, p, SPCONV_ERR_DUPLICATE_INDEX, message);
+        /* The first offending row is named, whatever its kind of fault. */
+        break_row(rows, later, unused, sizeof unused);
+        expect_build_error(rows, n, 2, p, SPCONV_ERR_DUPLICATE_INDEX, message);
+        break_row(rows, early, message, sizeof message);
+        expect_build_error(rows, n, 2, p, SPCONV_ERR_OUT_OF_RANGE, message);
+        free(valid);
+    }
+    free(rows);
+}
+
+static void test_bad_arguments(void **state) {
+    (void)state;
+    const int32_t rows[8] = {0, 1, 2, 3, 0, 4, 5, 6};
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 2);
+    const spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, NULL, GRID, 1, &p, &rb),
+                        SPCONV_ERR_NULL_POINTER, "spconv_rulebook_build: 'indices' is NULL");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, NULL, 1, &p, &rb),
+                        SPCONV_ERR_NULL_POINTER, "'spatial_shape' is NULL");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, NULL, &rb),
+                        SPCONV_ERR_NULL_POINTER, "'params' is NULL");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &p, NULL),
+                        SPCONV_ERR_NULL_POINTER, "'out' is NULL");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 0, &p, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "batch_size = 0 must be in [1, 2^31]");
+    const int64_t flat[3] = {19, 0, 17};
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, flat, 1, &p, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "axis 1 (y) outside");
+    const int64_t huge[3] = {1 << 30, 1 << 30, 1 << 10};
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, huge, 1, &p, &rb), SPCONV_ERR_OVERFLOW,
+                        "need 70 key bits");
+    spconv_conv_params even = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    even.kernel[2] = 4;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &even, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "kernel[2] = 4 is even");
+    spconv_conv_params wide = p;
+    wide.kernel[0] = 21;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &wide, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "output spatial shape is empty on axis 0 (z)");
+    const spconv_conv_params inverse = spconv_conv_params_default(SPCONV_CONV_INVERSE);
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &inverse, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "INVERSE");
+    assert_null(rb);
+    spconv_tensor_release(indices);
+
+    spconv_tensor *wrong = NULL;
+    const int64_t sizes[2] = {2, 4}, narrow[2] = {2, 3}, flat_sizes[1] = {8};
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I64, 2, sizes, &wrong));
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, wrong, GRID, 1, &p, &rb),
+                        SPCONV_ERR_DTYPE_MISMATCH, "indices must be int32, got i64");
+    spconv_tensor_release(wrong);
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I32, 2, narrow, &wrong));
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, wrong, GRID, 1, &p, &rb),
+                        SPCONV_ERR_SHAPE_MISMATCH, "indices must be [N, 4]");
+    spconv_tensor_release(wrong);
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I32, 1, flat_sizes, &wrong));
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, wrong, GRID, 1, &p, &rb),
+                        SPCONV_ERR_SHAPE_MISMATCH, "indices must be [N, 4]");
+    spconv_tensor_release(wrong);
+    assert_null(rb);
+}
+
+/* A kernel of 1001^3 offsets over 1000 sites needs a 4 TB neighbour table: refused cleanly. */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    int32_t *rows = spconv_test_random_sites(1, GRID, 1000);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 1000);
+    const spconv_conv_params huge = make_params(SPCONV_CONV_SUBM, 1001, 1, 0, 1);
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &huge, &rb),
+                        SPCONV_ERR_OUT_OF_MEMORY, "out of host memory for a neighbour table");
+    assert_null(rb);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
+/* ---- real data ----------------------------------------------------------------------------- */
+
+/* int32 rows of the real scan, or NULL (after saying why) when it is absent. */
+static int32_t *load_real_sites(int64_t *n) {
+    char *path = spconv_test_data_path("spconv_test_indices.i32");
+    if (path == NULL) return NULL;
+    FILE *file = fopen(path, "rb");
+    assert_non_null(file);
+    assert_int_equal(fseek(file, 0, SEEK_END), 0);
+    const long bytes = ftell(file);
+    assert_true(bytes > 0 && bytes % 16 == 0);
+    rewind(file);
+    int32_t *rows = malloc((size_t)bytes);
+    assert_non_null(rows);
+    assert_int_equal(fread(rows, 1, (size_t)bytes, file), (size_t)bytes);
+    fclose(file);
+    free(path);
+    *n = bytes / 16;
+    return rows;
+}
+
+/* A crop of the real scan: input box [lo, hi), with lo a multiple of the stride. */
+typedef struct crop {
+    const spconv_conv_params *params;
+    int64_t lo[3], hi[3];
+} crop;
+
+/* 1 when output coordinate o's whole receptive field lies inside the crop. */
+static int interior(const crop *c, const int32_t *o) {
+    const spconv_conv_params *p = c->params;
+    for (int axis = 0; axis < 3; ++axis) {
+        const int64_t d = p->dilation[axis], span = d * (p->kernel[axis] - 1);
+        const int64_t first = p->kind == SPCONV_CONV_SUBM
+                                  ? o[1 + axis] - span / 2
+                                  : o[1 + axis] * p->stride[axis] - p->padding[axis];
+        if (first < c->lo[axis] || first + span >= c->hi[axis]) return 0;
+    }
+    return 1;
+}
+
+static int64_t out_shift(const crop *c, int axis) {
+    return c->params->kind == SPCONV_CONV_SUBM ? c->lo[axis]
+                                               : c->lo[axis] / c->params->stride[axis];
+}
+
+typedef struct pair_tuple {
+    int32_t values[8]; /* output z, y, x, offset, input z, y, x, 0: in crop coordinates */
+} pair_tuple;
+
+static int compare_tuples(const void *a, const void *b) { return memcmp(a, b, sizeof(pair_tuple)); }
+
+/* Pairs of rb whose output is interior, in crop coordinates, sorted. @p in_crop says whether rb's
+ * coordinates are already relative to the crop. */
+static pair_tuple *interior_pairs(const crop *c, const spconv_rulebook *rb, int in_crop,
+                                  int64_t *count) {
+    const int32_t *in_rows = spconv_tensor_data(spconv_rulebook_in_indices(rb));
+    const int32_t *out_rows = spconv_tensor_data(spconv_rulebook_out_indices(rb));
+    const int32_t *pairs_in = spconv_tensor_data(spconv_rulebook_pairs_in(rb));
+    const int32_t *pairs_out = spconv_tensor_data(spconv_rulebook_pairs_out(rb));
+    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    pair_tuple *tuples = calloc((size_t)spconv_rulebook_num_pairs(rb) + 1, sizeof *tuples);
+    assert_non_null(tuples);
+    *count = 0;
+    for (int64_t k = 0; k < spconv_rulebook_kernel_volume(rb); ++k)
+        for (int64_t j = offsets[k]; j < offsets[k + 1]; ++j) {
+            const int32_t *in = in_rows + 4 * pairs_in[j], *out = out_rows + 4 * pairs_out[j];
+            int32_t global_out[4] = {out[0], out[1], out[2], out[3]};
+            for (int axis = 0; axis < 3 && in_crop; ++axis)
+                global_out[1 + axis] += (int32_t)out_shift(c, axis);
+            if (!interior(c, global_out)) continue;
+            pair_tuple *t = &tuples[(*count)++];
+            for (int axis = 0; axis < 3; ++axis) {
+                t->values[axis] = global_out[1 + axis] - (int32_t)out_shift(c, axis);
+                t->values[4 + axis] = in[1 + axis] - (in_crop ? 0 : (int32_t)c->lo[axis]);
+            }
+            t->values[3] = (int32_t)k;
+        }
+    qsort(tuples, (size_t)*count, sizeof *tuples, compare_tuples);
+    return tuples;
+}
+
+/* The reference on the sites inside the crop must give the full rulebook's interior pairs. */
+static void check_crop(const crop *c, const spconv_rulebook *full, const int32_t *rows, int64_t n) {
+    int32_t *inside = malloc((size_t)n * 4 * sizeof *inside);
+    assert_non_null(inside);
+    int64_t m = 0;
+    for (int64_t r = 0; r < n; ++r) {
+        const int32_t *row = rows + 4 * r;
+        int keep = row[0] == 0;
+        for (int axis = 0; axis < 3; ++axis)
+            keep &= row[1 + axis] >= c->lo[axis] && row[1 + axis] < c->hi[axis];
+        if (!keep) continue;
+        inside[4 * m] = 0;
+        for (int axis = 0; axis < 3; ++axis)
+            inside[4 * m + 1 + axis] = row[1 + axis] - (int32_t)c->lo[axis];
+        ++m;
+    }
+    const int64_t shape[3] = {c->hi[0] - c->lo[0], c->hi[1] - c->lo[1], c->hi[2] - c->lo[2]};
+    spconv_tensor *indices = spconv_test_indices_tensor(inside, m);
+    spconv_rulebook *ref = NULL;
+    SPCONV_ASSERT_OK(spconv__rulebook_build_ref(indices, shape, 1, c->params, &ref));
+    int64_t expected_count, actual_count;
+    pair_tuple *expected = interior_pairs(c, ref, 1, &expected_count);
+    pair_tuple *actual = interior_pairs(c, full, 0, &actual_count);
+    printf("crop %lld sites: %lld interior pairs\n", (long long)m, (long long)actual_count);
+    assert_true(actual_count > 0);
+    assert_int_equal(actual_count, expected_count);
+    assert_memory_equal(actual, expected, (size_t)actual_count * sizeof *actual);
+    free(expected);
+    free(actual);
+    spconv_rulebook_release(ref);
+    spconv_tensor_release(indices);
+    free(inside);
+}
+
+static void check_real_rulebook(const spconv_conv_params *p) {
+    int64_t n;
+    int32_t *rows = load_real_sites(&n);
+    if (rows == NULL) {
+        skip();
+        return;
+    }
+    const int64_t shape[3] = {80, 1600, 1600};
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+    spconv_context *one = context_with_threads(1), *two = context_with_threads(2);
+    spconv_rulebook *rb = NULL, *rb_one = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(two, indices, shape, 1, p, &rb));
+    SPCONV_ASSERT_OK(spconv_rulebook_build(one, indices, shape, 1, p, &rb_one));
+    spconv_test_assert_rulebooks_equal(rb, rb_one);
+    spconv_test_check_rulebook(rb);
+    printf("real scan: %lld sites -> %lld outputs, %lld pairs\n", (long long)n,
+           (long long)spconv_rulebook_num_out(rb), (long long)spconv_rulebook_num_pairs(rb));
+    for (int box = 0; box < 3; ++box) {
+        /* A box of 16 x 80 x 80 voxels around a random site, aligned to the stride. */
+        const int32_t *center = rows + 4 * spconv_test_rand_int(0, n - 1);
+        const int64_t size[3] = {16, 80, 80};
+        crop c = {p, {0, 0, 0}, {0, 0, 0}};
+        for (int axis = 0; axis < 3; ++axis) {
+            int64_t lo = center[1 + axis] - size[axis] / 2;
+            lo = lo < 0 ? 0 : lo > shape[axis] - size[axis] ? shape[axis] - size[axis] : lo;
+            c.lo[axis] = lo - lo % p->stride[axis];
+            c.hi[axis] = c.lo[axis] + size[axis];
+        }
+        check_crop(&c, rb, rows, n);
+    }
+    spconv_rulebook_release(rb);
+    spconv_rulebook_release(rb_one);
+    spconv_context_destroy(one);
+    spconv_context_destroy(two);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
+static void test_real_scan_subm(void **state) {
+    (void)state;
+    const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    check_real_rulebook(&p);
+}
+
+static void test_real_scan_stride2(void **state) {
+    (void)state;
+    const spconv_conv_params p = make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1);
+    check_real_rulebook(&p);
+}
+
+int main(void) {
+    spconv_test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_packing_roundtrip_and_order),
+        cmocka_unit_test(test_hash_insert_find),
+        cmocka_unit_test(test_hash_full_table_is_bounded),
+        cmocka_unit_test(test_params_default_and_kernel_volume),
+        cmocka_unit_test(test_output_shape_regular_and_transposed),
+        cmocka_unit_test(test_output_shape_errors),
+        cmocka_unit_test(test_regular_grid_matches_reference),
+        cmocka_unit_test(test_dense_inputs_match_reference),
+        cmocka_unit_test(test_transposed_grid_matches_reference),
+        cmocka_unit_test(test_subm_matches_reference),
+        cmocka_unit_test(test_anisotropic_matches_reference),
+        cmocka_unit_test(test_empty_input),
+        cmocka_unit_test(test_single_voxel),
+        cmocka_unit_test(test_thread_count_does_not_change_rulebooks),
+        cmocka_unit_test(test_any_indices_layout),
+        cmocka_unit_test(test_inverse_rulebook),
+        cmocka_unit_test(test_bad_rows),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_real_scan_subm),
+        cmocka_unit_test(test_real_scan_stride2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,632 @@
+/* `spconv run` and `spconv bench` (path in env SPCONV_TOOL, set by CTest) on the bundled sample
+ * and on small files made here: outputs held against the C API (voxel counts, output sites,
+ * weights loaded from a folder = the same weights from the seed), the picture decoded by libpng,
+ * the per-layer table, the bench JSON, and every error exit (status 2, one line on stderr, no
+ * output folder left behind). */
+#define _XOPEN_SOURCE 700
+
+#include <fcntl.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "common/json_check.h"
+#include "common/png_read.h"
+#include "common/test_files.h"
+#include "common/test_util.h"
+
+extern char **environ;
+
+#define PATH_CAP 1024
+#define MAX_ARGS 24
+#define MAX_ENV 512
+#define PICTURE_MARGIN 8     /* the picture's documented layout (tools/spconv/net_picture.h) */
+#define PICTURE_PANEL_SIDE 800
+
+typedef struct fixture {
+    const char *tool;
+    char *dir;
+    char *out_text, *err_text; /* of the last run */
+    const char *extra_env;     /* "NAME=value" added to the tool's environment, or NULL */
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    if (f == NULL) return -1;
+    f->tool = getenv("SPCONV_TOOL");
+    f->dir = spconv_test_make_scratch("spconv_run_cli");
+    if (f->dir == NULL) {
+        free(f);
+        return -1;
+    }
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    int rc = spconv_test_remove_tree(f->dir);
+    free(f->dir);
+    free(f->out_text);
+    free(f->err_text);
+    free(f);
+    return rc;
+}
+
+static fixture *tool_or_skip(void **state) {
+    fixture *f = *state;
+    if (f->tool == NULL || f->tool[0] == '\0') {
+        print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
+        skip();
+    }
+    return f;
+}
+
+static const char *in_dir(const fixture *f, const char *name, char *buf) {
+    return spconv_test_join(f->dir, name, buf, PATH_CAP);
+}
+
+/* The environment of the tool: ours, plus f->extra_env. */
+static char **tool_environment(const fixture *f, char **buf) {
+    if (f->extra_env == NULL) return environ;
+    int n = 0;
+    while (environ[n] != NULL && n < MAX_ENV - 2) buf[n] = environ[n], ++n;
+    buf[n++] = (char *)f->extra_env;
+    buf[n] = NULL;
+    return buf;
+}
+
+/* Run the tool with the NULL-terminated @p args; returns its exit status. */
+static int run(fixture *f, const char *const *args) {
+    const char *argv[MAX_ARGS + 1] = {f->tool};
+    for (int i = 0; args[i] != NULL; ++i) {
+        assert_true(i + 1 < MAX_ARGS);
+        argv[i + 1] = args[i];
+    }
+    char out_path[PATH_CAP], err_path[PATH_CAP];
+    posix_spawn_file_actions_t actions;
+    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
+    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 1, in_dir(f, "stdout.txt", out_path),
+                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
+    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 2, in_dir(f, "stderr.txt", err_path),
+                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
+    char *env_buf[MAX_ENV];
+    pid_t pid;
+    assert_int_equal(posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv,
+                                 tool_environment(f, env_buf)), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    free(f->out_text);
+    free(f->err_text);
+    size_t n;
+    f->out_text = spconv_test_read_bytes(out_path, &n);
+    f->err_text = spconv_test_read_bytes(err_path, &n);
+    assert_true(f->out_text != NULL && f->err_text != NULL);
+    if (!WIFEXITED(status)) fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
+    return WEXITSTATUS(status);
+}
+
+static void expect_success(fixture *f, const char *const *args) {
+    int rc = run(f, args);
+    if (rc != 0) fail_msg("exit status %d, stderr: %s", rc, f->err_text);
+}
+
+/* Exit status 2 with one line on stderr that contains @p substring. */
+static void expect_usage_error(fixture *f, const char *const *args, const char *substring) {
+    assert_int_equal(run(f, args), 2);
+    if (strstr(f->err_text, substring) == NULL)
+        fail_msg("stderr \"%s\" does not contain \"%s\"", f->err_text, substring);
+    int lines = 0;
+    for (const char *c = f->err_text; *c != '\0'; ++c) lines += *c == '\n';
+    assert_int_equal(lines, 1);
+}
+
+static void expect_in_stdout(const fixture *f, const char *substring) {
+    if (strstr(f->out_text, substring) == NULL)
+        fail_msg("stdout does not contain \"%s\":\n%s", substring, f->out_text);
+}
+
+static spconv_tensor *read_npy(const char *dir, const char *name) {
+    char path[PATH_CAP];
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_npy_read(spconv_test_join(dir, name, path, sizeof path), &t));
+    return t;
+}
+
+static void assert_shape(const spconv_tensor *t, int ndim, const int64_t *sizes) {
+    assert_int_equal(spconv_tensor_ndim(t), ndim);
+    for (int d = 0; d < ndim; ++d) assert_int_equal(spconv_tensor_size(t, d), sizes[d]);
+}
+
+/* ---- what the library says the CLI should produce --------------------------------------------- */
+
+static const char *sample_scan(void) {
+    static char path[PATH_CAP];
+    snprintf(path, sizeof path, "%s/data/sample_scan.bin", SPCONV_TEST_SOURCE_DIR);
+    return path;
+}
+
+/* The input sparse tensor of network @p net for the scan @p path, through the C API. */
+static spconv_sparse_tensor *api_input(const char *net, const char *path) {
+    spconv_net_input zin;
+    SPCONV_ASSERT_OK(spconv_zoo_input(net, &zin));
+    spconv_point_cloud *pc = NULL;
+    SPCONV_ASSERT_OK(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc));
+    spconv_sparse_tensor *sp = NULL;
+    SPCONV_ASSERT_OK(spconv_net_input_from_points(NULL, &zin, spconv_point_cloud_points(pc),
+                                                  SPCONV_F32, &sp, NULL));
+    spconv_point_cloud_destroy(pc);
+    return sp;
+}
+
+static int zoo_layers(const char *name) {
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_zoo_create(name, SPCONV_F32, 1, &net));
+    int layers = spconv_net_num_layers(net);
+    spconv_net_destroy(net);
+    return layers;
+}
+
+/* Every layer of zoo network @p net appears as a row "<index>  <name>  <kind>" of the table. */
+static void expect_every_layer(const fixture *f, const char *net_name) {
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_zoo_create(net_name, SPCONV_F32, 1, &net));
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) {
+        const spconv_layer_desc *layer = spconv_net_layer(net, i);
+        char row[256];
+        snprintf(row, sizeof row, "\n%3d  %s ", i, layer->name);
+        expect_in_stdout(f, row);
+        expect_in_stdout(f, spconv_layer_kind_name(layer->kind));
+    }
+    spconv_net_destroy(net);
+}
+
+/* ---- the picture ------------------------------------------------------------------------------ */
+
+static int compare_u32(const void *a, const void *b) {
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Pixels of the panel at (x0, y0) that differ from its most common colour (its background). */
+static int64_t panel_marks(const uint8_t *rgb, int64_t stride, int64_t x0, int64_t y0,
+                           int64_t width, int64_t height) {
+    uint32_t *colours = malloc((size_t)(width * height) * sizeof *colours);
+    assert_non_null(colours);
+    for (int64_t y = 0; y < height; ++y) {
+        for (int64_t x = 0; x < width; ++x) {
+            const uint8_t *p = rgb + 3 * ((y0 + y) * stride + x0 + x);
+            colours[y * width + x] = (uint32_t)p[0] << 16 | (uint32_t)p[1] << 8 | p[2];
+        }
+    }
+    const int64_t n = width * height;
+    qsort(colours, (size_t)n, sizeof *colours, compare_u32);
+    int64_t most = 0;
+    for (int64_t i = 0, run_start = 0; i < n; ++i) {
+        if (i + 1 < n && colours[i + 1] == colours[i]) continue;
+        most = i + 1 - run_start > most ? i + 1 - run_start : most;
+        run_start = i + 1;
+    }
+    free(colours);
+    return n - most;
+}
+
+/* picture.png decodes as 8-bit RGB of the documented size; each panel holds at least
+ * @p min_heat / @p min_points marked pixels (0: exactly none). */
+static void check_picture(const char *dir, const char *net, int64_t min_heat, int64_t min_points) {
+    if (!spconv_test_png_available()) {
+        print_message("note: no libpng in this build, picture.png not checked\n");
+        return;
+    }
+    spconv_net_input zin;
+    SPCONV_ASSERT_OK(spconv_zoo_input(net, &zin));
+    const int64_t h = zin.spatial_shape[1], w = zin.spatial_shape[2], longest = h > w ? h : w;
+    const int64_t f = (longest + PICTURE_PANEL_SIDE - 1) / PICTURE_PANEL_SIDE;
+    const int64_t ph = (h + f - 1) / f, pw = (w + f - 1) / f;
+    char path[PATH_CAP];
+    int64_t width, height;
+    int color_type, depth;
+    uint8_t *rgb = NULL;
+    assert_int_equal(spconv_test_png_read(spconv_test_join(dir, "picture.png", path, sizeof path),
+                                          &width, &height, &rgb, &color_type, &depth), 0);
+    assert_int_equal(width, 2 * pw + 3 * PICTURE_MARGIN);
+    assert_int_equal(height, ph + 2 * PICTURE_MARGIN);
+    assert_int_equal(color_type, 2);
+    assert_int_equal(depth, 8);
+    int64_t heat = panel_marks(rgb, width, PICTURE_MARGIN, PICTURE_MARGIN, pw, ph);
+    int64_t points = panel_marks(rgb, width, 2 * PICTURE_MARGIN + pw, PICTURE_MARGIN, pw, ph);
+    if (min_heat == 0) assert_int_equal(heat, 0);
+    else assert_true(heat >= min_heat);
+    if (min_points == 0) assert_int_equal(points, 0);
+    else assert_true(points >= min_points);
+    free(rgb);
+}
+
+/* ---- run on the bundled sample ---------------------------------------------------------------- */
+
+static void test_run_second_on_sample(void **state) {
+    fixture *f = tool_or_skip(state);
+    char out[PATH_CAP];
+    expect_success(f, (const char *[]){"run", "--net", "second", "--out", in_dir(f, "second", out),
+                                       NULL});
+    spconv_tensor *output = read_npy(out, "output.npy");
+    assert_shape(output, 4, (const int64_t[]){1, 256, 200, 176});
+    assert_int_equal(spconv_tensor_dtype(output), SPCONV_F32);
+    const float *v = spconv_tensor_data(output);
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < spconv_tensor_numel(output); ++i) {
+        assert_true(isfinite(v[i]));
+        nonzero += v[i] != 0.0f;
+    }
+    assert_true(nonzero > 0);
+    spconv_tensor_release(output);
+    char path[PATH_CAP];
+    assert_false(spconv_test_exists(spconv_test_join(out, "out_indices.npy", path, sizeof path)));
+    /* The summary's voxel count is what the library makes of the sample. */
+    spconv_sparse_tensor *input = api_input("second", sample_scan());
+    char voxels[64];
+    snprintf(voxels, sizeof voxels, " %lld voxels", (long long)spconv_sparse_num_sites(input));
+    expect_in_stdout(f, voxels);
+    expect_in_stdout(f, "[1, 256, 200, 176]");
+    spconv_sparse_release(input);
+    expect_every_layer(f, "second");
+    check_picture(out, "second", 1000, 1000);
+}
+
+/* The U-Net's output sites are its input sites, in their order. */
+static void test_run_unet_on_sample(void **state) {
+    fixture *f = tool_or_skip(state);
+    char out[PATH_CAP];
+    expect_success(f, (const char *[]){"run", "--net", "unet", "--threads", "1", "--out",
+                                       in_dir(f, "unet", out), NULL});
+    spconv_sparse_tensor *input = api_input("unet", sample_scan());
+    const int64_t n = spconv_sparse_num_sites(input);
+    spconv_tensor *output = read_npy(out, "output.npy");
+    spconv_tensor *indices = read_npy(out, "out_indices.npy");
+    assert_shape(output, 2, (const int64_t[]){n, 16});
+    assert_shape(indices, 2, (const int64_t[]){n, 4});
+    assert_int_equal(spconv_tensor_dtype(indices), SPCONV_I32);
+    spconv_tensor *expected = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_contiguous(NULL, spconv_sparse_indices(input), &expected));
+    assert_memory_equal(spconv_tensor_data(indices), spconv_tensor_data(expected),
+                        (size_t)n * 4 * sizeof(int32_t));
+    spconv_tensor_release(expected);
+    spconv_tensor_release(indices);
+    spconv_tensor_release(output);
+    spconv_sparse_release(input);
+    expect_every_layer(f, "unet");
+    check_picture(out, "unet", 1000, 1000);
+}
+
+/* bench_basic pools six times: the output sites lie in a [1, 25, 25] grid, each once. */
+static void test_run_basic_on_sample(void **state) {
+    fixture *f = tool_or_skip(state);
+    char out[PATH_CAP];
+    expect_success(f, (const char *[]){"run", sample_scan(), "--net", "basic", "--quiet", "--out",
+                                       in_dir(f, "basic", out), NULL});
+    spconv_tensor *output = read_npy(out, "output.npy");
+    spconv_tensor *indices = read_npy(out, "out_indices.npy");
+    const int64_t n = spconv_tensor_size(output, 0);
+    assert_true(n > 0 && n <= 25 * 25);
+    assert_shape(output, 2, (const int64_t[]){n, 256});
+    assert_shape(indices, 2, (const int64_t[]){n, 4});
+    const int32_t *rows = spconv_tensor_data(indices);
+    char seen[25 * 25] = {0};
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t *r = rows + 4 * i;
+        assert_true(r[0] == 0 && r[1] == 0 && r[2] >= 0 && r[2] < 25 && r[3] >= 0 && r[3] < 25);
+        assert_false(seen[r[2] * 25 + r[3]]);
+        seen[r[2] * 25 + r[3]] = 1;
+    }
+    spconv_tensor_release(indices);
+    spconv_tensor_release(output);
+    assert_null(strstr(f->out_text, "net.19 ")); /* --quiet: no table, one summary line */
+    expect_in_stdout(f, "basic: ");
+    check_picture(out, "basic", 1000, 1000);
+}
+
+/* ---- small scans made here -------------------------------------------------------------------- */
+
+/* @p count points of the sample in front of the sensor (x > 1 m, inside the KITTI range of
+ * second and unet), every third one so that they spread over the scene, as a KITTI .bin. */
+static const char *small_scan(const fixture *f, int64_t count, char *path) {
+    size_t n = 0;
+    float *points = (float *)spconv_test_read_bytes(sample_scan(), &n);
+    assert_non_null(points);
+    int64_t kept = 0;
+    for (int64_t i = 0; i < (int64_t)(n / 16) && kept < count; i += 3)
+        if (points[4 * i] > 1.0f) memmove(points + 4 * kept++, points + 4 * i, 16);
+    assert_int_equal(kept, count);
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "small.bin", path), points, (size_t)count * 16), 0);
+    free(points);
+    return path;
+}
+
+static void save_weights(const char *net_name, uint64_t seed, const char *dir,
+                         spconv_net_layout layout) {
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_zoo_create(net_name, SPCONV_F32, seed, &net));
+    SPCONV_ASSERT_OK(spconv_net_save_weights(NULL, net, dir, layout));
+    spconv_net_destroy(net);
+}
+
+static void assert_same_npy(const char *dir_a, const char *dir_b, const char *name) {
+    spconv_tensor *a = read_npy(dir_a, name), *b = read_npy(dir_b, name);
+    assert_int_equal(spconv_tensor_numel(a), spconv_tensor_numel(b));
+    assert_memory_equal(spconv_tensor_data(a), spconv_tensor_data(b),
+                        (size_t)spconv_tensor_numel(a) * sizeof(float));
+    spconv_tensor_release(a);
+    spconv_tensor_release(b);
+}
+
+static void assert_different_npy(const char *dir_a, const char *dir_b, const char *name) {
+    spconv_tensor *a = read_npy(dir_a, name), *b = read_npy(dir_b, name);
+    assert_int_equal(spconv_tensor_numel(a), spconv_tensor_numel(b));
+    assert_true(memcmp(spconv_tensor_data(a), spconv_tensor_data(b),
+                       (size_t)spconv_tensor_numel(a) * sizeof(float)) != 0);
+    spconv_tensor_release(a);
+    spconv_tensor_release(b);
+}
+
+/* Weights saved from seed 7 (RSCK, and KRSC read as such) give what --seed 7 gives. */
+static void test_run_weights(void **state) {
+    fixture *f = tool_or_skip(state);
+    char scan[PATH_CAP], rsck[PATH_CAP], krsc[PATH_CAP], o_seed[PATH_CAP], o_rsck[PATH_CAP],
+        o_krsc[PATH_CAP], o_other[PATH_CAP];
+    small_scan(f, 4000, scan);
+    save_weights("unet", 7, in_dir(f, "w_rsck", rsck), SPCONV_NET_LAYOUT_RSCK);
+    save_weights("unet", 7, in_dir(f, "w_krsc", krsc), SPCONV_NET_LAYOUT_KRSC);
+    const char *q = "--quiet", *n = "--net";
+    expect_success(f, (const char *[]){"run", scan, n, "unet", q, "--seed", "7", "--out",
+                                       in_dir(f, "o_seed", o_seed), NULL});
+    expect_success(f, (const char *[]){"run", scan, n, "unet", q, "--weights", rsck, "--out",
+                                       in_dir(f, "o_rsck", o_rsck), NULL});
+    expect_success(f, (const char *[]){"run", scan, n, "unet", q, "--weights", krsc,
+                                       "--weight-layout", "krsc", "--seed", "3", "--out",
+                                       in_dir(f, "o_krsc", o_krsc), NULL});
+    expect_success(f, (const char *[]){"run", scan, n, "unet", q, "--seed", "8", "--progress",
+                                       "--out", in_dir(f, "o_other", o_other), NULL});
+    /* --progress off a terminal: one line per layer, in order. */
+    int lines = 0;
+    for (const char *c = f->err_text; *c != '\0'; ++c) lines += *c == '\n';
+    assert_int_equal(lines, zoo_layers("unet"));
+    char last[64];
+    snprintf(last, sizeof last, "layer %d/%d head ", lines, lines);
+    assert_non_null(strstr(f->err_text, "layer 1/"));
+    assert_non_null(strstr(f->err_text, last));
+    spconv_tensor *output = read_npy(o_seed, "output.npy");
+    assert_true(spconv_tensor_size(output, 0) > 1000); /* the comparisons below compare sites */
+    spconv_tensor_release(output);
+    assert_same_npy(o_seed, o_rsck, "output.npy");
+    assert_same_npy(o_seed, o_krsc, "output.npy");
+    assert_different_npy(o_seed, o_other, "output.npy");
+}
+
+/* A scan with no point in the network's range runs, says so, and gives an empty output. */
+static void test_run_zero_voxels(void **state) {
+    fixture *f = tool_or_skip(state);
+    const float far[8] = {-10.0f, 0.0f, 0.0f, 0.5f, -20.0f, 1.0f, 0.0f, 0.5f}; /* behind x = 0 */
+    char scan[PATH_CAP], out[PATH_CAP];
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "far.bin", scan), far, sizeof far), 0);
+    expect_success(f, (const char *[]){"run", scan, "--out", in_dir(f, "zero", out), NULL});
+    expect_in_stdout(f, " 0 voxels");
+    spconv_tensor *output = read_npy(out, "output.npy");
+    assert_shape(output, 4, (const int64_t[]){1, 256, 200, 176});
+    const float *v = spconv_tensor_data(output);
+    for (int64_t i = 0; i < spconv_tensor_numel(output); ++i) assert_true(v[i] == 0.0f);
+    spconv_tensor_release(output);
+    check_picture(out, "second", 0, 0);
+    expect_success(f, (const char *[]){"run", scan, "--net", "unet", "--out",
+                                       in_dir(f, "zero_unet", out), NULL});
+    output = read_npy(out, "output.npy");
+    assert_shape(output, 2, (const int64_t[]){0, 16});
+    spconv_tensor_release(output);
+}
+
+/* ---- run: bad input --------------------------------------------------------------------------- */
+
+static void test_run_errors(void **state) {
+    fixture *f = tool_or_skip(state);
+    char scan[PATH_CAP], out[PATH_CAP], file[PATH_CAP], under_file[PATH_CAP], weights[PATH_CAP],
+        param[PATH_CAP], missing[PATH_CAP];
+    small_scan(f, 500, scan);
+    in_dir(f, "never", out);
+    expect_usage_error(f, (const char *[]){"run", in_dir(f, "missing.bin", missing), "--out", out,
+                                           NULL}, "missing.bin");
+    expect_usage_error(f, (const char *[]){"run", scan, "--net", "pointnet", "--out", out, NULL},
+                       "--net 'pointnet'");
+    expect_usage_error(f, (const char *[]){"run", scan, "--weights", in_dir(f, "nowhere", weights),
+                                           "--out", out, NULL}, "nowhere");
+    save_weights("unet", 1, in_dir(f, "weights", weights), SPCONV_NET_LAYOUT_AUTO);
+    /* A weight of the wrong shape, then a missing one: each named. */
+    spconv_tensor *wrong = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 3,
+                                         (const int64_t[]){1, 16, 15}, &wrong));
+    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(weights, "head.weight.npy", param,
+                                                             sizeof param), wrong));
+    spconv_tensor_release(wrong);
+    const char *with_weights[] = {"run", scan, "--net", "unet", "--weights", weights, "--out", out,
+                                  NULL};
+    expect_usage_error(f, with_weights, "head.weight");
+    assert_int_equal(remove(param), 0);
+    expect_usage_error(f, with_weights, "head.weight");
+    expect_usage_error(f, (const char *[]){"run", scan, "--weight-layout", "nhwc", NULL},
+                       "--weight-layout");
+    /* Outputs that cannot be written: a file where the folder should be, or above it. */
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "a_file", file), "x", 1), 0);
+    expect_usage_error(f, (const char *[]){"run", scan, "--out", file, NULL}, "not a folder");
+    spconv_test_join(file, "sub", under_file, sizeof under_file);
+    expect_usage_error(f, (const char *[]){"run", scan, "--out", under_file, NULL}, "a_file");
+    /* No SCAN and the sample named by SPCONV_SAMPLE_SCAN is missing. */
+    f->extra_env = "SPCONV_SAMPLE_SCAN=/nonexistent/sample.bin";
+    expect_usage_error(f, (const char *[]){"run", "--out", out, NULL}, "/nonexistent/sample.bin");
+    f->extra_env = NULL;
+    assert_false(spconv_test_exists(out)); /* no failed run left a folder behind */
+}
+
+/* ---- bench ------------------------------------------------------------------------------------ */
+
+/* The JSON file is valid and has the documented keys; @p layers layer entries. */
+static void check_bench_json(const char *path, int layers, int backward) {
+    size_t n = 0, error_at = 0;
+    char *text = spconv_test_read_bytes(path, &n);
+    assert_non_null(text);
+    if (!spconv_test_json_valid(text, &error_at))
+        fail_msg("%s is not valid JSON near byte %zu: %.40s", path, error_at, text + error_at);
+    static const char *const keys[] = {
+        "\"schema\"", "\"config\"", "\"net\"", "\"input\"", "\"sites\"", "\"spatial_shape\"",
+        "\"threads\"", "\"repeat\"", "\"warmup\"", "\"sgemm_peak_gflops\"", "\"passes\"",
+        "\"forward\"", "\"wall_ms\"", "\"phases_ms\"", "\"rulebook\"", "\"gather\"", "\"gemm\"",
+        "\"scatter\"", "\"other\"", "\"median\"", "\"min\"", "\"max\"", "\"gflops\"",
+        "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\""};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
+        if (strstr(text, keys[k]) == NULL) fail_msg("%s has no key %s", path, keys[k]);
+    int entries = 0;
+    for (const char *c = strstr(text, "\"index\":"); c != NULL; c = strstr(c + 1, "\"index\":"))
+        ++entries;
+    assert_int_equal(entries, layers);
+    assert_int_equal(strstr(text, "\"backward_ms\"") != NULL, backward);
+    free(text);
+}
+
+static void test_bench_json(void **state) {
+    fixture *f = tool_or_skip(state);
+    char scan[PATH_CAP], json[PATH_CAP];
+    small_scan(f, 5000, scan);
+    expect_success(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat", "1",
+                                       "--warmup", "0", "--backward", "--peak-size", "128",
+                                       "--json", in_dir(f, "unet.json", json), NULL});
+    check_bench_json(json, zoo_layers("unet"), 1);
+    expect_in_stdout(f, "forward (training)");
+    expect_in_stdout(f, "backward: ");
+    expect_in_stdout(f, "% of the sgemm peak");
+    expect_success(f, (const char *[]){"bench", "--repeat", "1", "--warmup", "0", "--peak-size",
+                                       "0", "--json", in_dir(f, "second.json", json), NULL});
+    check_bench_json(json, zoo_layers("second"), 0);
+    expect_in_stdout(f, "sample_scan.bin");
+    assert_int_equal(spconv_test_count_entries(f->dir), 5); /* scan, 2 JSON, stdout, stderr */
+}
+
+/* Random unique sites in bench_basic's grid [80, 1600, 1600] and 3 features each. */
+static void random_voxels(int64_t n, int32_t *rows, float *features) {
+    for (int64_t i = 0; i < n; ++i) {
+        rows[4 * i] = 0;
+        rows[4 * i + 1] = (int32_t)spconv_test_rand_int(0, 79);
+        rows[4 * i + 2] = (int32_t)spconv_test_rand_int(0, 1599);
+        rows[4 * i + 3] = (int32_t)(i * 3 + spconv_test_rand_int(0, 2)); /* x tells rows apart */
+        for (int c = 0; c < 3; ++c) features[3 * i + c] = spconv_test_rand_float(-1.0f, 1.0f);
+    }
+}
+
+static void bench_voxels(fixture *f, const char *input, const char *json, int64_t sites) {
+    expect_success(f, (const char *[]){"bench", "--net", "basic", "--input", input, "--repeat", "1",
+                                       "--warmup", "0", "--peak-size", "0", "--json", json, NULL});
+    check_bench_json(json, zoo_layers("basic"), 0);
+    char expected[64];
+    snprintf(expected, sizeof expected, "\"sites\": %lld", (long long)sites);
+    size_t n;
+    char *text = spconv_test_read_bytes(json, &n);
+    assert_non_null(strstr(text, expected));
+    assert_non_null(strstr(text, "\"input_kind\": \"voxels\""));
+    free(text);
+}
+
+/* Voxel files in each accepted form: raw folder, .npy folder, raw prefix. */
+static void test_bench_voxel_files(void **state) {
+    fixture *f = tool_or_skip(state);
+    enum { N = 400 };
+    int32_t rows[4 * N];
+    float features[3 * N];
+    random_voxels(N, rows, features);
+    char raw[PATH_CAP], npy[PATH_CAP], path[PATH_CAP], json[PATH_CAP];
+    assert_int_equal(mkdir(in_dir(f, "raw", raw), 0777), 0);
+    assert_int_equal(spconv_test_write_bytes(spconv_test_join(raw, "spconv_test_indices.i32", path,
+                                                              PATH_CAP), rows, sizeof rows), 0);
+    assert_int_equal(spconv_test_write_bytes(spconv_test_join(raw, "spconv_test_features.f32", path,
+                                                              PATH_CAP), features, sizeof features), 0);
+    bench_voxels(f, raw, in_dir(f, "raw.json", json), N);
+    assert_int_equal(mkdir(in_dir(f, "npy", npy), 0777), 0);
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2,
+                                             (const int64_t[]){N, 4}, rows, &t));
+    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(npy, "indices.npy", path, PATH_CAP), t));
+    spconv_tensor_release(t);
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, 2,
+                                             (const int64_t[]){N, 3}, features, &t));
+    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(npy, "features.npy", path, PATH_CAP), t));
+    spconv_tensor_release(t);
+    bench_voxels(f, npy, in_dir(f, "npy.json", json), N);
+    bench_voxels(f, spconv_test_join(raw, "spconv_test", path, PATH_CAP),
+                 in_dir(f, "prefix.json", json), N);
+}
+
+static void test_bench_errors(void **state) {
+    fixture *f = tool_or_skip(state);
+    enum { N = 50 };
+    int32_t rows[4 * N];
+    float features[3 * N];
+    random_voxels(N, rows, features);
+    char dir[PATH_CAP], idx[PATH_CAP], feat[PATH_CAP], json[PATH_CAP], empty[PATH_CAP];
+    assert_int_equal(mkdir(in_dir(f, "bad", dir), 0777), 0);
+    spconv_test_join(dir, "spconv_test_indices.i32", idx, PATH_CAP);
+    spconv_test_join(dir, "spconv_test_features.f32", feat, PATH_CAP);
+    const char *args[] = {"bench", "--net", "basic", "--input", dir, "--repeat", "1", "--warmup",
+                          "0", "--peak-size", "0", NULL};
+    assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
+    assert_int_equal(spconv_test_write_bytes(feat, features, sizeof features - 4), 0);
+    expect_usage_error(f, args, "spconv_test_features.f32");
+    assert_int_equal(spconv_test_write_bytes(feat, features, sizeof features), 0);
+    assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows - 8), 0);
+    expect_usage_error(f, args, "spconv_test_indices.i32");
+    rows[4 * 17 + 2] = 1600; /* y outside [0, 1600) */
+    assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
+    expect_usage_error(f, args, "row 17");
+    rows[4 * 17 + 2] = rows[4 * 3 + 2], rows[4 * 17 + 1] = rows[4 * 3 + 1];
+    rows[4 * 17 + 3] = rows[4 * 3 + 3]; /* a duplicate of row 3 */
+    assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
+    expect_usage_error(f, args, "row");
+    assert_int_equal(mkdir(in_dir(f, "empty", empty), 0777), 0);
+    expect_usage_error(f, (const char *[]){"bench", "--input", empty, NULL}, "indices.npy");
+    expect_usage_error(f, (const char *[]){"bench", "--input", in_dir(f, "no.bin", idx), NULL},
+                       "no.bin");
+    expect_usage_error(f, (const char *[]){"bench", "--repeat", "0", NULL}, "--repeat");
+    expect_usage_error(f, (const char *[]){"bench", "--net", "x", NULL}, "--net");
+    spconv_test_join(empty, "no/such/folder.json", json, PATH_CAP);
+    expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL}, "folder.json");
+}
+
+/* The JSON checker the bench tests rely on tells valid from invalid text. */
+static void test_json_checker(void **state) {
+    (void)state;
+    static const char *const valid[] = {"{}", "[]", " {\"a\": [1, -2.5e3, true, null, \"x\\n\"]} ",
+                                        "0", "\"\\u00e9\""};
+    static const char *const invalid[] = {"", "{", "{\"a\" 1}", "[1,]", "01", "1.", "nan",
+                                          "\"tab\there\"", "{} {}", "[\"\\x\"]", "{a: 1}"};
+    size_t at;
+    for (size_t i = 0; i < sizeof valid / sizeof valid[0]; ++i)
+        assert_true(spconv_test_json_valid(valid[i], &at));
+    for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; ++i)
+        if (spconv_test_json_valid(invalid[i], &at)) fail_msg("accepted %s", invalid[i]);
+}
+
+int main(void) {
+    spconv_test_seed();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_checker),
+        cmocka_unit_test_setup_teardown(test_run_second_on_sample, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_unet_on_sample, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_basic_on_sample, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_weights, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_zero_voxels, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_voxel_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_errors, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

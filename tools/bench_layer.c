@@ -1,0 +1,286 @@
+/* bench_layer: times one sparse conv layer on spconv's own benchmark input (125,562 sites of
+ * ../shared/data/spconv_test_*, batch 0, shape [80, 1600, 1600]):
+ *   - rulebook building: subm 3x3x3, and regular 3x3x3 stride 2 padding 1;
+ *   - forward and backward of subm 3x3x3 convs at 64->64 and 128->128 channels (random
+ *     features, weights and output gradients of those widths), split into the executor's
+ *     phases (gather, GEMM, scatter) through its internal timing hook.
+ * Every figure is the median of --repeat runs after one warm-up. GFLOP/s counts 2 * pairs *
+ * C_in * C_out per pass (forward one pass, backward two: d_features and d_weight) and is also
+ * given as a share of this machine's sgemm peak, measured here with a 2048^3 sgemm run the way
+ * the executor runs its products (row blocks of single-threaded BLAS, one per thread).
+ *
+ *   bench_layer [--repeat N] [--threads T] [DATA_DIR]
+ * DATA_DIR defaults to $SPCONV_DATA_DIR, then ../shared/data. Without the data it says so and
+ * exits 0. A benchmark, not a test: it asserts nothing about the timings. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv/conv_cpu.h"
+#include "conv/conv_exec.h"
+#include "conv/gemm_peak.h"
+#include "spconv/spconv.h"
+
+#define PEAK_SIZE 2048
+
+typedef struct bench_options {
+    int repeat;
+    int threads;
+    const char *data_dir;
+} bench_options;
+
+static _Noreturn void die(const char *what, spconv_status st) {
+    fprintf(stderr, "bench_layer: %s failed: %s (%s)\n", what, spconv_status_string(st),
+            spconv_last_error());
+    exit(1);
+}
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        spconv_status bench_st_ = (expr);                                                          \
+        if (bench_st_ != SPCONV_OK) die(#expr, bench_st_);                                         \
+    } while (0)
+
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *values, int n) {
+    qsort(values, (size_t)n, sizeof(double), compare_doubles);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/* The whole file, or NULL when it cannot be read; *bytes gets its size. */
+static void *read_file(const char *dir, const char *name, size_t *bytes) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *data = size > 0 ? malloc((size_t)size) : NULL;
+    if (data != NULL && fread(data, 1, (size_t)size, f) != (size_t)size) {
+        free(data);
+        data = NULL;
+    }
+    fclose(f);
+    *bytes = data != NULL ? (size_t)size : 0;
+    return data;
+}
+
+static void parse_args(int argc, char **argv, bench_options *o) {
+    o->repeat = 5;
+    o->threads = 0;
+    o->data_dir = getenv("SPCONV_DATA_DIR");
+    if (o->data_dir == NULL || *o->data_dir == '\0') o->data_dir = "../shared/data";
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
+            o->repeat = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            o->threads = atoi(argv[++i]);
+        } else if (argv[i][0] != '-') {
+            o->data_dir = argv[i];
+        } else {
+            fprintf(stderr, "usage: bench_layer [--repeat N] [--threads T] [DATA_DIR]\n");
+            exit(2);
+        }
+    }
+    if (o->repeat < 1 || o->threads < 0) {
+        fprintf(stderr, "bench_layer: --repeat must be >= 1 and --threads >= 0\n");
+        exit(2);
+    }
+}
+
+static float *random_floats(int64_t n, float scale, uint64_t *state) {
+    float *v = malloc((size_t)n * sizeof(float));
+    if (v == NULL) {
+        fprintf(stderr, "bench_layer: out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        *state = *state * 6364136223846793005u + 1442695040888963407u; /* LCG: speed, not quality */
+        v[i] = scale * ((float)(*state >> 40) * 0x1.0p-24f * 2.0f - 1.0f);
+    }
+    return v;
+}
+
+static spconv_tensor *random_tensor(int ndim, const int64_t *sizes, float scale, uint64_t *state) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= sizes[i];
+    float *v = random_floats(n, scale, state);
+    spconv_tensor *t = NULL;
+    CHECK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, ndim, sizes, v, &t));
+    free(v);
+    return t;
+}
+
+/* Median build time of a rulebook over @p repeat builds after a warm-up; *rb keeps the last. */
+static double bench_rulebook(spconv_context *ctx, const spconv_tensor *indices,
+                             const int64_t shape[3], const spconv_conv_params *params, int repeat,
+                             spconv_rulebook **rb) {
+    double *times = malloc((size_t)(repeat + 1) * sizeof(double));
+    *rb = NULL;
+    for (int r = 0; r <= repeat; ++r) {
+        spconv_rulebook_release(*rb);
+        *rb = NULL;
+        double t0 = spconv__now_s();
+        CHECK(spconv_rulebook_build(ctx, indices, shape, 1, params, rb));
+        times[r] = spconv__now_s() - t0;
+    }
+    double seconds = median(times + 1, repeat);
+    free(times);
+    return seconds;
+}
+
+/* Median wall time and per-phase times (thread averages) of repeated forward or backward runs. */
+typedef struct phase_medians {
+    double total_s, gather_s, gemm_s, scatter_s;
+} phase_medians;
+
+static phase_medians run_conv(spconv_context *ctx, const spconv_rulebook *rb,
+                              const spconv_tensor *x, const spconv_tensor *w,
+                              const spconv_tensor *g, int backward, int repeat) {
+    double *samples = malloc((size_t)(4 * (repeat + 1)) * sizeof(double));
+    for (int r = 0; r <= repeat; ++r) {
+        spconv__conv_timing timing = {0.0, 0.0, 0.0, 0};
+        spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
+        spconv_tensor *o1 = NULL, *o2 = NULL, *o3 = NULL;
+        double t0 = spconv__now_s();
+        if (backward)
+            CHECK(spconv__conv_backward_ex(ctx, rb, x, w, g, &options, &o1, &o2, &o3));
+        else
+            CHECK(spconv__conv_forward_ex(ctx, rb, x, w, NULL, &options, &o1));
+        double wall = spconv__now_s() - t0;
+        spconv_tensor_release(o1);
+        spconv_tensor_release(o2);
+        spconv_tensor_release(o3);
+        int idx = r == 0 ? repeat : r - 1; /* the warm-up lands in the unused last slot */
+        samples[0 * (repeat + 1) + idx] = wall;
+        samples[1 * (repeat + 1) + idx] = timing.gather_s / timing.threads;
+        samples[2 * (repeat + 1) + idx] = timing.gemm_s / timing.threads;
+        samples[3 * (repeat + 1) + idx] = timing.scatter_s / timing.threads;
+    }
+    phase_medians m = {median(samples, repeat), median(samples + (repeat + 1), repeat),
+                       median(samples + 2 * (repeat + 1), repeat),
+                       median(samples + 3 * (repeat + 1), repeat)};
+    free(samples);
+    return m;
+}
+
+/* Forward and backward medians of a subm 3x3x3 conv at @p channels -> @p channels. */
+static void bench_conv(spconv_context *ctx, const spconv_rulebook *rb, int64_t channels, int repeat,
+                       uint64_t *state, phase_medians result[2]) {
+    const int64_t n = spconv_rulebook_num_in(rb);
+    int64_t x_sizes[2] = {n, channels}, w_sizes[3] = {27, channels, channels};
+    spconv_tensor *x = random_tensor(2, x_sizes, 1.0f, state);
+    spconv_tensor *w = random_tensor(3, w_sizes, 0.1f, state);
+    spconv_tensor *g = random_tensor(2, x_sizes, 1.0f, state);
+    for (int backward = 0; backward <= 1; ++backward)
+        result[backward] = run_conv(ctx, rb, x, w, g, backward, repeat);
+    spconv_tensor_release(x);
+    spconv_tensor_release(w);
+    spconv_tensor_release(g);
+}
+
+static void print_phase(const char *name, double seconds, int64_t pairs, double gflop,
+                        double peak) {
+    if (gflop > 0.0)
+        printf("  %-10s %9.2f ms %10lld pairs %8.1f GFLOP/s %6.1f%% of peak\n", name, seconds * 1e3,
+               (long long)pairs, gflop / seconds, 100.0 * gflop / seconds / peak);
+    else
+        printf("  %-10s %9.2f ms %10lld pairs\n", name, seconds * 1e3, (long long)pairs);
+}
+
+static void print_conv(const phase_medians *m, int64_t channels, int backward, int64_t pairs,
+                       double peak) {
+    const double gflop =
+        (backward ? 4.0 : 2.0) * (double)pairs * (double)channels * (double)channels * 1e-9;
+    printf("\nsubm 3x3x3 %lld->%lld %s: %.1f GFLOP (phases: thread averages; other: wall time "
+           "outside them)\n",
+           (long long)channels, (long long)channels, backward ? "backward" : "forward", gflop);
+    print_phase("gather", m->gather_s, pairs, 0.0, peak);
+    print_phase("GEMM", m->gemm_s, pairs, gflop, peak);
+    print_phase("scatter", m->scatter_s, pairs, 0.0, peak);
+    print_phase("other", m->total_s - m->gather_s - m->gemm_s - m->scatter_s, pairs, 0.0, peak);
+    print_phase("total", m->total_s, pairs, gflop, peak);
+}
+
+/* Sites from the data folder, or NULL (after a message) when the files are missing or do not
+ * match; *n gets the site count. */
+static int32_t *load_sites(const char *dir, int64_t *n, int *missing) {
+    size_t idx_bytes = 0, feat_bytes = 0;
+    int32_t *rows = read_file(dir, "spconv_test_indices.i32", &idx_bytes);
+    float *features = read_file(dir, "spconv_test_features.f32", &feat_bytes);
+    *missing = rows == NULL || features == NULL;
+    *n = (int64_t)(idx_bytes / (4 * sizeof(int32_t)));
+    if (*missing)
+        printf("bench_layer: skipped: spconv_test_indices.i32 / spconv_test_features.f32 not "
+               "found in %s (pass the folder or set SPCONV_DATA_DIR)\n",
+               dir);
+    else if (feat_bytes != (size_t)*n * 3 * sizeof(float))
+        fprintf(stderr, "bench_layer: %lld sites but %zu bytes of features (3 floats per site)\n",
+                (long long)*n, feat_bytes);
+    int ok = !*missing && feat_bytes == (size_t)*n * 3 * sizeof(float);
+    free(features); /* the layers here get random features of their own widths */
+    if (!ok) free(rows);
+    return ok ? rows : NULL;
+}
+
+int main(int argc, char **argv) {
+    bench_options o;
+    parse_args(argc, argv, &o);
+    int64_t n;
+    int missing;
+    int32_t *rows = load_sites(o.data_dir, &n, &missing);
+    if (rows == NULL) return missing ? 0 : 1;
+    spconv_context *ctx = NULL;
+    CHECK(spconv_context_create(spconv_cpu(), &ctx));
+    CHECK(spconv_context_set_num_threads(ctx, o.threads));
+    const int threads = spconv_context_num_threads(ctx);
+    int64_t sizes[2] = {n, 4}, shape[3] = {80, 1600, 1600};
+    spconv_tensor *indices = NULL;
+    CHECK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, sizes, rows, &indices));
+
+    /* The peak is measured before and after the layers and the higher one is used: on a shared
+     * machine either may have run while other work held the cores. */
+    double peak_before, peak_after;
+    CHECK(spconv__sgemm_peak(threads, PEAK_SIZE, o.repeat, &peak_before));
+    spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    spconv_conv_params regular = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int a = 0; a < 3; ++a) regular.stride[a] = 2, regular.padding[a] = 1;
+    spconv_rulebook *rb, *rb_s2;
+    double subm_s = bench_rulebook(ctx, indices, shape, &subm, o.repeat, &rb);
+    double regular_s = bench_rulebook(ctx, indices, shape, &regular, o.repeat, &rb_s2);
+    uint64_t state = 12345;
+    phase_medians c64[2], c128[2];
+    bench_conv(ctx, rb, 64, o.repeat, &state, c64);
+    bench_conv(ctx, rb, 128, o.repeat, &state, c128);
+    CHECK(spconv__sgemm_peak(threads, PEAK_SIZE, o.repeat, &peak_after));
+    const double peak = peak_before > peak_after ? peak_before : peak_after;
+
+    printf("bench_layer: %lld sites, shape [80, 1600, 1600], %d thread%s, GEMM by %s, median of "
+           "%d after a warm-up\n",
+           (long long)n, threads, threads == 1 ? "" : "s",
+           spconv__gemm_has_blas() ? "BLAS" : "the C fallback", o.repeat);
+    printf("sgemm peak (%d^3 f32, %d thread%s): %.1f GFLOP/s (before %.1f, after %.1f)\n",
+           PEAK_SIZE, threads, threads == 1 ? "" : "s", peak, peak_before, peak_after);
+    printf("\nrulebook\n  %-28s %9.2f ms %10lld pairs\n  %-28s %9.2f ms %10lld pairs\n",
+           "subm 3x3x3", subm_s * 1e3, (long long)spconv_rulebook_num_pairs(rb),
+           "regular 3x3x3 stride 2 pad 1", regular_s * 1e3,
+           (long long)spconv_rulebook_num_pairs(rb_s2));
+    const int64_t pairs = spconv_rulebook_num_pairs(rb);
+    for (int backward = 0; backward <= 1; ++backward)
+        print_conv(&c64[backward], 64, backward, pairs, peak);
+    for (int backward = 0; backward <= 1; ++backward)
+        print_conv(&c128[backward], 128, backward, pairs, peak);
+
+    spconv_rulebook_release(rb_s2);
+    spconv_rulebook_release(rb);
+    spconv_tensor_release(indices);
+    spconv_context_destroy(ctx);
+    free(rows);
+    return 0;
+}

@@ -1,0 +1,305 @@
+/* The report of `spconv bench` (see bench_report.h). */
+#include "bench_report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const phase_keys[BENCH_PHASES] = {"total",   "rulebook", "gather",
+                                                     "gemm",    "scatter",  "other"};
+static const char *const phase_titles[BENCH_PHASES] = {"total", "rulebook", "gather",
+                                                       "GEMM",  "scatter",  "other"};
+enum { PHASE_TOTAL = 0, PHASE_GEMM = 3 };
+
+int bench_samples_init(bench_samples *s, int repeat, int layers) {
+    s->repeat = repeat;
+    s->layers = layers;
+    s->layer = calloc((size_t)repeat * (size_t)(layers > 0 ? layers : 1) * BENCH_PHASES,
+                      sizeof *s->layer);
+    s->wall = calloc((size_t)repeat, sizeof *s->wall);
+    s->scratch = calloc((size_t)repeat, sizeof *s->scratch);
+    return s->layer != NULL && s->wall != NULL && s->scratch != NULL ? 0 : -1;
+}
+
+double *bench_sample(bench_samples *s, int rep, int layer) {
+    return s->layer + ((size_t)rep * (size_t)s->layers + (size_t)layer) * BENCH_PHASES;
+}
+
+static void samples_free(bench_samples *s) {
+    free(s->layer);
+    free(s->wall);
+    free(s->scratch);
+    memset(s, 0, sizeof *s);
+}
+
+void bench_run_free(bench_run *run) {
+    samples_free(&run->forward);
+    samples_free(&run->backward);
+    free(run->layers);
+    run->layers = NULL;
+    run->num_layers = 0;
+}
+
+int bench_report_capture_layers(bench_run *run, const spconv_net *net) {
+    run->num_layers = spconv_net_num_layers(net);
+    run->layers = calloc((size_t)run->num_layers, sizeof *run->layers);
+    if (run->layers == NULL) return -1;
+    for (int i = 0; i < run->num_layers; ++i) {
+        const spconv_layer_stats *s = spconv_net_stats(net, i);
+        run->layers[i] = (bench_layer){.name = s->name, .kind = s->kind, .sites_in = s->sites_in,
+                                       .sites_out = s->sites_out, .channels_in = s->channels_in,
+                                       .channels_out = s->channels_out, .pairs = s->pairs,
+                                       .flops = s->flops};
+    }
+    return 0;
+}
+
+/* ---- statistics ------------------------------------------------------------------------------- */
+
+typedef struct spread {
+    double median, min, max;
+} spread;
+
+static int compare_doubles(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median, min and max of the values already in s->scratch. */
+static spread scratch_spread(bench_samples *s) {
+    const int n = s->repeat;
+    qsort(s->scratch, (size_t)n, sizeof *s->scratch, compare_doubles);
+    const double median =
+        n % 2 ? s->scratch[n / 2] : 0.5 * (s->scratch[n / 2 - 1] + s->scratch[n / 2]);
+    return (spread){median, s->scratch[0], s->scratch[n - 1]};
+}
+
+static spread layer_spread(bench_samples *s, int layer, int phase) {
+    for (int r = 0; r < s->repeat; ++r) s->scratch[r] = bench_sample(s, r, layer)[phase];
+    return scratch_spread(s);
+}
+
+/* Per pass, the sum of one phase over the layers. */
+static spread phase_spread(bench_samples *s, int phase) {
+    for (int r = 0; r < s->repeat; ++r) {
+        s->scratch[r] = 0.0;
+        for (int l = 0; l < s->layers; ++l) s->scratch[r] += bench_sample(s, r, l)[phase];
+    }
+    return scratch_spread(s);
+}
+
+static spread wall_spread(bench_samples *s) {
+    memcpy(s->scratch, s->wall, (size_t)s->repeat * sizeof *s->scratch);
+    return scratch_spread(s);
+}
+
+/* One direction's totals. */
+typedef struct pass_summary {
+    spread wall;
+    spread phases[BENCH_PHASES];
+    double flops;       /* per pass */
+    double gflops;      /* flops / median wall */
+    double gemm_gflops; /* flops / median GEMM phase */
+    double gemm_share;  /* gemm_gflops / sgemm peak; 0 without a peak */
+} pass_summary;
+
+/* A conv's backward computes d_features and d_weight (twice the forward's products), except
+ * that the first layer's d_features is skipped: the benchmark does not ask for the input's
+ * gradient, and spconv_net_backward then leaves it out. */
+static double layer_flops(const bench_run *run, int layer, int backward) {
+    if (!backward) return run->layers[layer].flops;
+    return run->layers[layer].flops * (layer > 0 ? 2.0 : 1.0);
+}
+
+static double per_second(double flops, double ms) { return ms > 0.0 ? flops / ms * 1e-6 : 0.0; }
+
+static pass_summary summarize(bench_run *run, bench_samples *s, int backward) {
+    pass_summary p = {.wall = wall_spread(s)};
+    for (int k = 0; k < BENCH_PHASES; ++k) p.phases[k] = phase_spread(s, k);
+    for (int l = 0; l < run->num_layers; ++l) p.flops += layer_flops(run, l, backward);
+    p.gflops = per_second(p.flops, p.wall.median);
+    p.gemm_gflops = per_second(p.flops, p.phases[PHASE_GEMM].median);
+    p.gemm_share = run->peak_gflops > 0.0 ? p.gemm_gflops / run->peak_gflops : 0.0;
+    return p;
+}
+
+/* ---- text ------------------------------------------------------------------------------------- */
+
+static int name_width(const bench_run *run) {
+    int width = 5;
+    for (int l = 0; l < run->num_layers; ++l) {
+        int len = (int)strlen(run->layers[l].name);
+        width = len > width ? len : width;
+    }
+    return width;
+}
+
+static void print_layers(bench_run *run, bench_samples *s, int backward, FILE *out) {
+    const int w = name_width(run);
+    const double sum = phase_spread(s, PHASE_TOTAL).median;
+    fprintf(out, "%3s  %-*s  %-10s %9s %9s %11s %7s %27s %6s %9s %9s %9s %9s %9s\n", "#", w,
+            "layer", "kind", "sites in", "sites out", "pairs", "GFLOP", "ms median [min, max]",
+            "share", "rulebook", "gather", "GEMM", "scatter", "other");
+    for (int l = 0; l < run->num_layers; ++l) {
+        const bench_layer *ly = &run->layers[l];
+        spread t = layer_spread(s, l, PHASE_TOTAL);
+        fprintf(out, "%3d  %-*s  %-10s %9lld %9lld %11lld %7.3f %9.2f [%7.2f, %7.2f] %5.1f%%", l, w,
+                ly->name, spconv_layer_kind_name(ly->kind), (long long)ly->sites_in,
+                (long long)ly->sites_out, (long long)ly->pairs,
+                layer_flops(run, l, backward) * 1e-9, t.median, t.min, t.max,
+                sum > 0.0 ? 100.0 * t.median / sum : 0.0);
+        for (int k = 1; k < BENCH_PHASES; ++k)
+            fprintf(out, " %9.2f", layer_spread(s, l, k).median);
+        fputc('\n', out);
+    }
+}
+
+static void print_pass(bench_run *run, bench_samples *s, const char *title, int backward,
+                       FILE *out) {
+    fprintf(out, "\n%s\n", title);
+    print_layers(run, s, backward, out);
+    pass_summary p = summarize(run, s, backward);
+    fprintf(out, "phases (sum over layers), ms median [min, max] and share of the layers' time:\n");
+    for (int k = 1; k < BENCH_PHASES; ++k)
+        fprintf(out, "  %-9s %9.2f [%9.2f, %9.2f] %5.1f%%\n", phase_titles[k], p.phases[k].median,
+                p.phases[k].min, p.phases[k].max,
+                p.phases[0].median > 0.0 ? 100.0 * p.phases[k].median / p.phases[0].median : 0.0);
+    fprintf(out, "  %-9s %9.2f [%9.2f, %9.2f]\n", "layers", p.phases[0].median, p.phases[0].min,
+            p.phases[0].max);
+    fprintf(out, "%s: %.2f ms median [%.2f, %.2f] wall, %.3f GFLOP, %.1f GFLOP/s; GEMM phase %.1f "
+            "GFLOP/s", title, p.wall.median, p.wall.min, p.wall.max, p.flops * 1e-9, p.gflops,
+            p.gemm_gflops);
+    if (run->peak_gflops > 0.0) fprintf(out, " = %.1f%% of the sgemm peak", 100.0 * p.gemm_share);
+    fputc('\n', out);
+}
+
+void bench_report_print(bench_run *run, FILE *out) {
+    fprintf(out, "spconv bench: %s on %s (", run->net_name, run->input);
+    if (run->points >= 0) fprintf(out, "%lld points, ", (long long)run->points);
+    fprintf(out, "%lld %s, spatial shape [%lld, %lld, %lld])\n", (long long)run->sites,
+            run->input_is_voxels ? "sites" : "voxels", (long long)run->spatial_shape[0],
+            (long long)run->spatial_shape[1], (long long)run->spatial_shape[2]);
+    fprintf(out, "%d thread%s, GEMM by %s, %d timed pass%s after %d warm-up%s; every forward "
+            "builds its rulebooks\n", run->threads, run->threads == 1 ? "" : "s",
+            run->blas ? "BLAS" : "the C fallback", run->repeat, run->repeat == 1 ? "" : "es",
+            run->warmup, run->warmup == 1 ? "" : "s");
+    if (run->peak_gflops > 0.0)
+        fprintf(out, "sgemm peak: %.1f GFLOP/s (%lld^3 float32, row blocks per thread)\n",
+                run->peak_gflops, (long long)run->peak_size);
+    print_pass(run, &run->forward, run->with_backward ? "forward (training)" : "forward", 0, out);
+    if (run->with_backward) print_pass(run, &run->backward, "backward", 1, out);
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------- */
+
+static void json_string(FILE *out, const char *text) {
+    fputc('"', out);
+    for (const unsigned char *c = (const unsigned char *)text; *c != '\0'; ++c) {
+        if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+        else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
+        else fputc(*c, out);
+    }
+    fputc('"', out);
+}
+
+/* JSON has no NaN or infinity. */
+static void json_number(FILE *out, double value) {
+    if (isfinite(value)) fprintf(out, "%.6g", value);
+    else fputs("null", out);
+}
+
+static void json_spread(FILE *out, spread s) {
+    fputs("{\"median\": ", out);
+    json_number(out, s.median);
+    fputs(", \"min\": ", out);
+    json_number(out, s.min);
+    fputs(", \"max\": ", out);
+    json_number(out, s.max);
+    fputc('}', out);
+}
+
+static void json_config(const bench_run *run, FILE *out) {
+    fputs("  \"config\": {\"net\": ", out);
+    json_string(out, run->net_name);
+    fputs(", \"input\": ", out);
+    json_string(out, run->input);
+    fprintf(out, ", \"input_kind\": \"%s\", \"points\": ", run->input_is_voxels ? "voxels" : "scan");
+    if (run->points >= 0) fprintf(out, "%lld", (long long)run->points);
+    else fputs("null", out);
+    fprintf(out, ", \"sites\": %lld, \"spatial_shape\": [%lld, %lld, %lld], \"in_channels\": %lld, "
+            "\"threads\": %d, \"repeat\": %d, \"warmup\": %d, \"backward\": %s, \"seed\": %lld, "
+            "\"gemm\": \"%s\", \"peak_size\": %lld, \"version\": ",
+            (long long)run->sites, (long long)run->spatial_shape[0],
+            (long long)run->spatial_shape[1], (long long)run->spatial_shape[2],
+            (long long)run->zin.channels, run->threads, run->repeat, run->warmup,
+            run->with_backward ? "true" : "false", (long long)run->seed, run->blas ? "blas" : "fallback",
+            (long long)run->peak_size);
+    json_string(out, spconv_version_string());
+    fputs("},\n", out);
+}
+
+static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out) {
+    pass_summary p = summarize(run, s, backward);
+    fprintf(out, "{\"mode\": \"%s\", \"wall_ms\": ",
+            backward ? "backward" : run->with_backward ? "training" : "inference");
+    json_spread(out, p.wall);
+    fputs(", \"phases_ms\": {", out);
+    for (int k = 0; k < BENCH_PHASES; ++k) {
+        fprintf(out, "%s\"%s\": ", k ? ", " : "", phase_keys[k]);
+        json_spread(out, p.phases[k]);
+    }
+    fputs("}, \"gflop\": ", out);
+    json_number(out, p.flops * 1e-9);
+    fputs(", \"gflops\": ", out);
+    json_number(out, p.gflops);
+    fputs(", \"gemm_gflops\": ", out);
+    json_number(out, p.gemm_gflops);
+    fputs(", \"gemm_share_of_peak\": ", out);
+    if (run->peak_gflops > 0.0) json_number(out, p.gemm_share);
+    else fputs("null", out);
+    fputc('}', out);
+}
+
+static void json_layer_phases(bench_samples *s, int layer, FILE *out) {
+    fputc('{', out);
+    for (int k = 0; k < BENCH_PHASES; ++k) {
+        fprintf(out, "%s\"%s\": ", k ? ", " : "", phase_keys[k]);
+        json_spread(out, layer_spread(s, layer, k));
+    }
+    fputc('}', out);
+}
+
+static void json_layer(bench_run *run, int l, FILE *out) {
+    const bench_layer *ly = &run->layers[l];
+    fprintf(out, "    {\"index\": %d, \"name\": ", l);
+    json_string(out, ly->name);
+    fprintf(out, ", \"kind\": \"%s\", \"sites_in\": %lld, \"sites_out\": %lld, \"channels_in\": "
+            "%lld, \"channels_out\": %lld, \"pairs\": %lld, \"gflop\": ",
+            spconv_layer_kind_name(ly->kind), (long long)ly->sites_in, (long long)ly->sites_out,
+            (long long)ly->channels_in, (long long)ly->channels_out, (long long)ly->pairs);
+    json_number(out, ly->flops * 1e-9);
+    fputs(",\n     \"forward_ms\": ", out);
+    json_layer_phases(&run->forward, l, out);
+    if (run->with_backward) {
+        fputs(",\n     \"backward_ms\": ", out);
+        json_layer_phases(&run->backward, l, out);
+    }
+    fprintf(out, "}%s\n", l + 1 < run->num_layers ? "," : "");
+}
+
+void bench_report_json(bench_run *run, FILE *out) {
+    fputs("{\n  \"schema\": \"spconv-bench/1\",\n", out);
+    json_config(run, out);
+    fputs("  \"sgemm_peak_gflops\": ", out);
+    if (run->peak_gflops > 0.0) json_number(out, run->peak_gflops);
+    else fputs("null", out);
+    fputs(",\n  \"passes\": {\"forward\": ", out);
+    json_pass(run, &run->forward, 0, out);
+    if (run->with_backward) {
+        fputs(",\n             \"backward\": ", out);
+        json_pass(run, &run->backward, 1, out);
+    }
+    fputs("},\n  \"layers\": [\n", out);
+    for (int l = 0; l < run->num_layers; ++l) json_layer(run, l, out);
+    fputs("  ]\n}\n", out);
+}

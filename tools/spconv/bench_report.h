@@ -1,0 +1,67 @@
+/* The timings of `spconv bench` and their report: medians with [min, max] per layer and per
+ * phase, throughput, the GEMM phase against the sgemm peak, as text and as JSON (schema in
+ * docs/benchmarks.md). */
+#ifndef SPCONV_TOOLS_BENCH_REPORT_H
+#define SPCONV_TOOLS_BENCH_REPORT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "spconv/spconv.h"
+
+/* The phases of spconv_phase_ms, in its order: total = the other five. */
+#define BENCH_PHASES 6
+
+/* Milliseconds of every layer and phase in every timed pass of one direction. */
+typedef struct bench_samples {
+    int repeat;
+    int layers;
+    double *layer;   /* [repeat][layers][BENCH_PHASES] */
+    double *wall;    /* [repeat]: the whole pass, as the caller timed it */
+    double *scratch; /* [repeat]: for sorting */
+} bench_samples;
+
+/** Allocate for @p repeat passes of @p layers layers; 0 on success, -1 out of memory. */
+int bench_samples_init(bench_samples *s, int repeat, int layers);
+/** The BENCH_PHASES values of layer @p layer in pass @p rep. */
+double *bench_sample(bench_samples *s, int rep, int layer);
+
+/* What one layer is: the same in every pass. */
+typedef struct bench_layer {
+    const char *name; /* borrowed from the network */
+    spconv_layer_kind kind;
+    int64_t sites_in, sites_out, channels_in, channels_out, pairs;
+    double flops; /* forward */
+} bench_layer;
+
+/* A benchmark run: the configuration, the peak and the samples. */
+typedef struct bench_run {
+    const char *net_name;
+    const char *input;
+    int input_is_voxels;
+    spconv_net_input zin;
+    int64_t points; /* of the scan; -1 for voxel files */
+    int64_t sites;
+    int64_t spatial_shape[3];
+    int threads, repeat, warmup, blas;
+    int with_backward; /* backward timed too; forward in training mode */
+    int64_t seed, peak_size;
+    double peak_gflops; /* 0: not measured */
+    bench_samples forward, backward;
+    bench_layer *layers;
+    int num_layers;
+} bench_run;
+
+/** Copy what every layer of @p net is (from its last pass); 0 on success, -1 out of memory. */
+int bench_report_capture_layers(bench_run *run, const spconv_net *net);
+
+/** The human-readable report. */
+void bench_report_print(bench_run *run, FILE *out);
+
+/** The JSON report (docs/benchmarks.md). */
+void bench_report_json(bench_run *run, FILE *out);
+
+/** Free the samples and the layer copies; a zeroed run is a no-op. */
+void bench_run_free(bench_run *run);
+
+#endif /* SPCONV_TOOLS_BENCH_REPORT_H */

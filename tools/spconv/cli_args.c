@@ -1,0 +1,404 @@
+/* Argument handling shared by the `spconv` subcommands (see cli_args.h). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "cli_args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- errors ---------------------------------------------------------------------------------- */
+
+int cli_error(const char *cmd, const char *fmt, ...) {
+    char message[1024];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(message, sizeof message, fmt, args);
+    va_end(args);
+    /* The contract is one line per error, whatever a file name or library message contains. */
+    for (char *c = message; *c != '\0'; ++c)
+        if (*c == '\n' || *c == '\r') *c = ' ';
+    fprintf(stderr, "spconv %s: %s\n", cmd, message);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_status_error(const char *cmd, spconv_status status, const char *what) {
+    const char *detail = spconv_last_error();
+    if (detail[0] == '\0') detail = spconv_status_string(status);
+    cli_error(cmd, "%s: %s", what, detail);
+    int blames_input = (status >= 100 && status < 200) || (status >= 300 && status < 400);
+    return blames_input ? CLI_EXIT_USAGE : CLI_EXIT_FAILURE;
+}
+
+/* ---- value parsers --------------------------------------------------------------------------- */
+
+/* Parse one decimal integer from text[0 .. len). Returns 0 when it is not one or overflows. */
+static int parse_int64_span(const char *text, size_t len, int64_t *out) {
+    char buf[32];
+    if (len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    /* strtoll would accept leading blanks and '+'; a value on a command line has neither. */
+    if (!(buf[0] == '-' || (buf[0] >= '0' && buf[0] <= '9'))) return 0;
+    char *end;
+    errno = 0;
+    long long value = strtoll(buf, &end, 10);
+    if (errno != 0 || *end != '\0' || end == buf) return 0;
+    *out = (int64_t)value;
+    return 1;
+}
+
+static int check_range(const char *cmd, const char *flag, const char *text, int64_t value,
+                       int64_t min, int64_t max) {
+    if (max > min && (value < min || value > max))
+        return cli_error(cmd, "%s %s: value %lld is outside [%lld, %lld]", flag, text,
+                         (long long)value, (long long)min, (long long)max);
+    if (value < min)
+        return cli_error(cmd, "%s %s: value %lld must be >= %lld", flag, text, (long long)value,
+                         (long long)min);
+    return 0;
+}
+
+int cli_parse_int(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max,
+                  int64_t *out) {
+    int64_t value;
+    if (!parse_int64_span(text, strlen(text), &value))
+        return cli_error(cmd, "%s '%s': expected an integer", flag, text);
+    int rc = check_range(cmd, flag, text, value, min, max);
+    if (rc != 0) return rc;
+    *out = value;
+    return 0;
+}
+
+int cli_parse_int_triple(const char *cmd, const char *flag, const char *text, int64_t min,
+                         int64_t max, int64_t out[3]) {
+    int64_t values[3];
+    int count = 0;
+    const char *start = text;
+    for (;;) {
+        const char *comma = strchr(start, ',');
+        size_t len = comma ? (size_t)(comma - start) : strlen(start);
+        if (count == 3 || !parse_int64_span(start, len, &values[count]))
+            return cli_error(cmd, "%s '%s': expected one integer or three separated by commas",
+                             flag, text);
+        ++count;
+        if (comma == NULL) break;
+        start = comma + 1;
+    }
+    if (count == 2)
+        return cli_error(cmd, "%s '%s': expected one integer or three separated by commas, got two",
+                         flag, text);
+    if (count == 1) values[1] = values[2] = values[0];
+    for (int i = 0; i < 3; ++i) {
+        int rc = check_range(cmd, flag, text, values[i], min, max);
+        if (rc != 0) return rc;
+    }
+    memcpy(out, values, sizeof values);
+    return 0;
+}
+
+int cli_parse_float_list(const char *cmd, const char *flag, const char *text, int count,
+                         double *out) {
+    const char *start = text;
+    for (int i = 0; i < count; ++i) {
+        char *end;
+        errno = 0;
+        double value = strtod(start, &end);
+        int ends_right = (i + 1 < count) ? *end == ',' : *end == '\0';
+        if (end == start || *start == ' ' || *start == '\t' || !ends_right)
+            return cli_error(cmd, "%s '%s': expected %d numbers separated by commas", flag, text,
+                             count);
+        if (!isfinite(value) || errno == ERANGE)
+            return cli_error(cmd, "%s '%s': value %d is not a finite number", flag, text, i + 1);
+        out[i] = value;
+        start = end + 1;
+    }
+    return 0;
+}
+
+int cli_parse_path(const char *cmd, const char *flag, const char *text, const char **out) {
+    if (text[0] == '\0') return cli_error(cmd, "%s: the path is empty", flag);
+    *out = text;
+    return 0;
+}
+
+/* ---- option tables --------------------------------------------------------------------------- */
+
+const cli_option *cli_find_option(const cli_spec *spec, const char *name) {
+    for (int i = 0; i < spec->num_options; ++i)
+        if (strcmp(spec->options[i].name, name) == 0) return &spec->options[i];
+    return NULL;
+}
+
+/* The option whose name is arg up to '=' (or all of arg). */
+static cli_option *match_option(cli_spec *spec, const char *arg, const char **inline_value) {
+    const char *eq = strchr(arg, '=');
+    size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+    *inline_value = eq ? eq + 1 : NULL;
+    for (int i = 0; i < spec->num_options; ++i) {
+        const char *name = spec->options[i].name;
+        if (strlen(name) == len && strncmp(name, arg, len) == 0) return &spec->options[i];
+    }
+    return NULL;
+}
+
+static int parse_choice(const char *cmd, const cli_option *opt, const char *text) {
+    char names[256] = "";
+    for (int i = 0; opt->choices[i] != NULL; ++i) {
+        if (strcmp(opt->choices[i], text) == 0) {
+            *(int *)opt->value = i;
+            return 0;
+        }
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s%s", i ? ", " : "", opt->choices[i]);
+    }
+    return cli_error(cmd, "%s '%s': expected one of %s", opt->name, text, names);
+}
+
+static int parse_value(const char *cmd, const cli_option *opt, const char *text) {
+    switch (opt->kind) {
+    case CLI_SWITCH: break;
+    case CLI_PATH: return cli_parse_path(cmd, opt->name, text, (const char **)opt->value);
+    case CLI_INT: return cli_parse_int(cmd, opt->name, text, opt->min, opt->max, opt->value);
+    case CLI_TRIPLE:
+        return cli_parse_int_triple(cmd, opt->name, text, opt->min, opt->max, opt->value);
+    case CLI_FLOATS: return cli_parse_float_list(cmd, opt->name, text, opt->count, opt->value);
+    case CLI_CHOICE: return parse_choice(cmd, opt, text);
+    }
+    return cli_error(cmd, "%s: option has an unknown kind %d", opt->name, (int)opt->kind);
+}
+
+/* Handle the option at argv[*i], advancing *i past its value. */
+static int parse_one_option(cli_spec *spec, int argc, char **argv, int *i) {
+    const char *cmd = spec->command;
+    const char *arg = argv[*i];
+    const char *inline_value;
+    cli_option *opt = match_option(spec, arg, &inline_value);
+    if (opt == NULL)
+        return cli_error(cmd, "unknown option '%s' (see `spconv %s --help`)", arg, cmd);
+    if (opt->given) return cli_error(cmd, "%s is given more than once", opt->name);
+    opt->given = 1;
+    if (opt->kind == CLI_SWITCH) {
+        if (inline_value != NULL) return cli_error(cmd, "%s takes no value", opt->name);
+        *(int *)opt->value = 1;
+        return 0;
+    }
+    const char *text = inline_value;
+    if (text == NULL) {
+        /* "--bias --out DIR" forgot the bias path; "--flag=--x" can still pass such a value. */
+        if (*i + 1 >= argc || strncmp(argv[*i + 1], "--", 2) == 0)
+            return cli_error(cmd, "%s needs a value (%s)", opt->name, opt->metavar);
+        text = argv[++*i];
+    }
+    return parse_value(cmd, opt, text);
+}
+
+static int is_help(const char *arg) { return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0; }
+
+int cli_parse(cli_spec *spec, int argc, char **argv, int *exit_status) {
+    const char *cmd = spec->command;
+    /* --help wins over every error, so that a half-typed command line can still ask for help. */
+    for (int i = 0; i < argc; ++i) {
+        if (is_help(argv[i])) {
+            cli_print_help(spec, stdout);
+            *exit_status = CLI_EXIT_OK;
+            return 0;
+        }
+    }
+    int positionals = 0;
+    for (int i = 0; i < argc; ++i) {
+        const char *arg = argv[i];
+        int rc;
+        if (strncmp(arg, "--", 2) == 0 && arg[2] != '\0') {
+            rc = parse_one_option(spec, argc, argv, &i);
+        } else if (spec->positional != NULL && positionals == 0 && arg[0] != '\0' &&
+                   (arg[0] != '-' || arg[1] == '\0')) {
+            *spec->positional_value = arg;
+            ++positionals;
+            rc = 0;
+        } else {
+            rc = cli_error(cmd, "unexpected argument '%s' (see `spconv %s --help`)", arg, cmd);
+        }
+        if (rc != 0) {
+            *exit_status = rc;
+            return 0;
+        }
+    }
+    if (spec->positional != NULL && positionals == 0 && !spec->positional_optional) {
+        *exit_status = cli_error(cmd, "missing %s (see `spconv %s --help`)", spec->positional, cmd);
+        return 0;
+    }
+    for (int i = 0; i < spec->num_options; ++i) {
+        if (spec->options[i].required && !spec->options[i].given) {
+            *exit_status =
+                cli_error(cmd, "missing %s %s", spec->options[i].name, spec->options[i].metavar);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* "--flag VALUE" (or "--flag" for a switch) into buf. */
+static int option_synopsis(const cli_option *opt, char *buf, size_t cap) {
+    if (opt->kind == CLI_SWITCH) return snprintf(buf, cap, "%s", opt->name);
+    return snprintf(buf, cap, "%s %s", opt->name, opt->metavar);
+}
+
+/* The usage line, wrapped before 100 columns under the first option. */
+static void print_usage_line(const cli_spec *spec, FILE *stream) {
+    int indent = fprintf(stream, "usage: spconv %s", spec->command);
+    int column = indent;
+    if (spec->positional != NULL)
+        column += fprintf(stream, spec->positional_optional ? " [%s]" : " %s", spec->positional);
+    for (int i = 0; i < spec->num_options; ++i) {
+        char item[128], synopsis[120];
+        option_synopsis(&spec->options[i], synopsis, sizeof synopsis);
+        int len = snprintf(item, sizeof item, spec->options[i].required ? "%s" : "[%s]", synopsis);
+        if (column + 1 + len > 100) column = fprintf(stream, "\n%*s", indent, "") - 1;
+        column += fprintf(stream, " %s", item);
+    }
+    fputc('\n', stream);
+}
+
+void cli_print_help(const cli_spec *spec, FILE *stream) {
+    print_usage_line(spec, stream);
+    fprintf(stream, "\n%s\n\noptions:\n", spec->summary);
+    int width = (int)strlen("-h, --help");
+    char left[128];
+    for (int i = 0; i < spec->num_options; ++i) {
+        int len = option_synopsis(&spec->options[i], left, sizeof left);
+        if (len > width) width = len;
+    }
+    for (int i = 0; i < spec->num_options; ++i) {
+        option_synopsis(&spec->options[i], left, sizeof left);
+        fprintf(stream, "  %-*s  %s\n", width, left, spec->options[i].help);
+    }
+    fprintf(stream, "  %-*s  %s\n", width, "-h, --help", "print this help and exit");
+    if (spec->epilog != NULL) fprintf(stream, "\n%s\n", spec->epilog);
+}
+
+/* ---- .npy files ------------------------------------------------------------------------------ */
+
+int cli_read_npy(const char *cmd, const char *flag, const char *path, spconv_tensor **out) {
+    spconv_status st = spconv_npy_read(path, out);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, flag);
+}
+
+/* ---- output folder --------------------------------------------------------------------------- */
+
+static char *copy_string(const char *text) {
+    size_t len = strlen(text);
+    char *copy = malloc(len + 1);
+    if (copy != NULL) memcpy(copy, text, len + 1);
+    return copy;
+}
+
+int cli_outdir_check(const char *cmd, const char *dir) {
+    struct stat info;
+    if (dir[0] == '\0') return cli_error(cmd, "--out: the path is empty");
+    if (stat(dir, &info) == 0 && !S_ISDIR(info.st_mode))
+        return cli_error(cmd, "--out '%s': exists and is not a folder", dir);
+    return 0;
+}
+
+/* mkdir one level of the path; record it when it is new. */
+static int make_one_dir(cli_outdir *od, const char *path) {
+    struct stat info;
+    if (stat(path, &info) == 0) {
+        if (S_ISDIR(info.st_mode)) return 0;
+        return cli_error(od->cmd, "--out: '%s' exists and is not a folder", path);
+    }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return cli_error(od->cmd, "--out: cannot create folder '%s': %s", path, strerror(errno));
+    char *copy = copy_string(path);
+    if (copy == NULL) return cli_error(od->cmd, "out of memory");
+    od->created_dirs[od->num_created_dirs++] = copy;
+    return 0;
+}
+
+int cli_outdir_open(cli_outdir *od, const char *cmd, const char *dir) {
+    memset(od, 0, sizeof *od);
+    od->cmd = cmd;
+    int rc = cli_outdir_check(cmd, dir);
+    if (rc != 0) return rc;
+    od->dir = copy_string(dir);
+    size_t levels = 1;
+    for (const char *c = dir; *c != '\0'; ++c) levels += *c == '/';
+    od->created_dirs = calloc(levels, sizeof *od->created_dirs);
+    if (od->dir == NULL || od->created_dirs == NULL) return cli_error(cmd, "out of memory");
+    /* Walk the parents outermost first, cutting the path at each '/' (a leading one is root). */
+    char *path = od->dir;
+    for (char *c = path + 1; *c != '\0'; ++c) {
+        if (*c != '/' || c[-1] == '/') continue;
+        *c = '\0';
+        rc = make_one_dir(od, path);
+        *c = '/';
+        if (rc != 0) return rc;
+    }
+    return make_one_dir(od, path);
+}
+
+int cli_outdir_path(cli_outdir *od, const char *name, const char **path) {
+    if (od->num_files == CLI_OUTDIR_MAX_FILES)
+        return cli_error(od->cmd, "too many outputs (at most %d)", CLI_OUTDIR_MAX_FILES);
+    size_t size = strlen(od->dir) + strlen(name) + 64;
+    char *final_path = malloc(size);
+    char *temp_path = malloc(size);
+    if (final_path == NULL || temp_path == NULL) {
+        free(final_path);
+        free(temp_path);
+        return cli_error(od->cmd, "out of memory");
+    }
+    snprintf(final_path, size, "%s/%s", od->dir, name);
+    /* The pid keeps two runs writing into one folder from trading temporaries. */
+    snprintf(temp_path, size, "%s/.%s.%ld.partial", od->dir, name, (long)getpid());
+    od->final_paths[od->num_files] = final_path;
+    od->temp_paths[od->num_files] = temp_path;
+    ++od->num_files;
+    *path = temp_path;
+    return 0;
+}
+
+int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
+                         const spconv_tensor *t) {
+    const char *path;
+    int rc = cli_outdir_path(od, name, &path);
+    if (rc != 0) return rc;
+    spconv_status st = spconv_npy_write(ctx, path, t);
+    if (st == SPCONV_OK) return 0;
+    char what[128];
+    snprintf(what, sizeof what, "writing %s", name);
+    return cli_status_error(od->cmd, st, what);
+}
+
+int cli_outdir_commit(cli_outdir *od) {
+    for (int i = 0; i < od->num_files; ++i) {
+        if (rename(od->temp_paths[i], od->final_paths[i]) == 0) continue;
+        int err = errno;
+        for (int j = 0; j < i; ++j) unlink(od->final_paths[j]);
+        return cli_error(od->cmd, "cannot rename '%s' to '%s': %s", od->temp_paths[i],
+                         od->final_paths[i], strerror(err));
+    }
+    od->committed = 1;
+    return 0;
+}
+
+void cli_outdir_close(cli_outdir *od) {
+    for (int i = 0; i < od->num_files; ++i) {
+        if (!od->committed) unlink(od->temp_paths[i]);
+        free(od->temp_paths[i]);
+        free(od->final_paths[i]);
+    }
+    /* Innermost first; rmdir leaves a folder alone if anything else appeared in it meanwhile. */
+    for (int i = od->num_created_dirs - 1; i >= 0; --i) {
+        if (!od->committed) rmdir(od->created_dirs[i]);
+        free(od->created_dirs[i]);
+    }
+    free(od->created_dirs);
+    free(od->dir);
+    memset(od, 0, sizeof *od);
+}

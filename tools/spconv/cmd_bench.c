@@ -1,0 +1,247 @@
+/* `spconv bench`: times a zoo network's forward (and backward) pass with warm-up and
+ * repetitions, per layer and per phase, as spconv's own network benchmark does (rulebook
+ * building counted in every forward). See `spconv bench --help` and docs/benchmarks.md for the
+ * JSON schema. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench_report.h"
+#include "cli_args.h"
+#include "commands.h"
+#include "conv/gemm.h"
+#include "conv/gemm_peak.h"
+#include "net_args.h"
+#include "spconv/spconv.h"
+
+#define PEAK_REPEAT 3
+
+typedef struct bench_args {
+    int net;
+    const char *input;  /* NULL: the bundled sample */
+    int64_t repeat;
+    int64_t warmup;
+    int backward;
+    int64_t threads;    /* 0: all cores */
+    int64_t peak_size;  /* 0: do not measure the sgemm peak */
+    int64_t seed;
+    const char *json;
+} bench_args;
+
+typedef struct bench_job {
+    const char *cmd;
+    bench_args args;
+    bench_run run; /* what the report prints (bench_report.h) */
+    spconv_context *ctx;
+    spconv_net *net;
+    net_input input;
+    spconv_tensor *grad; /* the fixed output gradient of --backward */
+    FILE *json;          /* the temporary JSON file, opened before the timing */
+    char *json_temp;
+} bench_job;
+
+/* ---- one pass --------------------------------------------------------------------------------- */
+
+/* A fixed pseudo-random gradient of @p out's shape: every backward sees the same one. */
+static int make_grad(bench_job *job, const spconv_tensor *out) {
+    spconv_status st = spconv_tensor_empty(spconv_cpu(), SPCONV_F32, spconv_tensor_ndim(out),
+                                           spconv_tensor_sizes(out), &job->grad);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "the output gradient");
+    float *g = spconv_tensor_data(job->grad);
+    uint64_t state = (uint64_t)job->args.seed * 2654435761u + 1;
+    for (int64_t i = 0; i < spconv_tensor_numel(job->grad); ++i) {
+        state = state * 6364136223846793005u + 1442695040888963407u; /* speed, not quality */
+        g[i] = (float)(state >> 40) * 0x1.0p-23f - 1.0f;
+    }
+    return 0;
+}
+
+static void record(bench_samples *s, int rep, const spconv_net *net, int backward, double wall) {
+    s->wall[rep] = wall;
+    for (int i = 0; i < s->layers; ++i) {
+        const spconv_layer_stats *st = spconv_net_stats(net, i);
+        const spconv_phase_ms *p = backward ? &st->backward : &st->forward;
+        const double values[BENCH_PHASES] = {p->total, p->rulebook, p->gather,
+                                             p->gemm, p->scatter, p->other};
+        memcpy(bench_sample(s, rep, i), values, sizeof values);
+    }
+}
+
+/* One forward (and backward) on a fresh input; recorded as repetition @p rep unless it is < 0. */
+static int one_pass(bench_job *job, int rep) {
+    spconv_sparse_tensor *input = NULL;
+    spconv_tensor *out = NULL;
+    int rc = net_input_sparse(job->cmd, &job->input, &input);
+    if (rc != 0) return rc;
+    const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
+    double start = net_now_ms();
+    spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
+    const double forward_ms = net_now_ms() - start;
+    if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
+    if (rc == 0 && rep >= 0) record(&job->run.forward, rep, job->net, 0, forward_ms);
+    if (rc == 0 && job->args.backward && job->grad == NULL) rc = make_grad(job, out);
+    if (rc == 0 && job->args.backward) {
+        start = net_now_ms();
+        st = spconv_net_backward(job->ctx, job->net, job->grad, NULL);
+        const double backward_ms = net_now_ms() - start;
+        if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");
+        if (rc == 0 && rep >= 0) record(&job->run.backward, rep, job->net, 1, backward_ms);
+    }
+    spconv_tensor_release(out);
+    spconv_sparse_release(input);
+    return rc;
+}
+
+/* ---- set-up ----------------------------------------------------------------------------------- */
+
+static int read_input(bench_job *job) {
+    const char *path = job->args.input;
+    int rc = path == NULL ? net_sample_scan(job->cmd, &path) : 0;
+    if (rc != 0) return rc;
+    job->run.input = path;
+    job->run.input_is_voxels = net_input_is_voxels(path);
+    if (job->run.input_is_voxels)
+        return net_input_from_voxels(job->cmd, job->ctx, &job->run.zin, path, &job->input);
+    return net_input_from_scan(job->cmd, job->ctx, &job->run.zin, path, &job->input);
+}
+
+/* The JSON goes to a temporary beside FILE, opened now so that a bad path fails before the
+ * timing, and renamed over FILE at the end. */
+static int open_json(bench_job *job) {
+    const char *path = job->args.json;
+    size_t size = strlen(path) + 48;
+    job->json_temp = malloc(size);
+    if (job->json_temp == NULL) return cli_error(job->cmd, "out of memory");
+    snprintf(job->json_temp, size, "%s.%ld.partial", path, (long)getpid());
+    job->json = fopen(job->json_temp, "w");
+    if (job->json == NULL) {
+        free(job->json_temp);
+        job->json_temp = NULL;
+        return cli_error(job->cmd, "--json '%s': cannot create the file", path);
+    }
+    return 0;
+}
+
+static int finish_json(bench_job *job) {
+    bench_report_json(&job->run, job->json);
+    int failed = ferror(job->json) != 0;
+    failed |= fclose(job->json) != 0;
+    job->json = NULL;
+    if (!failed && rename(job->json_temp, job->args.json) == 0) return 0;
+    return cli_error(job->cmd, "--json '%s': writing the file failed", job->args.json);
+}
+
+static int setup(bench_job *job) {
+    const bench_args *a = &job->args;
+    int rc = a->json != NULL ? open_json(job) : 0;
+    spconv_status st = SPCONV_OK;
+    if (rc == 0) st = spconv_zoo_input(job->run.net_name, &job->run.zin);
+    if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
+    if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
+    if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
+    if (rc == 0)
+        rc = net_build(job->cmd, job->ctx, job->run.net_name, (uint64_t)a->seed, NULL,
+                       SPCONV_NET_LAYOUT_AUTO, &job->net);
+    if (rc == 0) rc = read_input(job);
+    if (rc != 0) return rc;
+    job->run.threads = spconv_context_num_threads(job->ctx);
+    job->run.sites = spconv_tensor_size(job->input.features, 0);
+    job->run.points = job->input.cloud ? spconv_point_cloud_num_points(job->input.cloud) : -1;
+    memcpy(job->run.spatial_shape, job->input.spatial_shape, sizeof job->run.spatial_shape);
+    const int layers = spconv_net_num_layers(job->net), reps = (int)a->repeat;
+    if (bench_samples_init(&job->run.forward, reps, layers) != 0 ||
+        (a->backward && bench_samples_init(&job->run.backward, reps, layers) != 0))
+        return cli_error(job->cmd, "out of memory for %d x %d timings", reps, layers);
+    return 0;
+}
+
+static int measure_peak(bench_job *job) {
+    if (job->args.peak_size == 0) return 0;
+    spconv_status st = spconv__sgemm_peak(job->run.threads, job->args.peak_size, PEAK_REPEAT,
+                                          &job->run.peak_gflops);
+    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "measuring the sgemm peak");
+}
+
+static int bench_steps(bench_job *job) {
+    int rc = setup(job);
+    if (rc == 0) rc = measure_peak(job);
+    for (int r = 0; rc == 0 && r < job->args.warmup; ++r) rc = one_pass(job, -1);
+    for (int r = 0; rc == 0 && r < job->args.repeat; ++r) rc = one_pass(job, r);
+    if (rc != 0) return rc;
+    if (bench_report_capture_layers(&job->run, job->net) != 0)
+        return cli_error(job->cmd, "out of memory for the report");
+    bench_report_print(&job->run, stdout);
+    return job->json != NULL ? finish_json(job) : 0;
+}
+
+static void bench_free(bench_job *job) {
+    if (job->json != NULL) fclose(job->json);
+    if (job->json_temp != NULL) remove(job->json_temp); /* gone already after a rename */
+    free(job->json_temp);
+    bench_run_free(&job->run);
+    spconv_tensor_release(job->grad);
+    net_input_release(&job->input);
+    spconv_net_destroy(job->net);
+    spconv_context_destroy(job->ctx);
+}
+
+static const char bench_epilog[] =
+    "--input is a scan (.bin, .pcd, .ply; voxelized for the network) or voxel files: a folder with\n"
+    "spconv_test_indices.i32 + spconv_test_features.f32 (spconv's bench_basic input, e.g.\n"
+    "../shared/data) or with indices.npy + features.npy, or a prefix P of P_indices.i32 +\n"
+    "P_features.f32; voxels take the network's spatial shape (basic: [80, 1600, 1600]). Default:\n"
+    "the bundled sample scan. Every pass gets a fresh input tensor, so rulebooks are built in\n"
+    "every forward. --backward times a training-mode forward and the backward of a fixed\n"
+    "random output gradient. Reports medians with [min, max] per layer and per phase\n"
+    "(rulebook, gather, GEMM, scatter, other), GFLOP/s, and the GEMM phase's share of this\n"
+    "machine's sgemm peak (a PEAK^3 float32 product run the way the conv executor runs its\n"
+    "products). --json FILE writes all of it; the schema is in docs/benchmarks.md.";
+
+int spconv_cmd_bench(int argc, char **argv) {
+    static const char cmd[] = "bench";
+    const char *zoo[NET_ZOO_MAX + 1];
+    net_zoo_choices(zoo);
+    bench_job job = {.cmd = cmd, .args = {.repeat = 5, .warmup = 1, .peak_size = 2048, .seed = 1}};
+    bench_args *a = &job.args;
+    cli_option opts[] = {
+        {.name = "--net", .kind = CLI_CHOICE, .value = &a->net, .choices = zoo,
+         .metavar = "second|basic|unet", .help = "zoo network (default second)"},
+        {.name = "--input", .kind = CLI_PATH, .value = &a->input, .metavar = "SCAN|VOXELS",
+         .help = "what to run on (default: the bundled sample scan)"},
+        {.name = "--repeat", .kind = CLI_INT, .value = &a->repeat, .metavar = "N", .min = 1,
+         .max = 100000, .help = "timed passes (default 5)"},
+        {.name = "--warmup", .kind = CLI_INT, .value = &a->warmup, .metavar = "N", .min = 0,
+         .max = 100000, .help = "untimed passes first (default 1)"},
+        {.name = "--backward", .kind = CLI_SWITCH, .value = &a->backward,
+         .help = "time training forward + backward"},
+        {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
+         .max = 1024, .help = "CPU threads (default: all cores)"},
+        {.name = "--peak-size", .kind = CLI_INT, .value = &a->peak_size, .metavar = "PEAK",
+         .min = 0, .max = 16384, .help = "sgemm size of the peak measurement (default 2048; 0: skip)"},
+        {.name = "--seed", .kind = CLI_INT, .value = &a->seed, .metavar = "S", .min = 0,
+         .max = INT64_MAX, .help = "seed of the parameters and the gradient (default 1)"},
+        {.name = "--json", .kind = CLI_PATH, .value = &a->json, .metavar = "FILE",
+         .help = "also write the results as JSON"},
+    };
+    cli_spec spec = {.command = cmd,
+                     .summary = "time a zoo network per layer and per phase, rulebooks included",
+                     .options = opts, .num_options = (int)(sizeof opts / sizeof opts[0]),
+                     .epilog = bench_epilog};
+    int status;
+    if (!cli_parse(&spec, argc, argv, &status)) return status;
+    job.run.net_name = zoo[a->net];
+    job.run.repeat = (int)a->repeat;
+    job.run.warmup = (int)a->warmup;
+    job.run.with_backward = a->backward;
+    job.run.seed = a->seed;
+    job.run.peak_size = a->peak_size;
+    job.run.blas = spconv__gemm_has_blas();
+    int rc = bench_steps(&job);
+    bench_free(&job);
+    return rc;
+}

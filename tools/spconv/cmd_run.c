@@ -1,0 +1,265 @@
+/* `spconv run`: the main job. A scan goes through a zoo network; the command prints what every
+ * layer did and writes the output tensor and a picture. See `spconv run --help`. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "net_args.h"
+#include "net_picture.h"
+#include "spconv/spconv.h"
+
+typedef struct run_args {
+    const char *scan;
+    int net;          /* index into the zoo */
+    const char *weights;
+    int layout;       /* index into layout_names */
+    int64_t seed;
+    int64_t threads;  /* 0: all cores */
+    const char *out_dir;
+    int quiet;
+    int progress;
+} run_args;
+
+static const char *const layout_names[] = {"auto", "rsck", "krsc", "oidhw", NULL};
+static const spconv_net_layout layouts[] = {SPCONV_NET_LAYOUT_AUTO, SPCONV_NET_LAYOUT_RSCK,
+                                            SPCONV_NET_LAYOUT_KRSC, SPCONV_NET_LAYOUT_OIDHW};
+
+/* What a run holds; released by run_free. */
+typedef struct run_job {
+    const char *cmd;
+    run_args args;
+    const char *net_name;
+    spconv_net_input zin;
+    spconv_context *ctx;
+    spconv_net *net;
+    net_input input;
+    spconv_tensor *output;
+    spconv_sparse_tensor *out_sparse;
+    double forward_ms;
+    cli_outdir od;
+} run_job;
+
+/* ---- progress --------------------------------------------------------------------------------- */
+
+typedef struct progress_state {
+    const char *cmd;
+    int tty; /* on a terminal one line is rewritten in place; elsewhere one line per layer */
+} progress_state;
+
+static void on_progress(void *user, const spconv_layer_stats *s, int num_layers, int backward) {
+    const progress_state *ps = user;
+    const char *kind = spconv_layer_kind_name(s->kind);
+    const double ms = backward ? s->backward.total : s->forward.total;
+    if (ps->tty)
+        fprintf(stderr, "\r\033[Kspconv %s: layer %d/%d %s (%s) %.1f ms", ps->cmd, s->index + 1,
+                num_layers, s->name, kind, ms);
+    else
+        fprintf(stderr, "spconv %s: layer %d/%d %s (%s) %.1f ms\n", ps->cmd, s->index + 1,
+                num_layers, s->name, kind, ms);
+    fflush(stderr);
+}
+
+/* ---- the report ------------------------------------------------------------------------------- */
+
+static void format_shape(const spconv_tensor *t, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < spconv_tensor_ndim(t) && used < cap; ++d)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", d ? ", " : "",
+                                 (long long)spconv_tensor_size(t, d));
+    if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
+static int name_width(const spconv_net *net) {
+    int width = 5; /* "layer" */
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) {
+        int len = (int)strlen(spconv_net_layer(net, i)->name);
+        width = len > width ? len : width;
+    }
+    return width;
+}
+
+static void print_layer_table(const spconv_net *net) {
+    const int w = name_width(net);
+    double sum = 0.0;
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) sum += spconv_net_stats(net, i)->forward.total;
+    printf("%3s  %-*s  %-10s %10s %10s %13s %12s %10s %7s\n", "#", w, "layer", "kind", "sites in",
+           "sites out", "channels", "pairs", "ms", "share");
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) {
+        const spconv_layer_stats *s = spconv_net_stats(net, i);
+        char channels[32];
+        snprintf(channels, sizeof channels, "%lld -> %lld", (long long)s->channels_in,
+                 (long long)s->channels_out);
+        printf("%3d  %-*s  %-10s %10lld %10lld %13s %12lld %10.2f %6.1f%%\n", i, w, s->name,
+               spconv_layer_kind_name(s->kind), (long long)s->sites_in, (long long)s->sites_out,
+               channels, (long long)s->pairs, s->forward.total,
+               sum > 0.0 ? 100.0 * s->forward.total / sum : 0.0);
+    }
+}
+
+static double total_flops(const spconv_net *net) {
+    double flops = 0.0;
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) flops += spconv_net_stats(net, i)->flops;
+    return flops;
+}
+
+static void print_summary(const run_job *job) {
+    const net_input *in = &job->input;
+    const int64_t voxels = spconv_tensor_size(in->features, 0);
+    char shape[96];
+    format_shape(job->output, shape, sizeof shape);
+    const double flops = total_flops(job->net);
+    printf("%s: %lld points -> %lld voxels (%lld points in range) -> output %s; forward %.1f ms, "
+           "%.2f GFLOP, %.1f GFLOP/s; read %.1f ms, voxelize %.1f ms\n",
+           job->net_name, (long long)spconv_point_cloud_num_points(in->cloud), (long long)voxels,
+           (long long)in->stats.voxelized, shape, job->forward_ms, flops * 1e-9,
+           job->forward_ms > 0.0 ? flops * 1e-6 / job->forward_ms : 0.0, in->read_ms,
+           in->voxelize_ms);
+    if (voxels == 0) {
+        const double *r = job->zin.point_range;
+        printf("note: no point of the scan lies in the network's range (x [%g, %g), y [%g, %g), "
+               "z [%g, %g)): 0 voxels, so the output has no active site\n",
+               r[0], r[3], r[1], r[4], r[2], r[5]);
+    }
+}
+
+/* ---- outputs ---------------------------------------------------------------------------------- */
+
+static int write_picture(run_job *job, int64_t size[2]) {
+    if (!SPCONV_HAVE_PNG) {
+        printf("note: picture.png not written: this build of spconv has no libpng\n");
+        return 0;
+    }
+    const char *path;
+    int rc = cli_outdir_path(&job->od, "picture.png", &path);
+    if (rc != 0) return rc;
+    spconv_image *image = NULL;
+    spconv_status st = picture_make(&job->zin, spconv_point_cloud_points(job->input.cloud),
+                                    job->output, job->out_sparse, &image);
+    if (st == SPCONV_OK) st = spconv_png_write(path, image);
+    if (st == SPCONV_OK) size[0] = image->width, size[1] = image->height;
+    spconv_image_destroy(image);
+    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "writing picture.png");
+}
+
+static int write_outputs(run_job *job) {
+    const int dense = spconv_tensor_ndim(job->output) == 4;
+    int64_t size[2] = {0, 0};
+    int rc = cli_outdir_write_npy(&job->od, job->ctx, "output.npy", job->output);
+    if (rc == 0 && !dense)
+        rc = cli_outdir_write_npy(&job->od, job->ctx, "out_indices.npy",
+                                  spconv_sparse_indices(job->out_sparse));
+    if (rc == 0) rc = write_picture(job, size);
+    if (rc == 0) rc = cli_outdir_commit(&job->od);
+    if (rc != 0 || job->args.quiet) return rc;
+    const char *dir = job->args.out_dir;
+    printf("wrote %s/output.npy%s", dir, dense ? "" : ", ");
+    if (!dense) printf("%s/out_indices.npy", dir);
+    if (size[0] > 0)
+        printf(", %s/picture.png (%lld x %lld: output heat map | input occupancy)", dir,
+               (long long)size[0], (long long)size[1]);
+    printf("\n");
+    return 0;
+}
+
+/* ---- the command ------------------------------------------------------------------------------ */
+
+static int forward(run_job *job) {
+    progress_state ps = {.cmd = job->cmd, .tty = isatty(STDERR_FILENO)};
+    const int show = job->args.progress || (ps.tty && !job->args.quiet);
+    if (show) spconv_net_set_progress(job->net, on_progress, &ps);
+    spconv_sparse_tensor *input = NULL;
+    int rc = net_input_sparse(job->cmd, &job->input, &input);
+    if (rc != 0) return rc;
+    const double start = net_now_ms();
+    spconv_status st = spconv_net_forward(job->ctx, job->net, input, SPCONV_NET_INFERENCE,
+                                          &job->output, &job->out_sparse);
+    job->forward_ms = net_now_ms() - start;
+    if (show && ps.tty) fprintf(stderr, "\r\033[K");
+    spconv_net_set_progress(job->net, NULL, NULL);
+    spconv_sparse_release(input);
+    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "running the network");
+}
+
+static int run_job_steps(run_job *job) {
+    const run_args *a = &job->args;
+    int rc = a->scan == NULL ? net_sample_scan(job->cmd, &job->args.scan) : 0;
+    if (rc == 0) rc = cli_outdir_open(&job->od, job->cmd, a->out_dir);
+    spconv_status st = SPCONV_OK;
+    if (rc == 0) st = spconv_zoo_input(job->net_name, &job->zin);
+    if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
+    if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
+    if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
+    if (rc == 0)
+        rc = net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
+                       layouts[a->layout], &job->net);
+    if (rc == 0) rc = net_input_from_scan(job->cmd, job->ctx, &job->zin, job->args.scan, &job->input);
+    if (rc == 0) rc = forward(job);
+    if (rc == 0 && !a->quiet) print_layer_table(job->net);
+    if (rc == 0) print_summary(job);
+    if (rc == 0) rc = write_outputs(job);
+    return rc;
+}
+
+static void run_free(run_job *job) {
+    cli_outdir_close(&job->od);
+    spconv_tensor_release(job->output);
+    spconv_sparse_release(job->out_sparse);
+    net_input_release(&job->input);
+    spconv_net_destroy(job->net);
+    spconv_context_destroy(job->ctx);
+}
+
+static const char run_epilog[] =
+    "SCAN is a KITTI/nuScenes .bin, a PCD or a PLY file; without it the bundled sample\n"
+    "data/sample_scan.bin is used (or $SPCONV_SAMPLE_SCAN). The scan is voxelized as the network\n"
+    "expects (`second`, `unet`: KITTI grid, mean of x, y, z, intensity; `basic`: 0.1 m voxels of\n"
+    "x, y, z), run once for inference, and the layers are listed with their active sites,\n"
+    "rulebook pairs and time. Without --weights the parameters come from --seed.\n"
+    "Writes into DIR: output.npy (second: the dense BEV map [1, 256, 200, 176]; the others:\n"
+    "float32 [N, C] features of the output sites), out_indices.npy (int32 [N, 4] b, z, y, x of a\n"
+    "sparse output) and picture.png: the output as a bird's-eye heat map of feature norms (left)\n"
+    "beside the occupancy of the input points (right), x to the right, y up, brighter = more.";
+
+int spconv_cmd_run(int argc, char **argv) {
+    static const char cmd[] = "run";
+    const char *zoo[NET_ZOO_MAX + 1];
+    net_zoo_choices(zoo);
+    run_job job = {.cmd = cmd, .args = {.seed = 1, .out_dir = "spconv-out"}};
+    run_args *a = &job.args;
+    cli_option opts[] = {
+        {.name = "--net", .kind = CLI_CHOICE, .value = &a->net, .choices = zoo,
+         .metavar = "second|basic|unet", .help = "zoo network (default second)"},
+        {.name = "--weights", .kind = CLI_PATH, .value = &a->weights, .metavar = "DIR",
+         .help = "folder of <parameter>.npy files (default: initialised from --seed)"},
+        {.name = "--weight-layout", .kind = CLI_CHOICE, .value = &a->layout,
+         .choices = layout_names, .metavar = "auto|rsck|krsc|oidhw",
+         .help = "layout of the conv weights in --weights (default auto: by shape)"},
+        {.name = "--seed", .kind = CLI_INT, .value = &a->seed, .metavar = "S", .min = 0,
+         .max = INT64_MAX, .help = "seed of the initial parameters (default 1)"},
+        {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
+         .max = 1024, .help = "CPU threads (default: all cores)"},
+        {.name = "--out", .kind = CLI_PATH, .value = &a->out_dir, .metavar = "DIR",
+         .help = "output folder (default spconv-out; files appear only on success)"},
+        {.name = "--quiet", .kind = CLI_SWITCH, .value = &a->quiet,
+         .help = "print only the summary line"},
+        {.name = "--progress", .kind = CLI_SWITCH, .value = &a->progress,
+         .help = "report each layer on stderr even when it is not a terminal"},
+    };
+    cli_spec spec = {.command = cmd,
+                     .summary = "voxelize a LiDAR scan, run a sparse backbone on it, report every "
+                                "layer and write the output and a picture",
+                     .positional = "SCAN", .positional_value = &a->scan,
+                     .positional_optional = 1, .options = opts,
+                     .num_options = (int)(sizeof opts / sizeof opts[0]), .epilog = run_epilog};
+    int status;
+    if (!cli_parse(&spec, argc, argv, &status)) return status;
+    job.net_name = zoo[a->net];
+    int rc = run_job_steps(&job);
+    run_free(&job);
+    return rc;
+}

@@ -1,0 +1,268 @@
+/* What `spconv run` and `spconv bench` share (see net_args.h). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "net_args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli_args.h"
+
+double net_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void net_zoo_choices(const char *names[NET_ZOO_MAX + 1]) {
+    int count = spconv_zoo_count() < NET_ZOO_MAX ? spconv_zoo_count() : NET_ZOO_MAX;
+    for (int i = 0; i < count; ++i) names[i] = spconv_zoo_name(i);
+    names[count] = NULL;
+}
+
+static int is_file(const char *path) {
+    struct stat info;
+    return stat(path, &info) == 0 && S_ISREG(info.st_mode);
+}
+
+static int is_dir(const char *path) {
+    struct stat info;
+    return stat(path, &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+int net_sample_scan(const char *cmd, const char **path) {
+    static const char built_in[] = SPCONV_SAMPLE_DATA_DIR "/sample_scan.bin";
+    const char *env = getenv("SPCONV_SAMPLE_SCAN");
+    if (env != NULL && env[0] != '\0') {
+        if (!is_file(env))
+            return cli_error(cmd, "SPCONV_SAMPLE_SCAN='%s' is not a readable file", env);
+        *path = env;
+        return 0;
+    }
+    if (!is_file(built_in))
+        return cli_error(cmd, "no SCAN given and the bundled sample '%s' is missing (give a scan, "
+                         "or set SPCONV_SAMPLE_SCAN)", built_in);
+    *path = built_in;
+    return 0;
+}
+
+/* ---- from a scan ------------------------------------------------------------------------------ */
+
+/* Keep the input's features and indices and drop the tensor (and its rulebook cache). */
+static void take_tensors(net_input *in, spconv_sparse_tensor *sp) {
+    in->features = spconv_sparse_features(sp);
+    in->indices = spconv_sparse_indices(sp);
+    spconv_tensor_retain(in->features);
+    spconv_tensor_retain(in->indices);
+    spconv_sparse_spatial_shape(sp, in->spatial_shape);
+    in->batch_size = spconv_sparse_batch_size(sp);
+    spconv_sparse_release(sp);
+}
+
+int net_input_from_scan(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
+                        const char *path, net_input *out) {
+    memset(out, 0, sizeof *out);
+    double start = net_now_ms();
+    spconv_status st = spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &out->cloud);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "reading the scan");
+    out->read_ms = net_now_ms() - start;
+    const int fields = spconv_point_cloud_num_fields(out->cloud);
+    if (fields < zin->point_columns)
+        return cli_error(cmd, "'%s' has %d fields per point but the network takes %d (x, y, z%s)",
+                         path, fields, zin->point_columns,
+                         zin->point_columns > 3 ? ", intensity" : "");
+    spconv_sparse_tensor *sp = NULL;
+    start = net_now_ms();
+    st = spconv_net_input_from_points(ctx, zin, spconv_point_cloud_points(out->cloud), SPCONV_F32,
+                                      &sp, &out->stats);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "voxelizing the scan");
+    out->voxelize_ms = net_now_ms() - start;
+    take_tensors(out, sp);
+    return 0;
+}
+
+/* ---- from voxel files ------------------------------------------------------------------------- */
+
+int net_input_is_voxels(const char *path) {
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s_indices.i32", path);
+    return is_dir(path) || (!is_file(path) && is_file(probe));
+}
+
+/* The whole file @p path; *data is malloc'd (NULL for an empty file). */
+static int read_whole(const char *cmd, const char *path, void **data, size_t *bytes) {
+    *data = NULL;
+    *bytes = 0;
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) return cli_error(cmd, "--input: cannot open '%s': %s", path, strerror(errno));
+    struct stat info;
+    int rc = 0;
+    if (fstat(fileno(file), &info) != 0 || !S_ISREG(info.st_mode)) {
+        rc = cli_error(cmd, "--input: '%s' is not a regular file", path);
+    } else if (info.st_size > 0) {
+        *data = malloc((size_t)info.st_size);
+        if (*data == NULL) rc = cli_error(cmd, "--input: out of memory for '%s'", path);
+        else if (fread(*data, 1, (size_t)info.st_size, file) != (size_t)info.st_size)
+            rc = cli_error(cmd, "--input: cannot read '%s'", path);
+        else *bytes = (size_t)info.st_size;
+    }
+    fclose(file);
+    if (rc != 0) {
+        free(*data);
+        *data = NULL;
+    }
+    return rc;
+}
+
+/* The files hold little-endian values; swap the bytes of each 4-byte word on a big-endian host. */
+static void words_from_little_endian(void *data, size_t words) {
+    const uint16_t probe = 1;
+    if (*(const uint8_t *)&probe == 1) return;
+    uint8_t *b = data;
+    for (size_t i = 0; i < words; ++i, b += 4) {
+        uint8_t t0 = b[0], t1 = b[1];
+        b[0] = b[3], b[1] = b[2], b[2] = t1, b[3] = t0;
+    }
+}
+
+/* int32 [N, 4] rows and float32 [N, C] features from raw files. */
+static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *indices_path,
+                         const char *features_path, int64_t channels, net_input *out) {
+    void *rows = NULL, *values = NULL;
+    size_t row_bytes = 0, value_bytes = 0;
+    int rc = read_whole(cmd, indices_path, &rows, &row_bytes);
+    if (rc == 0) rc = read_whole(cmd, features_path, &values, &value_bytes);
+    const int64_t n = (int64_t)(row_bytes / 16);
+    if (rc == 0 && row_bytes % 16 != 0)
+        rc = cli_error(cmd, "--input: '%s' has %zu bytes, not a whole number of int32 [N, 4] rows",
+                       indices_path, row_bytes);
+    if (rc == 0 && value_bytes != (size_t)n * (size_t)channels * 4)
+        rc = cli_error(cmd, "--input: '%s' has %zu bytes but %lld rows of %lld float32 channels "
+                       "(what the network takes) need %lld", features_path, value_bytes,
+                       (long long)n, (long long)channels, (long long)(n * channels * 4));
+    if (rc == 0) {
+        words_from_little_endian(rows, row_bytes / 4);
+        words_from_little_endian(values, value_bytes / 4);
+        spconv_status st = spconv_tensor_from_host(ctx, spconv_cpu(), SPCONV_I32, 2,
+                                                   (int64_t[]){n, 4}, rows, &out->indices);
+        if (st == SPCONV_OK)
+            st = spconv_tensor_from_host(ctx, spconv_cpu(), SPCONV_F32, 2,
+                                         (int64_t[]){n, channels}, values, &out->features);
+        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "--input");
+    }
+    free(rows);
+    free(values);
+    return rc;
+}
+
+/* Indices as int32 [N, 4]: int32 as it is, int64 when every value fits. */
+static int indices_as_int32(const char *cmd, spconv_context *ctx, const char *path,
+                            spconv_tensor *t, spconv_tensor **out) {
+    spconv_dtype dtype = spconv_tensor_dtype(t);
+    if (spconv_tensor_ndim(t) != 2 || spconv_tensor_size(t, 1) != 4 ||
+        (dtype != SPCONV_I32 && dtype != SPCONV_I64))
+        return cli_error(cmd, "--input: '%s' must be int32 or int64 [N, 4] (batch, z, y, x)", path);
+    if (dtype == SPCONV_I64) {
+        const int64_t *v = spconv_tensor_data(t);
+        for (int64_t i = 0; i < spconv_tensor_numel(t); ++i)
+            if (v[i] < INT32_MIN || v[i] > INT32_MAX)
+                return cli_error(cmd, "--input: '%s' row %lld holds %lld, beyond int32", path,
+                                 (long long)(i / 4), (long long)v[i]);
+    }
+    spconv_status st = spconv_tensor_to_dtype(ctx, t, SPCONV_I32, out);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--input");
+}
+
+static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *indices_path,
+                         const char *features_path, int64_t channels, net_input *out) {
+    spconv_tensor *indices = NULL, *features = NULL;
+    int rc = cli_read_npy(cmd, "--input", indices_path, &indices);
+    if (rc == 0) rc = cli_read_npy(cmd, "--input", features_path, &features);
+    if (rc == 0) rc = indices_as_int32(cmd, ctx, indices_path, indices, &out->indices);
+    if (rc == 0 && (spconv_tensor_ndim(features) != 2 ||
+                    !spconv_dtype_is_floating(spconv_tensor_dtype(features)) ||
+                    spconv_tensor_size(features, 0) != spconv_tensor_size(indices, 0) ||
+                    spconv_tensor_size(features, 1) != channels))
+        rc = cli_error(cmd, "--input: '%s' must be floating [%lld, %lld] (a row per index row, "
+                       "the network's channels)", features_path,
+                       (long long)spconv_tensor_size(indices, 0), (long long)channels);
+    if (rc == 0) {
+        spconv_status st = spconv_tensor_to_dtype(ctx, features, SPCONV_F32, &out->features);
+        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "--input");
+    }
+    spconv_tensor_release(indices);
+    spconv_tensor_release(features);
+    return rc;
+}
+
+/* Find the two files that @p path stands for and read them. */
+static int read_voxel_files(const char *cmd, spconv_context *ctx, const char *path,
+                            int64_t channels, net_input *out) {
+    char indices[4096], features[4096];
+    if (is_dir(path)) {
+        snprintf(indices, sizeof indices, "%s/spconv_test_indices.i32", path);
+        snprintf(features, sizeof features, "%s/spconv_test_features.f32", path);
+        if (is_file(indices)) return read_raw_pair(cmd, ctx, indices, features, channels, out);
+        snprintf(indices, sizeof indices, "%s/indices.npy", path);
+        snprintf(features, sizeof features, "%s/features.npy", path);
+        if (is_file(indices)) return read_npy_pair(cmd, ctx, indices, features, channels, out);
+        return cli_error(cmd, "--input: folder '%s' has neither spconv_test_indices.i32 + "
+                         "spconv_test_features.f32 nor indices.npy + features.npy", path);
+    }
+    snprintf(indices, sizeof indices, "%s_indices.i32", path);
+    snprintf(features, sizeof features, "%s_features.f32", path);
+    return read_raw_pair(cmd, ctx, indices, features, channels, out);
+}
+
+int net_input_from_voxels(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
+                          const char *path, net_input *out) {
+    memset(out, 0, sizeof *out);
+    const double start = net_now_ms();
+    int rc = read_voxel_files(cmd, ctx, path, zin->channels, out);
+    if (rc != 0) return rc;
+    out->read_ms = net_now_ms() - start;
+    memcpy(out->spatial_shape, zin->spatial_shape, sizeof out->spatial_shape);
+    const int64_t n = spconv_tensor_size(out->indices, 0);
+    const int32_t *rows = spconv_tensor_data(out->indices);
+    int64_t largest = 0;
+    for (int64_t i = 0; i < n; ++i) largest = rows[4 * i] > largest ? rows[4 * i] : largest;
+    out->batch_size = largest + 1;
+    spconv_sparse_tensor *sp = NULL;
+    rc = net_input_sparse(cmd, out, &sp);
+    if (rc != 0) return rc;
+    spconv_status st = spconv_sparse_validate(ctx, sp);
+    spconv_sparse_release(sp);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--input");
+}
+
+/* ---- both ------------------------------------------------------------------------------------- */
+
+int net_input_sparse(const char *cmd, const net_input *in, spconv_sparse_tensor **out) {
+    spconv_status st =
+        spconv_sparse_create(in->features, in->indices, in->spatial_shape, in->batch_size, out);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "making the input sparse tensor");
+}
+
+void net_input_release(net_input *in) {
+    spconv_point_cloud_destroy(in->cloud);
+    spconv_tensor_release(in->features);
+    spconv_tensor_release(in->indices);
+    memset(in, 0, sizeof *in);
+}
+
+int net_build(const char *cmd, spconv_context *ctx, const char *name, uint64_t seed,
+              const char *weights_dir, spconv_net_layout layout, spconv_net **out) {
+    *out = NULL;
+    spconv_status st = spconv_zoo_create(name, SPCONV_F32, seed, out);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "--net");
+    if (weights_dir == NULL) return 0;
+    if (!is_dir(weights_dir))
+        return cli_error(cmd, "--weights '%s': not a folder (expected one .npy file per "
+                         "parameter)", weights_dir);
+    st = spconv_net_load_weights(ctx, *out, weights_dir, layout);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--weights");
+}
