@@ -517,6 +517,74 @@ static void test_forward_unsupported_dtypes(void **state) {
     }
 }
 
+/* The whole file @p name of the data folder (NULL, after a skip message, when absent). */
+static void *read_data_file(const char *name, size_t *bytes) {
+    char *path = spconv_test_data_path(name);
+    if (path == NULL) return NULL;
+    FILE *f = fopen(path, "rb");
+    free(path);
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *data = malloc((size_t)size + 1);
+    assert_non_null(data);
+    assert_int_equal(fread(data, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    *bytes = (size_t)size;
+    return data;
+}
+
+/* spconv's benchmark scan (125,562 sites in [80, 1600, 1600]): subm and stride-2 convs, forward
+ * and backward, against the pair-loop reference. Dozens of row blocks, the subm centre's direct
+ * product, mirrored offsets and sorted pairs all meet real neighbourhoods here. Narrow channels
+ * keep the reference quick. */
+static void test_real_data_matches_reference(void **state) {
+    (void)state;
+    size_t bytes = 0;
+    int32_t *rows = read_data_file("spconv_test_indices.i32", &bytes);
+    if (rows == NULL) return;
+    const int64_t n = (int64_t)(bytes / (4 * sizeof(int32_t))), shape[3] = {80, 1600, 1600};
+    spconv_conv_params params[2] = {conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                    conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1)};
+    for (int i = 0; i < 2; ++i) {
+        spconv_rulebook *rb = conv_build(NULL, rows, n, shape, 1, &params[i]);
+        const int64_t c_in = 8, c_out = 12, kv = 27, n_out = spconv_rulebook_num_out(rb);
+        int64_t x_sizes[2] = {n, c_in}, w_sizes[3] = {kv, c_in, c_out}, g_sizes[2] = {n_out, c_out};
+        double *xv = conv_random_values(n * c_in, -1.0, 1.0);
+        double *wv = conv_random_values(kv * c_in * c_out, -1.0, 1.0);
+        double *gv = conv_random_values(n_out * c_out, -1.0, 1.0);
+        spconv_tensor *x = conv_tensor(SPCONV_F32, 2, x_sizes, xv);
+        spconv_tensor *w = conv_tensor(SPCONV_F32, 3, w_sizes, wv);
+        spconv_tensor *g = conv_tensor(SPCONV_F32, 2, g_sizes, gv);
+        spconv_tensor *fast[4], *ref[4];
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, x, w, NULL, &fast[0]));
+        SPCONV_ASSERT_OK(spconv__conv_forward_ref(NULL, rb, x, w, NULL, &ref[0]));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, x, w, g, &fast[1], &fast[2], &fast[3]));
+        SPCONV_ASSERT_OK(spconv__conv_backward_ref(NULL, rb, x, w, g, &ref[1], &ref[2], &ref[3]));
+        for (int j = 0; j < 4; ++j) {
+            int64_t count;
+            double *a = conv_read(fast[j], &count), *b = conv_read(ref[j], NULL);
+            double err = oracle_rel_error(a, b, count);
+            if (!(err <= CONV_TOL_F32))
+                fail_msg("real data, %s conv, output %d: normalised error %.3g",
+                         i == 0 ? "subm" : "stride-2", j, err);
+            free(a);
+            free(b);
+            spconv_tensor_release(fast[j]);
+            spconv_tensor_release(ref[j]);
+        }
+        free(xv);
+        free(wv);
+        free(gv);
+        spconv_tensor_release(x);
+        spconv_tensor_release(w);
+        spconv_tensor_release(g);
+        spconv_rulebook_release(rb);
+    }
+    free(rows);
+}
+
 /* CUDA operands go to the CUDA backend, which has no conv kernels yet: a clean status. Without a
  * device no CUDA tensor can exist, and the dispatch is unreachable. */
 static void test_forward_cuda_dispatch(void **state) {
@@ -555,6 +623,7 @@ int main(void) {
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_determinism_threads),
         cmocka_unit_test(test_blas_and_fallback_agree),
+        cmocka_unit_test(test_real_data_matches_reference),
         cmocka_unit_test(test_forward_errors),
         cmocka_unit_test(test_forward_unsupported_dtypes),
         cmocka_unit_test(test_forward_cuda_dispatch),

@@ -115,12 +115,20 @@ static void test_hash_insert_find(void **state) {
     spconv__hash_slot *slots = empty_slots(capacity);
     uint64_t *keys = malloc((size_t)n * sizeof *keys);
     assert_non_null(keys);
+    int64_t added = 0;
     for (int64_t i = 0; i < n; ++i) {
         keys[i] = spconv_test_rand_u64() >> 2 & ~UINT64_C(1); /* even keys; odd ones stay absent */
-        assert_true(spconv__hash_insert(slots, capacity, keys[i], (int32_t)i));
+        const int outcome = spconv__hash_insert(slots, capacity, keys[i], (int32_t)i);
+        assert_true(outcome == SPCONV_HASH_ADDED || outcome == SPCONV_HASH_REPEATED);
+        added += outcome == SPCONV_HASH_ADDED;
     }
     for (int64_t i = n - 1; i >= 0; --i) /* repeats keep the smallest row */
-        assert_true(spconv__hash_insert(slots, capacity, keys[i], (int32_t)(i + n)));
+        assert_int_equal(spconv__hash_insert(slots, capacity, keys[i], (int32_t)(i + n)),
+                         SPCONV_HASH_REPEATED);
+    int64_t occupied = 0;
+    for (uint64_t slot = 0; slot < capacity; ++slot)
+        occupied += slots[slot].key != SPCONV_HASH_EMPTY;
+    assert_int_equal(occupied, added);
     for (int64_t i = 0; i < n; ++i) {
         const int32_t found = spconv__hash_find(slots, capacity, keys[i]);
         assert_true(found >= 0 && keys[found] == keys[i] && found <= i);
@@ -135,12 +143,15 @@ static void test_hash_full_table_is_bounded(void **state) {
     const uint64_t capacity = SPCONV_HASH_MIN_CAPACITY;
     spconv__hash_slot *slots = empty_slots(capacity);
     for (uint64_t key = 0; key < capacity; ++key)
-        assert_true(spconv__hash_insert(slots, capacity, key * 7, (int32_t)key));
+        assert_int_equal(spconv__hash_insert(slots, capacity, key * 7, (int32_t)key),
+                         SPCONV_HASH_ADDED);
     /* No free slot is left: a new key is refused and a missing key is not found, both after
-     * visiting each slot once instead of probing forever. */
-    assert_false(spconv__hash_insert(slots, capacity, 5, 99));
+     * visiting each slot once instead of probing forever; a present key is still found. */
+    assert_int_equal(spconv__hash_insert(slots, capacity, 5, 99), SPCONV_HASH_FULL);
+    assert_int_equal(spconv__hash_insert(slots, capacity, 21, 1), SPCONV_HASH_REPEATED);
     assert_int_equal(spconv__hash_find(slots, capacity, 5), -1);
     assert_int_equal(spconv__hash_find(slots, capacity, 14), 2);
+    assert_int_equal(spconv__hash_find(slots, capacity, 21), 1);
     free(slots);
 }
 

@@ -107,7 +107,8 @@ static int run(fixture *f, const char *const *args) {
     f->out_text = spconv_test_read_bytes(out_path, &n);
     f->err_text = spconv_test_read_bytes(err_path, &n);
     assert_true(f->out_text != NULL && f->err_text != NULL);
-    if (!WIFEXITED(status)) fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
+    if (!WIFEXITED(status))
+        fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
     return WEXITSTATUS(status);
 }
 
@@ -342,7 +343,8 @@ static const char *small_scan(const fixture *f, int64_t count, char *path) {
     for (int64_t i = 0; i < (int64_t)(n / 16) && kept < count; i += 3)
         if (points[4 * i] > 1.0f) memmove(points + 4 * kept++, points + 4 * i, 16);
     assert_int_equal(kept, count);
-    assert_int_equal(spconv_test_write_bytes(in_dir(f, "small.bin", path), points, (size_t)count * 16), 0);
+    assert_int_equal(
+        spconv_test_write_bytes(in_dir(f, "small.bin", path), points, (size_t)count * 16), 0);
     free(points);
     return path;
 }
@@ -545,20 +547,22 @@ static void test_bench_voxel_files(void **state) {
     random_voxels(N, rows, features);
     char raw[PATH_CAP], npy[PATH_CAP], path[PATH_CAP], json[PATH_CAP];
     assert_int_equal(mkdir(in_dir(f, "raw", raw), 0777), 0);
-    assert_int_equal(spconv_test_write_bytes(spconv_test_join(raw, "spconv_test_indices.i32", path,
-                                                              PATH_CAP), rows, sizeof rows), 0);
-    assert_int_equal(spconv_test_write_bytes(spconv_test_join(raw, "spconv_test_features.f32", path,
-                                                              PATH_CAP), features, sizeof features), 0);
+    spconv_test_join(raw, "spconv_test_indices.i32", path, PATH_CAP);
+    assert_int_equal(spconv_test_write_bytes(path, rows, sizeof rows), 0);
+    spconv_test_join(raw, "spconv_test_features.f32", path, PATH_CAP);
+    assert_int_equal(spconv_test_write_bytes(path, features, sizeof features), 0);
     bench_voxels(f, raw, in_dir(f, "raw.json", json), N);
     assert_int_equal(mkdir(in_dir(f, "npy", npy), 0777), 0);
     spconv_tensor *t = NULL;
     SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2,
                                              (const int64_t[]){N, 4}, rows, &t));
-    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(npy, "indices.npy", path, PATH_CAP), t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(npy, "indices.npy", path, PATH_CAP), t));
     spconv_tensor_release(t);
     SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, 2,
                                              (const int64_t[]){N, 3}, features, &t));
-    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(npy, "features.npy", path, PATH_CAP), t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(npy, "features.npy", path, PATH_CAP), t));
     spconv_tensor_release(t);
     bench_voxels(f, npy, in_dir(f, "npy.json", json), N);
     bench_voxels(f, spconv_test_join(raw, "spconv_test", path, PATH_CAP),

@@ -241,12 +241,19 @@ static int sample(const scene *s, rng *r, double azimuth, double elevation, floa
     return 1;
 }
 
+/* Returns 0 on any unknown option, missing value or value that is not a whole number. */
 static int parse_args(int argc, char **argv, uint64_t *seed, double *step, const char **out) {
     for (int i = 1; i < argc; ++i) {
-        if (i + 1 < argc && strcmp(argv[i], "--seed") == 0) *seed = strtoull(argv[++i], NULL, 10);
-        else if (i + 1 < argc && strcmp(argv[i], "--azimuth-step") == 0) *step = atof(argv[++i]);
-        else if (i + 1 < argc && strcmp(argv[i], "--out") == 0) *out = argv[++i];
-        else return 0;
+        char *end = NULL;
+        if (i + 1 < argc && strcmp(argv[i], "--seed") == 0) {
+            *seed = strtoull(argv[++i], &end, 10);
+        } else if (i + 1 < argc && strcmp(argv[i], "--azimuth-step") == 0) {
+            *step = strtod(argv[++i], &end);
+        } else if (i + 1 < argc && strcmp(argv[i], "--out") == 0) {
+            *out = argv[++i];
+            continue;
+        }
+        if (end == NULL || end == argv[i] || *end != '\0') return 0;
     }
     return *step >= 0.01 && *step <= 5.0;
 }
@@ -261,7 +268,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     rng r = {seed};
-    static scene street;
+    scene street;
     build_street(&street, &r);
     const int64_t steps = (int64_t)(360.0 / step_deg);
     float *points = malloc((size_t)(steps * BEAMS) * 4 * sizeof *points);

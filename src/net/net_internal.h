@@ -7,14 +7,9 @@
 #include <time.h>
 
 #include "conv/conv_exec.h"
+#include "core/parallel.h"
 #include "spconv/net.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#define SPCONV__NET_OMP(...) _Pragma(#__VA_ARGS__)
-#else
-#define SPCONV__NET_OMP(...)
-#endif
 
 /* One parameter or buffer. `value` is a contiguous CPU tensor of the network's dtype. */
 typedef struct spconv__net_param {

@@ -19,7 +19,7 @@
 #define PARALLEL_MIN (1 << 20)
 /* A parallel loop over @p work elements on the caller's `threads`, serial below PARALLEL_MIN. */
 #define PARALLEL_FOR(work)                                                                         \
-    SPCONV__NET_OMP(omp parallel for num_threads(threads) schedule(static)                         \
+    SPCONV_OMP(omp parallel for num_threads(threads) schedule(static)                         \
                         if((work) > PARALLEL_MIN))
 
 /* Rows begin..end of x: acc[ch] += x (center NULL) or (x - center[ch])^2. */

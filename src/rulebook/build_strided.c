@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "rulebook/build.h"
 #include "rulebook/radix_sort.h"
 #include "spconv/tensor.h"
@@ -104,7 +105,8 @@ static void chunk_candidates(const strided_plan *plan, int64_t chunk, int write)
 static spconv_status generate_candidates(strided_plan *plan) {
     const char *func = plan->in->func;
     const int num_threads = plan->in->num_threads;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < plan->num_chunks; ++c) chunk_candidates(plan, c, 0);
     int64_t total = 0;
     for (int64_t c = 0; c <= plan->num_chunks; ++c) {
@@ -121,7 +123,7 @@ static spconv_status generate_candidates(strided_plan *plan) {
                                "%s: out of host memory for %" PRId64 " candidate pairs", func,
                                total);
     }
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < plan->num_chunks; ++c) chunk_candidates(plan, c, 1);
     return SPCONV_OK;
 }
@@ -181,6 +183,7 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
                                    const uint64_t *values, spconv_rulebook *rb) {
     const char *func = plan->in->func;
     const int num_threads = plan->in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t num_chunks = plan->num_chunks, kv = rb->kernel_volume, n = plan->num_candidates;
     int64_t *heads = malloc((size_t)num_chunks * sizeof *heads);
     int64_t *next = calloc((size_t)(num_chunks * kv), sizeof *next);
@@ -188,7 +191,7 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     if (heads == NULL || next == NULL)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
                          "%s: out of host memory for pair counts", func);
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
@@ -203,7 +206,7 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     SPCONV_TRY_GOTO(
         st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, out_sizes, &rb->out_indices), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "rulebook/build.h"
 #include "spconv/tensor.h"
 
@@ -53,6 +54,20 @@ static spconv_status plan_alloc(const char *func, const spconv_rulebook *rb, sub
     return SPCONV_OK;
 }
 
+/* Start loading the slots that output o will probe. Issued one site ahead, their cache misses
+ * overlap instead of each stalling the probe loop (a fifth less probe time on the real scan).
+ * Coordinates outside the shape give meaningless keys, but still addresses inside the table. */
+static void prefetch_probes(const subm_plan *plan, int64_t o) {
+    const spconv__site_table *sites = plan->in->sites;
+    const int32_t *row = plan->in->rows + 4 * o;
+    for (int64_t k = 0; k < plan->kernel_volume / 2; ++k) {
+        const int64_t *step = plan->displacements + 3 * k;
+        const uint64_t key = spconv__key_pack(&sites->layout, row[0], row[1] + step[0],
+                                              row[2] + step[1], row[3] + step[2]);
+        __builtin_prefetch(&sites->slots[spconv__hash_home(key, sites->capacity)]);
+    }
+}
+
 /* Probe outputs [begin, end) at the offsets below the centre; counts[k] gets the hits of k and
  * of its mirror. */
 static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64_t *counts) {
@@ -60,6 +75,7 @@ static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64
     const int64_t kv = plan->kernel_volume, n = plan->in->num_in;
     const int64_t *shape = plan->shape;
     for (int64_t o = begin; o < end; ++o) {
+        if (o + 1 < end) prefetch_probes(plan, o + 1);
         const int32_t *row = plan->in->rows + 4 * o;
         for (int64_t k = 0; k < kv / 2; ++k) {
             const int64_t *step = plan->displacements + 3 * k;
@@ -123,10 +139,10 @@ static spconv_status fill_pairs(subm_plan *plan, spconv_rulebook *rb) {
     int64_t *counts = calloc((size_t)(num_chunks * kv), sizeof *counts);
     SPCONV_RETURN_ERROR_IF(counts == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for pair counts", plan->in->func);
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
     for (int64_t k = 0; k < kv; ++k)
         if (k != kv / 2) memset(plan->nbr + k * n, 0xff, (size_t)n * sizeof *plan->nbr);
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
@@ -135,7 +151,7 @@ static spconv_status fill_pairs(subm_plan *plan, spconv_rulebook *rb) {
     offsets_from_counts(counts, num_chunks, rb);
     free(counts);
     SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t k = 0; k < kv; ++k) compact_offset(plan, k, rb);
     return SPCONV_OK;
 }

@@ -80,6 +80,11 @@ static inline SPCONV_HD uint64_t spconv__hash_mix(uint64_t key) {
     return key;
 }
 
+/* The slot where the probe for key starts. */
+static inline SPCONV_HD uint64_t spconv__hash_home(uint64_t key, uint64_t capacity) {
+    return spconv__hash_mix(key) & (capacity - 1);
+}
+
 /* Smallest power of two >= 4 * entries (and >= SPCONV_HASH_MIN_CAPACITY); 0 when it would not
  * fit 63 bits. Most rulebook probes look for absent neighbours, and at a load factor <= 0.25
  * those usually stop at the first slot: on the real 125k-site scan a 3x3x3 probe pass took a third
@@ -118,29 +123,34 @@ static inline SPCONV_HD void spconv__hash_min_value(int32_t *slot_value, int32_t
 #endif
 }
 
+/* What spconv__hash_insert found. */
+#define SPCONV_HASH_FULL 0     /* every slot holds another key: nothing was stored */
+#define SPCONV_HASH_ADDED 1    /* the key was new */
+#define SPCONV_HASH_REPEATED 2 /* the key was there already; its value is now the smaller one */
+
 /* Insert key -> value, keeping the smallest value of a repeated key. Slots must start with
- * key SPCONV_HASH_EMPTY and value INT32_MAX. Returns 0 when every slot holds another key (the
- * probe visits each slot at most once), 1 otherwise. */
+ * key SPCONV_HASH_EMPTY and value INT32_MAX. The probe visits each slot at most once. Returns
+ * one of the SPCONV_HASH_ codes above. */
 static inline SPCONV_HD int spconv__hash_insert(spconv__hash_slot *slots, uint64_t capacity,
                                                 uint64_t key, int32_t value) {
     const uint64_t mask = capacity - 1;
-    uint64_t pos = spconv__hash_mix(key) & mask;
+    uint64_t pos = spconv__hash_home(key, capacity);
     for (uint64_t probe = 0; probe < capacity; ++probe) {
         const uint64_t seen = spconv__hash_claim(&slots[pos].key, key);
         if (seen == SPCONV_HASH_EMPTY || seen == key) {
             spconv__hash_min_value(&slots[pos].value, value);
-            return 1;
+            return seen == key ? SPCONV_HASH_REPEATED : SPCONV_HASH_ADDED;
         }
         pos = (pos + 1) & mask;
     }
-    return 0;
+    return SPCONV_HASH_FULL;
 }
 
 /* Value stored for key, or -1 when absent. */
 static inline SPCONV_HD int32_t spconv__hash_find(const spconv__hash_slot *slots, uint64_t capacity,
                                                   uint64_t key) {
     const uint64_t mask = capacity - 1;
-    uint64_t pos = spconv__hash_mix(key) & mask;
+    uint64_t pos = spconv__hash_home(key, capacity);
     for (uint64_t probe = 0; probe < capacity; ++probe) {
         const uint64_t seen = slots[pos].key;
         if (seen == key) return slots[pos].value;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "rulebook/internal.h"
 #include "rulebook/radix_sort.h"
 
@@ -61,14 +62,14 @@ spconv_status spconv__radix_sort(const char *func, int num_threads, int64_t n, u
                            "%s: out of host memory for radix sort histograms", func);
     uint64_t *src_keys = keys, *src_values = values, *dst_keys = tmp_keys, *dst_values = tmp_values;
     for (uint32_t shift = 0; shift < key_bits; shift += RADIX_BITS) {
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+        SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
         for (int64_t c = 0; c < num_chunks; ++c) {
             int64_t begin, end;
             spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
             histogram_chunk(src_keys, begin, end, shift, hist + c * RADIX_SIZE);
         }
         if (exclusive_scan(hist, num_chunks, n)) continue;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+        SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
         for (int64_t c = 0; c < num_chunks; ++c) {
             int64_t begin, end;
             spconv__chunk_bounds(n, num_chunks, c, &begin, &end);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "rulebook/sites.h"
 
 /* Rows are handed out in blocks on demand, so a thread that the OS preempts does not hold the
@@ -28,9 +29,7 @@ static int row_in_range(const int32_t *row, const int64_t shape[3], int64_t batc
 static int64_t first_out_of_range(int num_threads, const int32_t *rows, int64_t num_rows,
                                   const int64_t shape[3], int64_t batch_size) {
     int64_t first = num_rows;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK)                 \
-    reduction(min                                                                                  \
-              : first)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(min : first))
     for (int64_t r = 0; r < num_rows; ++r)
         if (r < first && !row_in_range(rows + 4 * r, shape, batch_size)) first = r;
     return first;
@@ -53,26 +52,29 @@ static uint64_t row_key(const spconv__key_layout *layout, const int32_t *row) {
     return spconv__key_pack(layout, row[0], row[1], row[2], row[3]);
 }
 
-/* Inserts rows [0, num_rows); returns 0 when some insert found the table full. */
-static int insert_rows(int num_threads, const spconv__site_table *table, const int32_t *rows,
-                       int64_t num_rows) {
-    int64_t refused = 0;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) \
-    reduction(+ : refused)
-    for (int64_t r = 0; r < num_rows; ++r)
-        refused += !spconv__hash_insert(table->slots, table->capacity,
-                                        row_key(&table->layout, rows + 4 * r), (int32_t)r);
-    return refused == 0;
+/* Inserts rows [0, num_rows); *refused counts rows that found the table full, *repeated rows
+ * whose key was there already. */
+static void insert_rows(int num_threads, const spconv__site_table *table, const int32_t *rows,
+                        int64_t num_rows, int64_t *refused, int64_t *repeated) {
+    int64_t full = 0, again = 0;
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(+ : full, again))
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const int outcome = spconv__hash_insert(table->slots, table->capacity,
+                                                row_key(&table->layout, rows + 4 * r), (int32_t)r);
+        full += outcome == SPCONV_HASH_FULL;
+        again += outcome == SPCONV_HASH_REPEATED;
+    }
+    *refused = full;
+    *repeated = again;
 }
 
 /* The table keeps the smallest row of each key, so a row that does not find itself repeats an
- * earlier one; returns the first such row, or num_rows. */
+ * earlier one; returns the first such row, or num_rows. Only run when some key repeated: which
+ * row is first depends on the order of rows, not on the order the threads inserted them. */
 static int64_t first_duplicate(int num_threads, const spconv__site_table *table,
                                const int32_t *rows, int64_t num_rows) {
     int64_t first = num_rows;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK)                 \
-    reduction(min                                                                                  \
-              : first)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(min : first))
     for (int64_t r = 0; r < num_rows; ++r) {
         if (r >= first) continue;
         const int32_t owner =
@@ -93,7 +95,7 @@ static spconv_status table_alloc(const char *func, int num_threads, int64_t num_
                            "%s: out of host memory for a hash table of %" PRIu64 " slots", func,
                            table->capacity);
     const int64_t capacity = (int64_t)table->capacity;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
     for (int64_t s = 0; s < capacity; ++s) {
         table->slots[s].key = SPCONV_HASH_EMPTY;
         table->slots[s].value = INT32_MAX;
@@ -112,11 +114,14 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
     const int64_t bad_row = first_out_of_range(num_threads, rows, num_rows, shape, batch_size);
     SPCONV_FORWARD_IF_ERROR(table_alloc(func, num_threads, num_rows, table));
     spconv_status st = SPCONV_OK;
-    if (!insert_rows(num_threads, table, rows, bad_row))
+    int64_t refused, repeated;
+    insert_rows(num_threads, table, rows, bad_row, &refused, &repeated);
+    if (refused > 0)
         SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_CAPACITY,
                          "%s: hash table of %" PRIu64 " slots is full (%" PRId64 " sites)", func,
                          table->capacity, bad_row);
-    const int64_t duplicate = first_duplicate(num_threads, table, rows, bad_row);
+    const int64_t duplicate =
+        repeated > 0 ? first_duplicate(num_threads, table, rows, bad_row) : bad_row;
     if (duplicate < bad_row) {
         const int32_t *row = rows + 4 * duplicate;
         const int32_t owner =

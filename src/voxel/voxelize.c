@@ -63,7 +63,7 @@ static void compute_keys(scan_state *s, const spconv_voxelize_params *params,
     const int64_t P = s->in.num_points, F = s->in.num_features;
     int64_t *keys = s->keys;
     int64_t nonfinite = 0, outside = 0;
-    SPCONV_VOXEL_OMP(omp parallel for num_threads(num_threads) if (P >= PARALLEL_MIN)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) if (P >= PARALLEL_MIN)
                      schedule(static) reduction(+ : nonfinite, outside))
     for (int64_t i = 0; i < P; ++i) {
         const float *p = points + i * F;
@@ -201,7 +201,7 @@ static int build_members(const scan_state *s, const int64_t *point_voxel, int nu
     int32_t *members = vm->members;
     const int32_t *slot = s->slot;
     const int64_t first_row = s->first_row;
-    SPCONV_VOXEL_OMP(omp parallel for num_threads(num_threads) if (P >= PARALLEL_MIN)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) if (P >= PARALLEL_MIN)
                      schedule(static))
     for (int64_t i = 0; i < P; ++i)
         if (slot[i] >= 0) members[offsets[point_voxel[i] - first_row] + slot[i]] = (int32_t)i;
@@ -250,7 +250,7 @@ static spconv_status fill_scan(const scan_state *s, const spconv_voxelize_params
     }
     const int64_t M = s->num_voxels;
     const key_layout layout = layout_of(grid);
-    SPCONV_VOXEL_OMP(omp parallel for num_threads(num_threads) if (M >= PARALLEL_MIN_VOXELS)
+    SPCONV_OMP(omp parallel for num_threads(num_threads) if (M >= PARALLEL_MIN_VOXELS)
                      schedule(static))
     for (int64_t v = 0; v < M; ++v) fill_voxel(s, &vm, params, layout, batch, v, o);
     free(vm.offsets);

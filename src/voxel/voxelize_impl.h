@@ -4,16 +4,10 @@
 
 #include <stdint.h>
 
+#include "core/parallel.h"
 #include "spconv/config.h"
 #include "spconv/voxelize.h"
 
-/* OpenMP loops that compile to plain loops without OpenMP (and without unknown-pragma
- * warnings). */
-#if SPCONV_HAVE_OPENMP
-#define SPCONV_VOXEL_OMP(...) _Pragma(#__VA_ARGS__)
-#else
-#define SPCONV_VOXEL_OMP(...)
-#endif
 
 /* Voxel keys pack (z, y, x) into the bits of an int64, x lowest: decoding is shifts and masks.
  * Bits needed for the coordinates 0 .. extent - 1 of one axis: */

@@ -39,7 +39,8 @@ int spconv_test_png_read(const char *path, int64_t *width, int64_t *height, uint
     size_t bytes = PNG_IMAGE_SIZE(image);
     *rgb = malloc(bytes);
     if (*rgb == NULL || !png_image_finish_read(&image, NULL, *rgb, 0, NULL)) {
-        fprintf(stderr, "png_read: '%s': %s\n", path, *rgb == NULL ? "out of memory" : image.message);
+        fprintf(stderr, "png_read: '%s': %s\n", path,
+                *rgb == NULL ? "out of memory" : image.message);
         free(*rgb);
         *rgb = NULL;
         png_image_free(&image);

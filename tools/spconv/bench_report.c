@@ -232,7 +232,8 @@ static void json_config(const bench_run *run, FILE *out) {
             (long long)run->sites, (long long)run->spatial_shape[0],
             (long long)run->spatial_shape[1], (long long)run->spatial_shape[2],
             (long long)run->zin.channels, run->threads, run->repeat, run->warmup,
-            run->with_backward ? "true" : "false", (long long)run->seed, run->blas ? "blas" : "fallback",
+            run->with_backward ? "true" : "false", (long long)run->seed,
+            run->blas ? "blas" : "fallback",
             (long long)run->peak_size);
     json_string(out, spconv_version_string());
     fputs("},\n", out);

@@ -86,7 +86,8 @@ static int name_width(const spconv_net *net) {
 static void print_layer_table(const spconv_net *net) {
     const int w = name_width(net);
     double sum = 0.0;
-    for (int i = 0; i < spconv_net_num_layers(net); ++i) sum += spconv_net_stats(net, i)->forward.total;
+    for (int i = 0; i < spconv_net_num_layers(net); ++i)
+        sum += spconv_net_stats(net, i)->forward.total;
     printf("%3s  %-*s  %-10s %10s %10s %13s %12s %10s %7s\n", "#", w, "layer", "kind", "sites in",
            "sites out", "channels", "pairs", "ms", "share");
     for (int i = 0; i < spconv_net_num_layers(net); ++i) {
@@ -197,7 +198,8 @@ static int run_job_steps(run_job *job) {
     if (rc == 0)
         rc = net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
                        layouts[a->layout], &job->net);
-    if (rc == 0) rc = net_input_from_scan(job->cmd, job->ctx, &job->zin, job->args.scan, &job->input);
+    if (rc == 0)
+        rc = net_input_from_scan(job->cmd, job->ctx, &job->zin, a->scan, &job->input);
     if (rc == 0) rc = forward(job);
     if (rc == 0 && !a->quiet) print_layer_table(job->net);
     if (rc == 0) print_summary(job);
