@@ -3,60 +3,26 @@
  * error exits (status 2, one line on stderr, nothing left in --out). */
 #define _XOPEN_SOURCE 700
 
-#include <fcntl.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
+#include "common/run_tool.h"
 #include "common/test_files.h"
 #include "common/test_util.h"
 
-extern char **environ;
-
-#define PATH_CAP 1024
+#define PATH_CAP SPCONV_TOOL_PATH_CAP
 #define MAX_ARGS 48
 
 /* ---- running the tool ------------------------------------------------------------------------ */
 
-typedef struct fixture {
-    const char *tool;
-    char *dir;
-    char *out_text; /* stdout of the last run */
-    char *err_text; /* stderr of the last run */
-} fixture;
+typedef spconv_tool_fixture fixture;
 
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (f == NULL) return -1;
-    f->tool = getenv("SPCONV_TOOL");
-    f->dir = spconv_test_make_scratch("spconv_cli");
-    if (f->dir == NULL) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
+static int setup(void **state) { return spconv_tool_setup(state, "spconv_cli"); }
 
-static int teardown(void **state) {
-    fixture *f = *state;
-    int rc = spconv_test_remove_tree(f->dir);
-    free(f->dir);
-    free(f->out_text);
-    free(f->err_text);
-    free(f);
-    return rc;
-}
-
-static void require_tool(const fixture *f) {
-    if (f->tool != NULL && f->tool[0] != '\0') return;
-    print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
-    skip();
-}
+static int teardown(void **state) { return spconv_tool_teardown(state); }
 
 /* A command line under construction: "@name" arguments become paths in the scratch folder. */
 typedef struct arglist {
@@ -88,40 +54,9 @@ static void arg_triple(arglist *a, const fixture *f, const char *flag, const int
     arg_add(a, f, "%lld,%lld,%lld", (long long)v[0], (long long)v[1], (long long)v[2]);
 }
 
-/* Run the tool with @p a (argv[0] is filled in); returns its exit status, stdout and stderr are
- * kept in f->out_text / f->err_text. */
-static int run_tool(fixture *f, arglist *a) {
-    const char *argv[MAX_ARGS + 1];
-    argv[0] = f->tool;
-    for (int i = 0; i <= a->argc; ++i) argv[i + 1] = a->argv[i];
-    char out_path[PATH_CAP], err_path[PATH_CAP];
-    spconv_test_join(f->dir, "stdout.txt", out_path, sizeof out_path);
-    spconv_test_join(f->dir, "stderr.txt", err_path, sizeof err_path);
-    posix_spawn_file_actions_t actions;
-    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
-    assert_int_equal(
-        posix_spawn_file_actions_addopen(&actions, 1, out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-        0);
-    assert_int_equal(
-        posix_spawn_file_actions_addopen(&actions, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-        0);
-    pid_t pid;
-    int rc = posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&actions);
-    assert_int_equal(rc, 0);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    free(f->out_text);
-    free(f->err_text);
-    size_t n;
-    f->out_text = spconv_test_read_bytes(out_path, &n);
-    f->err_text = spconv_test_read_bytes(err_path, &n);
-    assert_non_null(f->out_text);
-    assert_non_null(f->err_text);
-    if (!WIFEXITED(status))
-        fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
-    return WEXITSTATUS(status);
-}
+/* Run the tool with @p a; returns its exit status, stdout and stderr are kept in f->out_text /
+ * f->err_text. */
+static int run_tool(fixture *f, arglist *a) { return spconv_tool_run(f, a->argv); }
 
 static void assert_success(fixture *f, arglist *a) {
     int status = run_tool(f, a);
@@ -380,8 +315,7 @@ static void run_conv_case(fixture *f, const conv_case *c) {
 }
 
 static void test_conv_matches_c_api(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     const conv_case cases[] = {
         {.name = "regular f32, rsck [KV, C_in, C_out], stride 2, padding 1",
          .kind = SPCONV_CONV_REGULAR, .kernel = {3, 3, 3}, .stride = {2, 2, 2},
@@ -413,8 +347,7 @@ static void test_conv_matches_c_api(void **state) {
 /* ---- maxpool and rulebook -------------------------------------------------------------------- */
 
 static void test_maxpool_matches_c_api(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     spconv_tensor *indices = random_indices(80, 2, shape_567);
     spconv_tensor *features = random_values(SPCONV_F32, 2, (const int64_t[2]){80, 5});
     spconv_context *ctx = NULL;
@@ -487,8 +420,7 @@ static void rulebook_tables(const spconv_rulebook *rb, spconv_tensor **counts,
 }
 
 static void test_rulebook_matches_c_api(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     const conv_case cases[] = {
         {.name = "subm 3", .kind = SPCONV_CONV_SUBM, .kernel = {3, 3, 3}, .stride = {1, 1, 1},
          .dilation = {1, 1, 1}, .n = 70},
@@ -529,8 +461,7 @@ static void test_rulebook_matches_c_api(void **state) {
 /* ---- help ------------------------------------------------------------------------------------ */
 
 static void test_help_lists_the_contract(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     const struct {
         const char *cmd;
         const char *flags[20];
@@ -676,8 +607,7 @@ static const error_case error_cases[] = {
 };
 
 static void test_errors_exit_2_with_one_line_and_no_outputs(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     write_error_inputs(f);
     for (size_t c = 0; c < sizeof error_cases / sizeof error_cases[0]; ++c) {
         const error_case *e = &error_cases[c];
@@ -708,8 +638,7 @@ static void test_errors_exit_2_with_one_line_and_no_outputs(void **state) {
 /* Outputs appear together or not at all: when the last rename fails, the first is undone and the
  * files that were there before stay. */
 static void test_failed_output_leaves_nothing(void **state) {
-    fixture *f = *state;
-    require_tool(f);
+    fixture *f = spconv_tool_or_skip(state);
     write_error_inputs(f);
     char out_dir[PATH_CAP], path[PATH_CAP];
     spconv_test_join(f->dir, "out", out_dir, sizeof out_dir);

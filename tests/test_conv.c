@@ -1,7 +1,8 @@
 /* indice_conv forward: against a dense double oracle written from the geometry alone (the grid of
  * spconv's own tests and more), against the pair-loop reference, across thread counts and GEMM
  * implementations, and every bad input. Gradients live in test_conv_grad.c, pooling in
- * test_conv_pool.c, GEMM in test_conv_gemm.c, dense helpers and weight layouts in test_conv_dense.c. */
+ * test_conv_pool.c, GEMM in test_conv_gemm.c, dense helpers and weight layouts in
+ * test_conv_dense.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -114,6 +114,18 @@ static int refused_without_pcl(const char *path) {
     return 1;
 }
 
+/* The shared data file @p name read through PCL, its path in *path; NULL (nothing to free) when
+ * this build has no PCL and refused the file as it must. */
+static spconv_point_cloud *read_pcl_data_file(const char *name, char **path) {
+    *path = data_file_or_skip(name);
+    if (refused_without_pcl(*path)) {
+        free(*path);
+        *path = NULL;
+        return NULL;
+    }
+    return read_cloud(*path, 0);
+}
+
 /* ---- the shared data files: raw .bin scans against the file's own bytes ------------------- */
 
 static void check_bin_file(const char *name, int64_t points, const char *const *names, int cols,
@@ -170,12 +182,9 @@ static void test_benchmark_bin(void **state) {
 /* bunny.pcd is ascii: parse its numbers here with strtof and compare every point. */
 static void test_bunny_pcd(void **state) {
     (void)state;
-    char *path = data_file_or_skip("bunny.pcd");
-    if (refused_without_pcl(path)) {
-        free(path);
-        return;
-    }
-    spconv_point_cloud *pc = read_cloud(path, 0);
+    char *path = NULL;
+    spconv_point_cloud *pc = read_pcl_data_file("bunny.pcd", &path);
+    if (pc == NULL) return;
     static const char *const names[] = {"x", "y", "z"};
     assert_fields(pc, names, 3);
     assert_int_equal(spconv_point_cloud_num_points(pc), 397);
@@ -202,12 +211,9 @@ static void test_bunny_pcd(void **state) {
 
 static void test_cturtle_pcd(void **state) {
     (void)state;
-    char *path = data_file_or_skip("cturtle.pcd");
-    if (refused_without_pcl(path)) {
-        free(path);
-        return;
-    }
-    spconv_point_cloud *pc = read_cloud(path, 0);
+    char *path = NULL;
+    spconv_point_cloud *pc = read_pcl_data_file("cturtle.pcd", &path);
+    if (pc == NULL) return;
     static const char *const names[] = {"x", "y", "z", "intensity"};
     assert_fields(pc, names, 4);
     assert_int_equal(spconv_point_cloud_num_points(pc) + spconv_point_cloud_dropped_nonfinite(pc),
@@ -222,12 +228,9 @@ static void test_cturtle_pcd(void **state) {
 /* office1.pcd: organized 640 x 480 with 52,744 NaN points; rgb unpacked into r, g, b bytes. */
 static void test_office1_pcd(void **state) {
     (void)state;
-    char *path = data_file_or_skip("office1.pcd");
-    if (refused_without_pcl(path)) {
-        free(path);
-        return;
-    }
-    spconv_point_cloud *pc = read_cloud(path, 0);
+    char *path = NULL;
+    spconv_point_cloud *pc = read_pcl_data_file("office1.pcd", &path);
+    if (pc == NULL) return;
     static const char *const names[] = {"x", "y", "z", "r", "g", "b"};
     assert_fields(pc, names, 6);
     int64_t width = 0, height = 0;
@@ -248,12 +251,9 @@ static void test_office1_pcd(void **state) {
 
 static void test_cube_ply(void **state) {
     (void)state;
-    char *path = data_file_or_skip("cube.ply");
-    if (refused_without_pcl(path)) {
-        free(path);
-        return;
-    }
-    spconv_point_cloud *pc = read_cloud(path, 0);
+    char *path = NULL;
+    spconv_point_cloud *pc = read_pcl_data_file("cube.ply", &path);
+    if (pc == NULL) return;
     static const char *const names[] = {"x", "y", "z"};
     assert_fields(pc, names, 3);
     assert_int_equal(spconv_point_cloud_num_points(pc), 24);

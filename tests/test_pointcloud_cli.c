@@ -3,102 +3,26 @@
  * (status 2, one line on stderr naming the problem, no output folder left behind). */
 #define _XOPEN_SOURCE 700
 
-#include <fcntl.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
+#include "common/run_tool.h"
 #include "common/test_files.h"
 #include "common/test_util.h"
 #include "io/pointcloud_pcd.h"
 
-extern char **environ;
+#define PATH_CAP SPCONV_TOOL_PATH_CAP
 
-#define PATH_CAP 1024
-#define MAX_ARGS 24
+typedef spconv_tool_fixture fixture;
 
-typedef struct fixture {
-    const char *tool;
-    char *dir;
-    char *out_text, *err_text; /* of the last run */
-} fixture;
+static int setup(void **state) { return spconv_tool_setup(state, "spconv_pc_cli"); }
 
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (f == NULL) return -1;
-    f->tool = getenv("SPCONV_TOOL");
-    f->dir = spconv_test_make_scratch("spconv_pc_cli");
-    if (f->dir == NULL) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fixture *f = *state;
-    int rc = spconv_test_remove_tree(f->dir);
-    free(f->dir);
-    free(f->out_text);
-    free(f->err_text);
-    free(f);
-    return rc;
-}
-
-static fixture *tool_or_skip(void **state) {
-    fixture *f = *state;
-    if (f->tool == NULL || f->tool[0] == '\0') {
-        print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
-        skip();
-    }
-    return f;
-}
+static int teardown(void **state) { return spconv_tool_teardown(state); }
 
 static const char *in_dir(const fixture *f, const char *name, char *buf) {
-    return spconv_test_join(f->dir, name, buf, PATH_CAP);
-}
-
-/* Run the tool with the NULL-terminated @p args; returns its exit status. */
-static int run(fixture *f, const char *const *args) {
-    const char *argv[MAX_ARGS + 1] = {f->tool};
-    for (int i = 0; args[i] != NULL; ++i) {
-        assert_true(i + 1 < MAX_ARGS);
-        argv[i + 1] = args[i];
-    }
-    char out_path[PATH_CAP], err_path[PATH_CAP];
-    posix_spawn_file_actions_t actions;
-    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
-    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 1, in_dir(f, "stdout.txt", out_path),
-                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
-    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 2, in_dir(f, "stderr.txt", err_path),
-                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv, environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    free(f->out_text);
-    free(f->err_text);
-    size_t n;
-    f->out_text = spconv_test_read_bytes(out_path, &n);
-    f->err_text = spconv_test_read_bytes(err_path, &n);
-    assert_true(f->out_text != NULL && f->err_text != NULL);
-    if (!WIFEXITED(status)) fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
-    return WEXITSTATUS(status);
-}
-
-/* Exit status 2 with one line on stderr that contains @p substring. */
-static void expect_usage_error(fixture *f, const char *const *args, const char *substring) {
-    assert_int_equal(run(f, args), 2);
-    if (strstr(f->err_text, substring) == NULL)
-        fail_msg("stderr \"%s\" does not contain \"%s\"", f->err_text, substring);
-    int lines = 0;
-    for (const char *c = f->err_text; *c != '\0'; ++c) lines += *c == '\n';
-    assert_int_equal(lines, 1);
+    return spconv_tool_scratch_path(f, name, buf);
 }
 
 static spconv_tensor *read_npy(const fixture *f, const char *dir, const char *name) {
@@ -137,13 +61,13 @@ static spconv_tensor *write_scan(const fixture *f, const char *name, int64_t P) 
 /* The outputs of `spconv voxelize` equal spconv_voxelize on the same points; centres.pcd holds
  * the voxel centres, the means and the counts. */
 static void test_voxelize_outputs(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     spconv_tensor *points = write_scan(f, "scan.bin", spconv_test_rand_int(1000, 20000));
     char scan[PATH_CAP], out[PATH_CAP];
     const char *args[] = {"voxelize", in_dir(f, "scan.bin", scan), "--voxel-size", "0.2,0.2,0.25",
                           "--range", "0,-40,-3,70.4,40,1", "--max-points", "3", "--max-voxels",
                           "20000", "--threads", "2", "--out", in_dir(f, "out", out), NULL};
-    assert_int_equal(run(f, args), 0);
+    assert_int_equal(spconv_tool_run(f, args), 0);
     assert_string_equal(f->err_text, "");
     const spconv_voxelize_params vp = {{0.2f, 0.2f, 0.25f}, {0, -40, -3, 70.4f, 40, 1}, 3, 20000,
                                        SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN};
@@ -194,7 +118,7 @@ static void test_voxelize_outputs(void **state) {
 
 /* Without --out only the summary is printed; the project's sample scan works as input. */
 static void test_voxelize_sample_scan(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char sample[PATH_CAP];
     snprintf(sample, sizeof sample, "%s", __FILE__);
     char *slash = strrchr(sample, '/');
@@ -202,14 +126,14 @@ static void test_voxelize_sample_scan(void **state) {
     snprintf(slash, sizeof sample - (size_t)(slash - sample), "/../data/sample_scan.bin");
     const char *args[] = {"voxelize", sample, "--voxel-size", "0.05,0.05,0.1", "--range",
                           "0,-40,-3,70.4,40,1", NULL};
-    assert_int_equal(run(f, args), 0);
+    assert_int_equal(spconv_tool_run(f, args), 0);
     assert_non_null(strstr(f->out_text, "points read   100791")); /* data/README.md */
     assert_non_null(strstr(f->out_text, "grid          1408 x 1600 x 40"));
     assert_int_equal(spconv_test_count_entries(f->dir), 2); /* stdout.txt and stderr.txt */
 }
 
 static void test_info(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     spconv_tensor *points = write_scan(f, "scan.pcd.bin", 0);
     spconv_tensor_release(points);
     points = write_scan(f, "cloud.pcd.bin", 10);
@@ -217,49 +141,49 @@ static void test_info(void **state) {
     char path[PATH_CAP];
     /* 10 KITTI points (40 floats) read as nuScenes records (5 floats): 8 points */
     const char *args[] = {"info", in_dir(f, "cloud.pcd.bin", path), NULL};
-    assert_int_equal(run(f, args), 0);
+    assert_int_equal(spconv_tool_run(f, args), 0);
     assert_non_null(strstr(f->out_text, "nuScenes .bin, 5 float32 per point"));
     assert_non_null(strstr(f->out_text, "points        8 (0 NaN/inf dropped)"));
     assert_non_null(strstr(f->out_text, "fields        x y z intensity ring"));
     assert_non_null(strstr(f->out_text, "bounds        x ["));
     const char *four[] = {"info", path, "--columns", "4", NULL};
-    assert_int_equal(run(f, four), 0);
+    assert_int_equal(spconv_tool_run(f, four), 0);
     assert_non_null(strstr(f->out_text, "points        10 (0 NaN/inf dropped)"));
     const char *empty[] = {"info", in_dir(f, "scan.pcd.bin", path), NULL};
-    assert_int_equal(run(f, empty), 0);
+    assert_int_equal(spconv_tool_run(f, empty), 0);
     assert_non_null(strstr(f->out_text, "points        0"));
 }
 
 static void test_errors(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     spconv_tensor_release(write_scan(f, "scan.bin", 100));
     char scan[PATH_CAP], out[PATH_CAP], cut[PATH_CAP];
     in_dir(f, "scan.bin", scan);
     in_dir(f, "out", out);
     const char *missing[] = {"voxelize", in_dir(f, "nope.bin", cut), "--voxel-size", "1,1,1",
                              "--range", "0,0,0,1,1,1", "--out", out, NULL};
-    expect_usage_error(f, missing, "cannot open");
+    spconv_tool_expect_usage_error(f, missing, "cannot open");
     const char *size0[] = {"voxelize", scan, "--voxel-size", "0,1,1", "--range", "0,0,0,1,1,1", NULL};
-    expect_usage_error(f, size0, "voxel size x = 0 must be positive");
+    spconv_tool_expect_usage_error(f, size0, "voxel size x = 0 must be positive");
     const char *range[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,5,0,1,1,1", NULL};
-    expect_usage_error(f, range, "range y = [5, 1] needs min < max");
+    spconv_tool_expect_usage_error(f, range, "range y = [5, 1] needs min < max");
     const char *huge[] = {"voxelize", scan, "--voxel-size", "1e-9,1,1", "--range", "0,0,0,100,1,1", NULL};
-    expect_usage_error(f, huge, "more than int32 coordinates hold");
+    spconv_tool_expect_usage_error(f, huge, "more than int32 coordinates hold");
     const char *points0[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
                              "--max-points", "0", NULL};
-    expect_usage_error(f, points0, "--max-points");
+    spconv_tool_expect_usage_error(f, points0, "--max-points");
     const char *nosize[] = {"voxelize", scan, "--range", "0,0,0,1,1,1", NULL};
-    expect_usage_error(f, nosize, "--voxel-size");
+    spconv_tool_expect_usage_error(f, nosize, "--voxel-size");
     const char *columns[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
                              "--columns", "2", NULL};
-    expect_usage_error(f, columns, "--columns");
+    spconv_tool_expect_usage_error(f, columns, "--columns");
     char bytes[4 * 4 * 3 + 2] = {0};
     assert_int_equal(spconv_test_write_bytes(in_dir(f, "cut.bin", cut), bytes, sizeof bytes), 0);
     const char *truncated[] = {"voxelize", cut, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
                                "--out", out, NULL};
-    expect_usage_error(f, truncated, "not a whole number of 16-byte records");
+    spconv_tool_expect_usage_error(f, truncated, "not a whole number of 16-byte records");
     const char *info[] = {"info", cut, NULL};
-    expect_usage_error(f, info, "truncated");
+    spconv_tool_expect_usage_error(f, info, "truncated");
     assert_false(spconv_test_exists(out));
 }
 

@@ -5,126 +5,35 @@
  * output folder left behind). */
 #define _XOPEN_SOURCE 700
 
-#include <fcntl.h>
 #include <math.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "common/json_check.h"
 #include "common/png_read.h"
+#include "common/run_tool.h"
 #include "common/test_files.h"
 #include "common/test_util.h"
 
-extern char **environ;
-
-#define PATH_CAP 1024
-#define MAX_ARGS 24
-#define MAX_ENV 512
+#define PATH_CAP SPCONV_TOOL_PATH_CAP
 #define PICTURE_MARGIN 8     /* the picture's documented layout (tools/spconv/net_picture.h) */
 #define PICTURE_PANEL_SIDE 800
 
-typedef struct fixture {
-    const char *tool;
-    char *dir;
-    char *out_text, *err_text; /* of the last run */
-    const char *extra_env;     /* "NAME=value" added to the tool's environment, or NULL */
-} fixture;
+typedef spconv_tool_fixture fixture;
 
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (f == NULL) return -1;
-    f->tool = getenv("SPCONV_TOOL");
-    f->dir = spconv_test_make_scratch("spconv_run_cli");
-    if (f->dir == NULL) {
-        free(f);
-        return -1;
-    }
-    *state = f;
-    return 0;
-}
+static int setup(void **state) { return spconv_tool_setup(state, "spconv_run_cli"); }
 
-static int teardown(void **state) {
-    fixture *f = *state;
-    int rc = spconv_test_remove_tree(f->dir);
-    free(f->dir);
-    free(f->out_text);
-    free(f->err_text);
-    free(f);
-    return rc;
-}
-
-static fixture *tool_or_skip(void **state) {
-    fixture *f = *state;
-    if (f->tool == NULL || f->tool[0] == '\0') {
-        print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
-        skip();
-    }
-    return f;
-}
+static int teardown(void **state) { return spconv_tool_teardown(state); }
 
 static const char *in_dir(const fixture *f, const char *name, char *buf) {
-    return spconv_test_join(f->dir, name, buf, PATH_CAP);
-}
-
-/* The environment of the tool: ours, plus f->extra_env. */
-static char **tool_environment(const fixture *f, char **buf) {
-    if (f->extra_env == NULL) return environ;
-    int n = 0;
-    while (environ[n] != NULL && n < MAX_ENV - 2) buf[n] = environ[n], ++n;
-    buf[n++] = (char *)f->extra_env;
-    buf[n] = NULL;
-    return buf;
-}
-
-/* Run the tool with the NULL-terminated @p args; returns its exit status. */
-static int run(fixture *f, const char *const *args) {
-    const char *argv[MAX_ARGS + 1] = {f->tool};
-    for (int i = 0; args[i] != NULL; ++i) {
-        assert_true(i + 1 < MAX_ARGS);
-        argv[i + 1] = args[i];
-    }
-    char out_path[PATH_CAP], err_path[PATH_CAP];
-    posix_spawn_file_actions_t actions;
-    assert_int_equal(posix_spawn_file_actions_init(&actions), 0);
-    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 1, in_dir(f, "stdout.txt", out_path),
-                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
-    assert_int_equal(posix_spawn_file_actions_addopen(&actions, 2, in_dir(f, "stderr.txt", err_path),
-                                                      O_WRONLY | O_CREAT | O_TRUNC, 0644), 0);
-    char *env_buf[MAX_ENV];
-    pid_t pid;
-    assert_int_equal(posix_spawn(&pid, f->tool, &actions, NULL, (char *const *)argv,
-                                 tool_environment(f, env_buf)), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    free(f->out_text);
-    free(f->err_text);
-    size_t n;
-    f->out_text = spconv_test_read_bytes(out_path, &n);
-    f->err_text = spconv_test_read_bytes(err_path, &n);
-    assert_true(f->out_text != NULL && f->err_text != NULL);
-    if (!WIFEXITED(status))
-        fail_msg("the tool died by signal %d: %s", WTERMSIG(status), f->err_text);
-    return WEXITSTATUS(status);
+    return spconv_tool_scratch_path(f, name, buf);
 }
 
 static void expect_success(fixture *f, const char *const *args) {
-    int rc = run(f, args);
+    int rc = spconv_tool_run(f, args);
     if (rc != 0) fail_msg("exit status %d, stderr: %s", rc, f->err_text);
-}
-
-/* Exit status 2 with one line on stderr that contains @p substring. */
-static void expect_usage_error(fixture *f, const char *const *args, const char *substring) {
-    assert_int_equal(run(f, args), 2);
-    if (strstr(f->err_text, substring) == NULL)
-        fail_msg("stderr \"%s\" does not contain \"%s\"", f->err_text, substring);
-    int lines = 0;
-    for (const char *c = f->err_text; *c != '\0'; ++c) lines += *c == '\n';
-    assert_int_equal(lines, 1);
 }
 
 static void expect_in_stdout(const fixture *f, const char *substring) {
@@ -251,7 +160,7 @@ static void check_picture(const char *dir, const char *net, int64_t min_heat, in
 /* ---- run on the bundled sample ---------------------------------------------------------------- */
 
 static void test_run_second_on_sample(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char out[PATH_CAP];
     expect_success(f, (const char *[]){"run", "--net", "second", "--out", in_dir(f, "second", out),
                                        NULL});
@@ -281,7 +190,7 @@ static void test_run_second_on_sample(void **state) {
 
 /* The U-Net's output sites are its input sites, in their order. */
 static void test_run_unet_on_sample(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char out[PATH_CAP];
     expect_success(f, (const char *[]){"run", "--net", "unet", "--threads", "1", "--out",
                                        in_dir(f, "unet", out), NULL});
@@ -306,7 +215,7 @@ static void test_run_unet_on_sample(void **state) {
 
 /* bench_basic pools six times: the output sites lie in a [1, 25, 25] grid, each once. */
 static void test_run_basic_on_sample(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char out[PATH_CAP];
     expect_success(f, (const char *[]){"run", sample_scan(), "--net", "basic", "--quiet", "--out",
                                        in_dir(f, "basic", out), NULL});
@@ -377,7 +286,7 @@ static void assert_different_npy(const char *dir_a, const char *dir_b, const cha
 
 /* Weights saved from seed 7 (RSCK, and KRSC read as such) give what --seed 7 gives. */
 static void test_run_weights(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], rsck[PATH_CAP], krsc[PATH_CAP], o_seed[PATH_CAP], o_rsck[PATH_CAP],
         o_krsc[PATH_CAP], o_other[PATH_CAP];
     small_scan(f, 4000, scan);
@@ -411,7 +320,7 @@ static void test_run_weights(void **state) {
 
 /* A scan with no point in the network's range runs, says so, and gives an empty output. */
 static void test_run_zero_voxels(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     const float far[8] = {-10.0f, 0.0f, 0.0f, 0.5f, -20.0f, 1.0f, 0.0f, 0.5f}; /* behind x = 0 */
     char scan[PATH_CAP], out[PATH_CAP];
     assert_int_equal(spconv_test_write_bytes(in_dir(f, "far.bin", scan), far, sizeof far), 0);
@@ -433,17 +342,22 @@ static void test_run_zero_voxels(void **state) {
 /* ---- run: bad input --------------------------------------------------------------------------- */
 
 static void test_run_errors(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], out[PATH_CAP], file[PATH_CAP], under_file[PATH_CAP], weights[PATH_CAP],
         param[PATH_CAP], missing[PATH_CAP];
     small_scan(f, 500, scan);
     in_dir(f, "never", out);
-    expect_usage_error(f, (const char *[]){"run", in_dir(f, "missing.bin", missing), "--out", out,
-                                           NULL}, "missing.bin");
-    expect_usage_error(f, (const char *[]){"run", scan, "--net", "pointnet", "--out", out, NULL},
-                       "--net 'pointnet'");
-    expect_usage_error(f, (const char *[]){"run", scan, "--weights", in_dir(f, "nowhere", weights),
-                                           "--out", out, NULL}, "nowhere");
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"run", in_dir(f, "missing.bin", missing), "--out", out, NULL},
+        "missing.bin");
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"run", scan, "--net", "pointnet", "--out", out, NULL},
+        "--net 'pointnet'");
+    spconv_tool_expect_usage_error(f,
+                                   (const char *[]){"run", scan, "--weights",
+                                                    in_dir(f, "nowhere", weights), "--out", out,
+                                                    NULL},
+                                   "nowhere");
     save_weights("unet", 1, in_dir(f, "weights", weights), SPCONV_NET_LAYOUT_AUTO);
     /* A weight of the wrong shape, then a missing one: each named. */
     spconv_tensor *wrong = NULL;
@@ -454,19 +368,22 @@ static void test_run_errors(void **state) {
     spconv_tensor_release(wrong);
     const char *with_weights[] = {"run", scan, "--net", "unet", "--weights", weights, "--out", out,
                                   NULL};
-    expect_usage_error(f, with_weights, "head.weight");
+    spconv_tool_expect_usage_error(f, with_weights, "head.weight");
     assert_int_equal(remove(param), 0);
-    expect_usage_error(f, with_weights, "head.weight");
-    expect_usage_error(f, (const char *[]){"run", scan, "--weight-layout", "nhwc", NULL},
-                       "--weight-layout");
+    spconv_tool_expect_usage_error(f, with_weights, "head.weight");
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"run", scan, "--weight-layout", "nhwc", NULL}, "--weight-layout");
     /* Outputs that cannot be written: a file where the folder should be, or above it. */
     assert_int_equal(spconv_test_write_bytes(in_dir(f, "a_file", file), "x", 1), 0);
-    expect_usage_error(f, (const char *[]){"run", scan, "--out", file, NULL}, "not a folder");
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", file, NULL},
+                                   "not a folder");
     spconv_test_join(file, "sub", under_file, sizeof under_file);
-    expect_usage_error(f, (const char *[]){"run", scan, "--out", under_file, NULL}, "a_file");
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", under_file, NULL},
+                                   "a_file");
     /* No SCAN and the sample named by SPCONV_SAMPLE_SCAN is missing. */
     f->extra_env = "SPCONV_SAMPLE_SCAN=/nonexistent/sample.bin";
-    expect_usage_error(f, (const char *[]){"run", "--out", out, NULL}, "/nonexistent/sample.bin");
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", "--out", out, NULL},
+                                   "/nonexistent/sample.bin");
     f->extra_env = NULL;
     assert_false(spconv_test_exists(out)); /* no failed run left a folder behind */
 }
@@ -497,7 +414,7 @@ static void check_bench_json(const char *path, int layers, int backward) {
 }
 
 static void test_bench_json(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], json[PATH_CAP];
     small_scan(f, 5000, scan);
     expect_success(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat", "1",
@@ -540,7 +457,7 @@ static void bench_voxels(fixture *f, const char *input, const char *json, int64_
 
 /* Voxel files in each accepted form: raw folder, .npy folder, raw prefix. */
 static void test_bench_voxel_files(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     enum { N = 400 };
     int32_t rows[4 * N];
     float features[3 * N];
@@ -570,7 +487,7 @@ static void test_bench_voxel_files(void **state) {
 }
 
 static void test_bench_errors(void **state) {
-    fixture *f = tool_or_skip(state);
+    fixture *f = spconv_tool_or_skip(state);
     enum { N = 50 };
     int32_t rows[4 * N];
     float features[3 * N];
@@ -583,25 +500,27 @@ static void test_bench_errors(void **state) {
                           "0", "--peak-size", "0", NULL};
     assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
     assert_int_equal(spconv_test_write_bytes(feat, features, sizeof features - 4), 0);
-    expect_usage_error(f, args, "spconv_test_features.f32");
+    spconv_tool_expect_usage_error(f, args, "spconv_test_features.f32");
     assert_int_equal(spconv_test_write_bytes(feat, features, sizeof features), 0);
     assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows - 8), 0);
-    expect_usage_error(f, args, "spconv_test_indices.i32");
+    spconv_tool_expect_usage_error(f, args, "spconv_test_indices.i32");
     rows[4 * 17 + 2] = 1600; /* y outside [0, 1600) */
     assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
-    expect_usage_error(f, args, "row 17");
+    spconv_tool_expect_usage_error(f, args, "row 17");
     rows[4 * 17 + 2] = rows[4 * 3 + 2], rows[4 * 17 + 1] = rows[4 * 3 + 1];
     rows[4 * 17 + 3] = rows[4 * 3 + 3]; /* a duplicate of row 3 */
     assert_int_equal(spconv_test_write_bytes(idx, rows, sizeof rows), 0);
-    expect_usage_error(f, args, "row");
+    spconv_tool_expect_usage_error(f, args, "row");
     assert_int_equal(mkdir(in_dir(f, "empty", empty), 0777), 0);
-    expect_usage_error(f, (const char *[]){"bench", "--input", empty, NULL}, "indices.npy");
-    expect_usage_error(f, (const char *[]){"bench", "--input", in_dir(f, "no.bin", idx), NULL},
-                       "no.bin");
-    expect_usage_error(f, (const char *[]){"bench", "--repeat", "0", NULL}, "--repeat");
-    expect_usage_error(f, (const char *[]){"bench", "--net", "x", NULL}, "--net");
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--input", empty, NULL},
+                                   "indices.npy");
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"bench", "--input", in_dir(f, "no.bin", idx), NULL}, "no.bin");
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--repeat", "0", NULL}, "--repeat");
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "x", NULL}, "--net");
     spconv_test_join(empty, "no/such/folder.json", json, PATH_CAP);
-    expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL}, "folder.json");
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL},
+                                   "folder.json");
 }
 
 /* The JSON checker the bench tests rely on tells valid from invalid text. */

@@ -1,5 +1,6 @@
 /* Shared pieces of the CPU conv executors (see conv_cpu.h). */
 #include "conv/conv_cpu.h"
+#include "conv/gemm.h"
 
 #include <string.h>
 
@@ -109,18 +110,8 @@ void spconv__gather_rows(void *dst, const void *src, const int32_t *rows, int64_
 }
 
 /* The scatter-adds stream every pair's product row through the cache once: wide vectors pay
- * off, and the library is built for the baseline ISA, so the compiler also makes AVX2 and
- * AVX-512 versions of them and the loader picks one for the machine (GCC's target_clones). */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define SPCONV_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-#endif
-#ifndef SPCONV_VECTOR_CLONES
-#define SPCONV_VECTOR_CLONES
-#endif
-
-SPCONV_VECTOR_CLONES
+ * off (SPCONV__VECTOR_CLONES, gemm.h). */
+SPCONV__VECTOR_CLONES
 static void scatter_add_f32(float *dst, const int32_t *rows, const float *src, int64_t n,
                             int64_t cols) {
     for (int64_t i = 0; i < n; ++i) {
@@ -130,7 +121,7 @@ static void scatter_add_f32(float *dst, const int32_t *rows, const float *src, i
     }
 }
 
-SPCONV_VECTOR_CLONES
+SPCONV__VECTOR_CLONES
 static void scatter_add_f64(double *dst, const int32_t *rows, const double *src, int64_t n,
                             int64_t cols) {
     for (int64_t i = 0; i < n; ++i) {

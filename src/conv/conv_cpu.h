@@ -22,16 +22,10 @@
 #include <time.h>
 
 #include "conv/conv_exec.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#define SPCONV_OMP(...) _Pragma(#__VA_ARGS__)
-#else
-#define SPCONV_OMP(...)
-#endif
+#include "core/parallel.h"
 
 static inline int spconv__omp_thread(void) {
-#ifdef _OPENMP
+#if SPCONV_HAVE_OPENMP
     return omp_get_thread_num();
 #else
     return 0;
@@ -40,7 +34,7 @@ static inline int spconv__omp_thread(void) {
 
 /* Seconds on a monotonic clock (omp_get_wtime is one; C11's timespec_get otherwise). */
 static inline double spconv__now_s(void) {
-#ifdef _OPENMP
+#if SPCONV_HAVE_OPENMP
     return omp_get_wtime();
 #else
     struct timespec ts;

@@ -16,6 +16,19 @@
 
 #include "spconv/types.h"
 
+/* The library is built for the baseline ISA; on x86-64 with GCC or Clang, loops marked with
+ * this get AVX2 and AVX-512 versions too and the loader picks one for the machine
+ * (target_clones). Without -ffast-math each version adds in the same order, so all give the
+ * same bits. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define SPCONV__VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef SPCONV__VECTOR_CLONES
+#define SPCONV__VECTOR_CLONES
+#endif
+
 typedef enum spconv__gemm_impl {
     SPCONV__GEMM_AUTO = 0,    /* BLAS when built in, else the fallback */
     SPCONV__GEMM_FALLBACK = 1 /* always the plain-C fallback */

@@ -327,17 +327,24 @@ static int grad_weight_to_layout(conv_job *j) {
     return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "converting grad_weight");
 }
 
+/* Read --grad-out and check it has the dtype and shape of the forward output @p out, whose
+ * channel count the message calls @p channels. */
+static int read_grad_out(const char *cmd, const char *path, const spconv_tensor *out,
+                         const char *channels, spconv_tensor **grad_out) {
+    int rc = cli_read_npy(cmd, "--grad-out", path, grad_out);
+    if (rc != 0) return rc;
+    const int64_t sizes[2] = {spconv_tensor_size(out, 0), spconv_tensor_size(out, 1)};
+    char expected[96];
+    snprintf(expected, sizeof expected, "%s [N_out = %lld, %s = %lld]",
+             spconv_dtype_name(spconv_tensor_dtype(out)), (long long)sizes[0], channels,
+             (long long)sizes[1]);
+    return require_tensor(cmd, "--grad-out", *grad_out, (int)spconv_tensor_dtype(out), 2, sizes,
+                          expected);
+}
+
 static int conv_backward(conv_job *j) {
     layer_job *job = &j->base;
-    int rc = cli_read_npy(job->cmd, "--grad-out", j->grad_out_path, &j->grad_out);
-    if (rc != 0) return rc;
-    const int64_t sizes[2] = {spconv_tensor_size(j->out, 0), spconv_tensor_size(j->out, 1)};
-    char expected[96];
-    snprintf(expected, sizeof expected, "%s [N_out = %lld, C_out = %lld]",
-             spconv_dtype_name(spconv_tensor_dtype(j->out)), (long long)sizes[0],
-             (long long)sizes[1]);
-    rc = require_tensor(job->cmd, "--grad-out", j->grad_out, (int)spconv_tensor_dtype(j->out), 2,
-                        sizes, expected);
+    int rc = read_grad_out(job->cmd, j->grad_out_path, j->out, "C_out", &j->grad_out);
     if (rc != 0) return rc;
     spconv_status st = spconv_conv_backward(job->ctx, job->rb, j->features, j->weight,
                                             j->grad_out, &j->grad_features, &j->grad_weight_rsck,
@@ -412,15 +419,7 @@ typedef struct pool_job {
 
 static int pool_backward(pool_job *j) {
     layer_job *job = &j->base;
-    int rc = cli_read_npy(job->cmd, "--grad-out", j->grad_out_path, &j->grad_out);
-    if (rc != 0) return rc;
-    const int64_t sizes[2] = {spconv_tensor_size(j->out, 0), spconv_tensor_size(j->out, 1)};
-    char expected[96];
-    snprintf(expected, sizeof expected, "%s [N_out = %lld, C = %lld]",
-             spconv_dtype_name(spconv_tensor_dtype(j->out)), (long long)sizes[0],
-             (long long)sizes[1]);
-    rc = require_tensor(job->cmd, "--grad-out", j->grad_out, (int)spconv_tensor_dtype(j->out), 2,
-                        sizes, expected);
+    int rc = read_grad_out(job->cmd, j->grad_out_path, j->out, "C", &j->grad_out);
     if (rc != 0) return rc;
     spconv_status st = spconv_maxpool_backward(job->ctx, job->rb, j->argmax, j->grad_out,
                                                &j->grad_features);
