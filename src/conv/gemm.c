@@ -48,12 +48,14 @@
 SPCONV__VECTOR_CLONES
 void spconv__sgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                             const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                            float *c, int64_t ldc){SPCONV_FALLBACK_GEMM_BODY(float)}
+                            float *c, int64_t ldc) {
+    SPCONV_FALLBACK_GEMM_BODY(float)
+}
 
 SPCONV__VECTOR_CLONES
-    void spconv__dgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
-                                const double *a, int64_t lda, const double *b, int64_t ldb,
-                                double beta, double *c, int64_t ldc) {
+void spconv__dgemm_fallback(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                            const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                            double *c, int64_t ldc) {
     SPCONV_FALLBACK_GEMM_BODY(double)
 }
 

@@ -16,11 +16,11 @@
 
 #include "spconv/types.h"
 
-/* The library is built for the baseline ISA; on x86-64 with GCC or Clang, loops marked with
- * this get AVX2 and AVX-512 versions too and the loader picks one for the machine
- * (target_clones). Without -ffast-math each version adds in the same order, so all give the
- * same bits. */
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__has_attribute)
+/* The library is built for the baseline ISA; on x86-64 with GCC or Clang and glibc (whose
+ * loader resolves the ifuncs behind it), functions marked with this get AVX2 and AVX-512 versions
+ * too and the loader picks one for the machine (target_clones). Without -ffast-math each version
+ * adds in the same order, so all give the same bits. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define SPCONV__VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

@@ -94,7 +94,7 @@ static spconv_status check_raw(const char *func, const char *path, const spconv_
         uint64_t size = spconv__scalar_size(f->type);
         SPCONV_RETURN_ERROR_IF(size == 0 || f->count > raw->point_step ||
                                    f->offset > raw->point_step ||
-                                   f->count * size > raw->point_step - f->offset,
+                                   f->count > (raw->point_step - f->offset) / size,
                                SPCONV_ERR_FORMAT, "%s: '%s': field '%s' (offset %" PRIu64
                                ", %" PRIu64 " values) does not fit in a point of %" PRIu64
                                " bytes", func, path, f->name, f->offset, f->count,
@@ -159,7 +159,9 @@ static spconv_status build_plan(const char *func, const char *path, const spconv
         for (int a = 0; a < 3; ++a)
             if (xyz[a] == NULL && f->count == 1 && strcmp(f->name, (const char *[]){"x", "y", "z"}[a]) == 0)
                 xyz[a] = f;
-        total += field_columns(f);
+        /* Capped per field so that absurd counts cannot wrap the sum below the limit. */
+        uint64_t columns = field_columns(f);
+        total += columns > MAX_COLUMNS ? MAX_COLUMNS + 1 : columns;
     }
     for (int a = 0; a < 3; ++a)
         SPCONV_RETURN_ERROR_IF(xyz[a] == NULL, SPCONV_ERR_FORMAT,
