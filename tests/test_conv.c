@@ -15,9 +15,8 @@
 /* The case's forward in @p dtype through the public API (or _ex with @p options). */
 static spconv_tensor *run_forward(spconv_context *ctx, const conv_case *c, spconv_dtype dtype,
                                   int with_bias, const spconv__conv_options *options) {
-    int64_t x_sizes[2] = {c->n_in, c->c_in}, w_sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
-    spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c->x);
-    spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c->w);
+    spconv_tensor *x = conv_case_features(c, dtype);
+    spconv_tensor *w = conv_case_weight(c, dtype);
     spconv_tensor *b = with_bias ? conv_tensor(dtype, 1, &c->c_out, c->bias) : NULL;
     spconv_tensor *out = NULL;
     SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, b, options, &out));
@@ -29,16 +28,6 @@ static spconv_tensor *run_forward(spconv_context *ctx, const conv_case *c, spcon
     spconv_tensor_release(w);
     spconv_tensor_release(b);
     return out;
-}
-
-static void expect_close(const conv_case *c, const char *what, const double *got,
-                         const double *expected, int64_t n, double tolerance) {
-    double err = oracle_rel_error(got, expected, n);
-    if (!(err <= tolerance)) {
-        char text[512];
-        fail_msg("%s: %s: normalised error %.3g > %.3g", conv_case_text(c, text, sizeof text), what,
-                 err, tolerance);
-    }
 }
 
 /* Set up @p c, run its forward in f32 with the bias and in f64 without, and hold both to the
@@ -58,8 +47,8 @@ static void check_forward(conv_case *c) {
         if (d == 1)
             for (int64_t i = 0; i < n; ++i) expected[i] -= c->bias[i % c->c_out];
         double *got = conv_read(out, NULL);
-        expect_close(c, d == 0 ? "f32 with bias" : "f64 without bias", got, expected, n,
-                     conv_tolerance(dtype));
+        conv_case_expect_close(c, d == 0 ? "f32 with bias" : "f64 without bias", got, expected,
+                               n, conv_tolerance(dtype));
         free(got);
         spconv_tensor_release(out);
     }
@@ -95,30 +84,6 @@ static void test_forward_grid_batch2(void **state) {
     forward_grid(2);
 }
 
-/* A random geometry: per-axis kernel 1..4, stride 1..3, padding 0..2, dilation 1..3 (and for a
- * transposed conv output padding below max(stride, dilation)), redrawn until the output of
- * @p shape is not empty. */
-static spconv_conv_params random_params(spconv_conv_kind kind, const int64_t shape[3]) {
-    spconv_conv_params p = spconv_conv_params_default(kind);
-    int64_t out_shape[3];
-    int ok;
-    do {
-        for (int a = 0; a < 3; ++a) {
-            p.kernel[a] = spconv_test_rand_int(1, 4);
-            p.stride[a] = spconv_test_rand_int(1, 3);
-            p.padding[a] = spconv_test_rand_int(0, 2);
-            p.dilation[a] = spconv_test_rand_int(1, 3);
-            int64_t limit = p.stride[a] > p.dilation[a] ? p.stride[a] : p.dilation[a];
-            p.output_padding[a] =
-                kind == SPCONV_CONV_TRANSPOSED ? spconv_test_rand_int(0, limit - 1) : 0;
-        }
-        oracle_geometry g = oracle_geometry_from_params(&p);
-        ok = kind == SPCONV_CONV_TRANSPOSED ? oracle_transposed_shape(&g, shape, out_shape)
-                                            : oracle_regular_shape(&g, shape, out_shape);
-    } while (!ok);
-    return p;
-}
-
 /* A random case: shape 3..16 per axis, batch 1..3, up to a third of the cells active, channel
  * counts that are mostly not multiples of 4 or 8. */
 static conv_case random_case(spconv_conv_kind kind) {
@@ -129,7 +94,7 @@ static conv_case random_case(spconv_conv_kind kind) {
     c.n_per_batch = spconv_test_rand_int(1, oracle_cells(c.shape) / 3 + 1);
     c.c_in = spconv_test_rand_int(1, 19);
     c.c_out = spconv_test_rand_int(1, 21);
-    c.params = random_params(kind, c.shape);
+    c.params = conv_case_random_params(kind, c.shape, 0);
     return c;
 }
 
@@ -191,25 +156,27 @@ static void test_forward_inverse(void **state) {
 /* No sites, one site, one channel: the sizes where loops run zero or one time. */
 static void test_forward_small_sizes(void **state) {
     (void)state;
-    conv_case one = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
-                                   (int64_t[3]){5, 5, 5}, 1, 1, 1, 1);
-    check_forward(&one);
-    conv_case single_regular = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
-                                              (int64_t[3]){4, 4, 4}, 2, 1, 3, 5);
-    check_forward(&single_regular);
-    conv_case empty = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
-                                     (int64_t[3]){9, 9, 9}, 1, 0, 7, 6);
-    check_forward(&empty);
-    conv_case empty_subm = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
-                                          (int64_t[3]){9, 9, 9}, 1, 0, 7, 6);
-    check_forward(&empty_subm);
-    /* With C_out = 0 the output has no columns; with C_in = 0 it is the bias alone. */
-    conv_case no_outputs = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 1, 1, 1),
-                                          (int64_t[3]){6, 6, 6}, 1, 20, 4, 0);
-    check_forward(&no_outputs);
-    conv_case no_inputs = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1),
-                                         (int64_t[3]){6, 6, 6}, 1, 20, 0, 5);
-    check_forward(&no_inputs);
+    /* Dilation 1 and a cubic shape of side `side` throughout. */
+    static const struct {
+        spconv_conv_kind kind;
+        int64_t kernel, stride, padding, side, batch, n_per_batch, c_in, c_out;
+    } cases[] = {
+        {SPCONV_CONV_SUBM, 3, 1, 0, 5, 1, 1, 1, 1},    /* one site */
+        {SPCONV_CONV_REGULAR, 2, 2, 0, 4, 2, 1, 3, 5}, /* one regular site per batch */
+        {SPCONV_CONV_REGULAR, 3, 2, 1, 9, 1, 0, 7, 6}, /* empty */
+        {SPCONV_CONV_SUBM, 3, 1, 0, 9, 1, 0, 7, 6},    /* empty subm */
+        /* With C_out = 0 the output has no columns; with C_in = 0 it is the bias alone. */
+        {SPCONV_CONV_REGULAR, 3, 1, 1, 6, 1, 20, 4, 0},
+        {SPCONV_CONV_SUBM, 3, 1, 0, 6, 1, 20, 0, 5},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        const int64_t side = cases[i].side;
+        conv_case c = conv_case_make(
+            conv_params_iso(cases[i].kind, cases[i].kernel, cases[i].stride, cases[i].padding, 1),
+            (int64_t[3]){side, side, side}, cases[i].batch, cases[i].n_per_batch, cases[i].c_in,
+            cases[i].c_out);
+        check_forward(&c);
+    }
 }
 
 /* A case of @p kind whose target rows are cut into many blocks: the executor sizes blocks by
@@ -282,15 +249,13 @@ static void test_forward_matches_reference(void **state) {
         conv_case_setup(&c, NULL);
         for (int d = 0; d < 2; ++d) {
             spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
-            int64_t x_sizes[2] = {c.n_in, c.c_in}, w_sizes[3] = {c.kernel_volume, c.c_in, c.c_out};
-            spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x);
-            spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c.w);
+            spconv_tensor *x = conv_case_features(&c, dtype), *w = conv_case_weight(&c, dtype);
             spconv_tensor *b = conv_tensor(dtype, 1, &c.c_out, c.bias), *fast = NULL, *ref = NULL;
             SPCONV_ASSERT_OK(spconv_conv_forward(NULL, c.rb, x, w, b, &fast));
             SPCONV_ASSERT_OK(spconv__conv_forward_ref(NULL, c.rb, x, w, b, &ref));
             double *got = conv_read(fast, NULL), *want = conv_read(ref, NULL);
-            expect_close(&c, "fast vs reference", got, want, c.n_out * c.c_out,
-                         conv_tolerance(dtype));
+            conv_case_expect_close(&c, "fast vs reference", got, want, c.n_out * c.c_out,
+                                   conv_tolerance(dtype));
             free(got);
             free(want);
             spconv_tensor_release(fast);
@@ -313,9 +278,7 @@ static void check_threads_agree(conv_case *c) {
     if (!conv_same_bits(out1, out2))
         fail_msg("%s: forward differs between 1 and 2 threads",
                  conv_case_text(c, text, sizeof text));
-    int64_t x_sizes[2] = {c->n_in, c->c_in}, w_sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
-    spconv_tensor *x = conv_tensor(SPCONV_F32, 2, x_sizes, c->x);
-    spconv_tensor *w = conv_tensor(SPCONV_F32, 3, w_sizes, c->w);
+    spconv_tensor *x = conv_case_features(c, SPCONV_F32), *w = conv_case_weight(c, SPCONV_F32);
     spconv_tensor *g[2][3];
     SPCONV_ASSERT_OK(
         spconv__conv_backward_ex(one, c->rb, x, w, out1, NULL, &g[0][0], &g[0][1], &g[0][2]));
@@ -374,25 +337,16 @@ static void test_blas_and_fallback_agree(void **state) {
             spconv_tensor *a = run_forward(NULL, &c, dtype, 1, NULL);
             spconv_tensor *b = run_forward(NULL, &c, dtype, 1, &fallback);
             double *va = conv_read(a, NULL), *vb = conv_read(b, NULL);
-            expect_close(&c, "BLAS vs fallback forward", vb, va, c.n_out * c.c_out,
-                         conv_tolerance(dtype));
-            int64_t x_sizes[2] = {c.n_in, c.c_in}, w_sizes[3] = {c.kernel_volume, c.c_in, c.c_out};
-            spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x);
-            spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c.w);
+            conv_case_expect_close(&c, "BLAS vs fallback forward", vb, va, c.n_out * c.c_out,
+                                   conv_tolerance(dtype));
+            spconv_tensor *x = conv_case_features(&c, dtype), *w = conv_case_weight(&c, dtype);
             spconv_tensor *ga[3], *gb[3];
             SPCONV_ASSERT_OK(
                 spconv__conv_backward_ex(NULL, c.rb, x, w, a, NULL, &ga[0], &ga[1], &ga[2]));
             SPCONV_ASSERT_OK(
                 spconv__conv_backward_ex(NULL, c.rb, x, w, a, &fallback, &gb[0], &gb[1], &gb[2]));
-            for (int j = 0; j < 3; ++j) {
-                int64_t n;
-                double *x1 = conv_read(ga[j], &n), *x2 = conv_read(gb[j], NULL);
-                expect_close(&c, "BLAS vs fallback backward", x2, x1, n, conv_tolerance(dtype));
-                free(x1);
-                free(x2);
-                spconv_tensor_release(ga[j]);
-                spconv_tensor_release(gb[j]);
-            }
+            conv_case_expect_close_tensors(&c, "BLAS vs fallback backward", gb, ga, 3,
+                                           conv_tolerance(dtype));
             free(va);
             free(vb);
             spconv_tensor_release(x);

@@ -17,25 +17,12 @@ static double *alloc_doubles(int64_t n) {
     return p;
 }
 
-static void expect_close(const conv_case *c, const char *what, const double *got,
-                         const double *expected, int64_t n, double tolerance) {
-    double err = oracle_rel_error(got, expected, n);
-    if (!(err <= tolerance)) {
-        char text[512];
-        fail_msg("%s: %s: normalised error %.3g > %.3g", conv_case_text(c, text, sizeof text), what,
-                 err, tolerance);
-    }
-}
-
 /* Backward of the case in @p dtype for grad_out rows @p dy; grads[0..2] = d_features, d_weight,
  * d_bias (new tensors). */
 static void run_backward(spconv_context *ctx, const conv_case *c, spconv_dtype dtype,
                          const double *dy, spconv_tensor *grads[3]) {
-    int64_t x_sizes[2] = {c->n_in, c->c_in}, w_sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
-    int64_t g_sizes[2] = {c->n_out, c->c_out};
-    spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c->x);
-    spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c->w);
-    spconv_tensor *g = conv_tensor(dtype, 2, g_sizes, dy);
+    spconv_tensor *x = conv_case_features(c, dtype), *w = conv_case_weight(c, dtype);
+    spconv_tensor *g = conv_case_grad_out(c, dtype, dy);
     SPCONV_ASSERT_OK(spconv_conv_backward(ctx, c->rb, x, w, g, &grads[0], &grads[1], &grads[2]));
     spconv_tensor_release(x);
     spconv_tensor_release(w);
@@ -63,7 +50,7 @@ static void check_backward(conv_case *c) {
             assert_int_equal(n, counts[j]);
             char what[64];
             snprintf(what, sizeof what, "%s %s", names[j], spconv_dtype_name(dtype));
-            expect_close(c, what, got, want[j], n, conv_tolerance(dtype));
+            conv_case_expect_close(c, what, got, want[j], n, conv_tolerance(dtype));
             free(got);
             spconv_tensor_release(grads[j]);
         }
@@ -96,24 +83,7 @@ static void test_backward_grid(void **state) {
 static conv_case random_case(spconv_conv_kind kind) {
     int64_t shape[3];
     for (int a = 0; a < 3; ++a) shape[a] = spconv_test_rand_int(3, 14);
-    spconv_conv_params p = spconv_conv_params_default(kind);
-    int64_t out_shape[3];
-    int ok;
-    do {
-        for (int a = 0; a < 3; ++a) {
-            p.kernel[a] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 2) + 1
-                                                   : spconv_test_rand_int(1, 4);
-            p.stride[a] = spconv_test_rand_int(1, 3);
-            p.padding[a] = spconv_test_rand_int(0, 2);
-            p.dilation[a] = spconv_test_rand_int(1, 3);
-            int64_t limit = p.stride[a] > p.dilation[a] ? p.stride[a] : p.dilation[a];
-            p.output_padding[a] =
-                kind == SPCONV_CONV_TRANSPOSED ? spconv_test_rand_int(0, limit - 1) : 0;
-        }
-        oracle_geometry g = oracle_geometry_from_params(&p);
-        ok = kind == SPCONV_CONV_TRANSPOSED ? oracle_transposed_shape(&g, shape, out_shape)
-                                            : oracle_regular_shape(&g, shape, out_shape);
-    } while (!ok);
+    spconv_conv_params p = conv_case_random_params(kind, shape, 1);
     return conv_case_make(p, shape, spconv_test_rand_int(1, 2),
                           spconv_test_rand_int(1, oracle_cells(shape) / 3 + 1),
                           spconv_test_rand_int(1, 13), spconv_test_rand_int(1, 11));
@@ -223,7 +193,7 @@ static void test_backward_finite_differences(void **state) {
             double *fd = alloc_doubles(counts[j]), *got = conv_read(grads[j], NULL);
             finite_differences(&c, params[j], counts[j], r, fd);
             /* rounding of L (|L| ~ 10, eps 2.2e-16) over 2h = 2e-3 leaves ~1e-12 */
-            expect_close(&c, names[j], got, fd, counts[j], 1e-9);
+            conv_case_expect_close(&c, names[j], got, fd, counts[j], 1e-9);
             free(fd);
             free(got);
             spconv_tensor_release(grads[j]);
@@ -245,25 +215,15 @@ static void test_backward_matches_reference(void **state) {
         double *dy = conv_random_values(c.n_out * c.c_out, -1.0, 1.0);
         for (int d = 0; d < 2; ++d) {
             spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
-            int64_t x_sizes[2] = {c.n_in, c.c_in}, w_sizes[3] = {c.kernel_volume, c.c_in, c.c_out};
-            int64_t g_sizes[2] = {c.n_out, c.c_out};
-            spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x);
-            spconv_tensor *w = conv_tensor(dtype, 3, w_sizes, c.w);
-            spconv_tensor *g = conv_tensor(dtype, 2, g_sizes, dy);
+            spconv_tensor *x = conv_case_features(&c, dtype), *w = conv_case_weight(&c, dtype);
+            spconv_tensor *g = conv_case_grad_out(&c, dtype, dy);
             spconv_tensor *fast[3], *ref[3];
             SPCONV_ASSERT_OK(
                 spconv_conv_backward(NULL, c.rb, x, w, g, &fast[0], &fast[1], &fast[2]));
             SPCONV_ASSERT_OK(
                 spconv__conv_backward_ref(NULL, c.rb, x, w, g, &ref[0], &ref[1], &ref[2]));
-            for (int j = 0; j < 3; ++j) {
-                int64_t n;
-                double *a = conv_read(fast[j], &n), *b = conv_read(ref[j], NULL);
-                expect_close(&c, "fast vs reference", a, b, n, conv_tolerance(dtype));
-                free(a);
-                free(b);
-                spconv_tensor_release(fast[j]);
-                spconv_tensor_release(ref[j]);
-            }
+            conv_case_expect_close_tensors(&c, "fast vs reference", fast, ref, 3,
+                                           conv_tolerance(dtype));
             spconv_tensor_release(x);
             spconv_tensor_release(w);
             spconv_tensor_release(g);

@@ -106,6 +106,15 @@ static void randomise_params(spconv_net *net) {
     }
 }
 
+/* Zoo network @p name in @p dtype, initialised from @p seed; *input gets its input description. */
+static spconv_net *zoo_net(const char *name, spconv_dtype dtype, uint64_t seed,
+                           spconv_net_input *input) {
+    SPCONV_ASSERT_OK(spconv_zoo_input(name, input));
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_zoo_create(name, dtype, seed, &net));
+    return net;
+}
+
 /* ---- reference forward: the public conv API, rulebooks built without the cache --------------- */
 
 typedef struct ref_entry {
@@ -347,11 +356,9 @@ static void test_forward_all_kinds_matches_reference(void **state) {
 
 static void test_unet_matches_reference(void **state) {
     (void)state;
-    spconv_net *net = NULL;
-    SPCONV_ASSERT_OK(spconv_zoo_create("unet", SPCONV_F64, spconv_test_rand_u64(), &net));
-    randomise_params(net);
     spconv_net_input input;
-    SPCONV_ASSERT_OK(spconv_zoo_input("unet", &input));
+    spconv_net *net = zoo_net("unet", SPCONV_F64, spconv_test_rand_u64(), &input);
+    randomise_params(net);
     spconv_sparse_tensor *in =
         random_input(SPCONV_F64, 4, input.spatial_shape, (int64_t[]){8, 24, 24}, 1, 1500);
     check_against_reference(net, in, 1e-10);
@@ -372,11 +379,9 @@ static void test_unet_matches_reference(void **state) {
  * tensor, and the reference (f32). */
 static void test_second_synthetic(void **state) {
     (void)state;
-    spconv_net *net = NULL;
-    SPCONV_ASSERT_OK(spconv_zoo_create("second", SPCONV_F32, spconv_test_rand_u64(), &net));
-    randomise_params(net);
     spconv_net_input input;
-    SPCONV_ASSERT_OK(spconv_zoo_input("second", &input));
+    spconv_net *net = zoo_net("second", SPCONV_F32, spconv_test_rand_u64(), &input);
+    randomise_params(net);
     assert_int_equal(input.spatial_shape[0], 41);
     assert_int_equal(input.spatial_shape[1], 1600);
     assert_int_equal(input.spatial_shape[2], 1408);
@@ -410,8 +415,8 @@ static void test_second_synthetic(void **state) {
 
 static void test_basic_synthetic(void **state) {
     (void)state;
-    spconv_net *net = NULL;
-    SPCONV_ASSERT_OK(spconv_zoo_create("basic", SPCONV_F32, spconv_test_rand_u64(), &net));
+    spconv_net_input input;
+    spconv_net *net = zoo_net("basic", SPCONV_F32, spconv_test_rand_u64(), &input);
     assert_int_equal(spconv_net_num_layers(net), 20);
     int subm = 0, pools = 0;
     for (int i = 0; i < 20; ++i) {
@@ -422,8 +427,6 @@ static void test_basic_synthetic(void **state) {
     assert_int_equal(subm, 14);
     assert_int_equal(pools, 6);
     assert_int_equal(spconv_net_num_params(net), 14); /* weights only, no bias */
-    spconv_net_input input;
-    SPCONV_ASSERT_OK(spconv_zoo_input("basic", &input));
     spconv_sparse_tensor *in =
         random_input(SPCONV_F32, 3, input.spatial_shape, (int64_t[]){32, 40, 40}, 1, 4000);
     spconv_tensor *out = NULL;
@@ -1107,11 +1110,8 @@ static void test_zero_voxels(void **state) {
         set_value(points, 4 * i + 2, spconv_test_rand_double(-1, 1));
     }
     for (int z = 0; z < spconv_zoo_count(); ++z) {
-        const char *name = spconv_zoo_name(z);
         spconv_net_input input;
-        SPCONV_ASSERT_OK(spconv_zoo_input(name, &input));
-        spconv_net *net = NULL;
-        SPCONV_ASSERT_OK(spconv_zoo_create(name, SPCONV_F32, 1, &net));
+        spconv_net *net = zoo_net(spconv_zoo_name(z), SPCONV_F32, 1, &input);
         spconv_sparse_tensor *in = NULL;
         spconv_voxelize_stats stats;
         SPCONV_ASSERT_OK(
@@ -1173,9 +1173,7 @@ static void run_zoo_on_scan(char *path) {
     for (int z = 0; z < spconv_zoo_count(); ++z) {
         const char *name = spconv_zoo_name(z);
         spconv_net_input input;
-        SPCONV_ASSERT_OK(spconv_zoo_input(name, &input));
-        spconv_net *net = NULL;
-        SPCONV_ASSERT_OK(spconv_zoo_create(name, SPCONV_F32, 1, &net));
+        spconv_net *net = zoo_net(name, SPCONV_F32, 1, &input);
         spconv_sparse_tensor *in = NULL;
         SPCONV_ASSERT_OK(spconv_net_input_from_points(NULL, &input, points, SPCONV_F32, &in, NULL));
         const int64_t n = spconv_sparse_num_sites(in);
@@ -1247,11 +1245,9 @@ static void test_basic_on_spconv_benchmark_voxels(void **state) {
                   *features = read_raw(fpath, SPCONV_F32, 3);
     assert_int_equal(spconv_tensor_size(indices, 0), 125562);
     spconv_net_input input;
-    SPCONV_ASSERT_OK(spconv_zoo_input("basic", &input));
+    spconv_net *net = zoo_net("basic", SPCONV_F32, 1, &input);
     spconv_sparse_tensor *in = NULL;
     SPCONV_ASSERT_OK(spconv_sparse_create(features, indices, input.spatial_shape, 1, &in));
-    spconv_net *net = NULL;
-    SPCONV_ASSERT_OK(spconv_zoo_create("basic", SPCONV_F32, 1, &net));
     spconv_tensor *out = NULL;
     spconv_sparse_tensor *last = NULL;
     SPCONV_ASSERT_OK(spconv_net_forward(NULL, net, in, SPCONV_NET_INFERENCE, &out, &last));

@@ -9,38 +9,27 @@
  * head. Output: 16 channels on the input sites, in their order. */
 #include "net/zoo.h"
 
-#define BN(nm, c)                                                                                  \
-    {.kind = SPCONV_LAYER_BATCHNORM, .name = (nm), .in_channels = (c), .eps = 1e-3,                \
-     .momentum = 0.01}
-#define SUBM_BLOCK(prefix, cin, cout, key_)                                                        \
-    SPCONV__ZOO_SUBM(prefix ".0", cin, cout, 3, key_), BN(prefix ".1", cout),                      \
-        SPCONV__ZOO_RELU(prefix ".2")
-#define DOWN_BLOCK(prefix, cin, cout, key_)                                                        \
-    {.kind = SPCONV_LAYER_CONV, .name = prefix ".0", .in_channels = (cin),                         \
-     .out_channels = (cout), .kernel = {3, 3, 3}, .stride = {2, 2, 2}, .padding = {1, 1, 1},       \
-     .key = (key_)},                                                                               \
-        BN(prefix ".1", cout), SPCONV__ZOO_RELU(prefix ".2")
 #define UP_BLOCK(prefix, cin, cout, key_)                                                          \
     {.kind = SPCONV_LAYER_INVERSE, .name = prefix ".0", .in_channels = (cin),                      \
      .out_channels = (cout), .kernel = {3, 3, 3}, .key = (key_)},                                  \
-        BN(prefix ".1", cout), SPCONV__ZOO_RELU(prefix ".2")
+        SPCONV__ZOO_BN(prefix ".1", cout), SPCONV__ZOO_RELU(prefix ".2")
 #define SAVE(nm, key_) {.kind = SPCONV_LAYER_SAVE, .name = (nm), .key = (key_)}
 #define CONCAT(nm, key_) {.kind = SPCONV_LAYER_CONCAT, .name = (nm), .key = (key_)}
 
 static const spconv_layer_desc unet_layers[] = {
-    SUBM_BLOCK("conv_input", 4, 16, "subm1"),
+    SPCONV__ZOO_SUBM_BLOCK("conv_input", 4, 16, "subm1"),
     SAVE("skip1", "x1"),
-    DOWN_BLOCK("conv2.0", 16, 32, "spconv2"),
-    SUBM_BLOCK("conv2.1", 32, 32, "subm2"),
+    SPCONV__ZOO_DOWN_BLOCK("conv2.0", 16, 32, 1, "spconv2"),
+    SPCONV__ZOO_SUBM_BLOCK("conv2.1", 32, 32, "subm2"),
     SAVE("skip2", "x2"),
-    DOWN_BLOCK("conv3.0", 32, 64, "spconv3"),
-    SUBM_BLOCK("conv3.1", 64, 64, "subm3"),
+    SPCONV__ZOO_DOWN_BLOCK("conv3.0", 32, 64, 1, "spconv3"),
+    SPCONV__ZOO_SUBM_BLOCK("conv3.1", 64, 64, "subm3"),
     UP_BLOCK("up3", 64, 32, "spconv3"),
     CONCAT("cat2", "x2"),
-    SUBM_BLOCK("dec2", 64, 32, "subm2"),
+    SPCONV__ZOO_SUBM_BLOCK("dec2", 64, 32, "subm2"),
     UP_BLOCK("up2", 32, 16, "spconv2"),
     CONCAT("cat1", "x1"),
-    SUBM_BLOCK("dec1", 32, 16, "subm1"),
+    SPCONV__ZOO_SUBM_BLOCK("dec1", 32, 16, "subm1"),
     {.kind = SPCONV_LAYER_SUBM, .name = "head", .in_channels = 16, .out_channels = 16,
      .kernel = {1, 1, 1}, .bias = 1},
 };
@@ -50,14 +39,7 @@ const spconv__zoo_entry spconv__zoo_unet = {
     .name = "unet",
     .summary = "small submanifold U-Net (16/32/64 channels, inverse convs, skip concatenation) "
                "on the KITTI grid: 4 -> 16 channels per input voxel",
-    .input = {.channels = 4,
-              .point_columns = 4,
-              .voxel_size = {0.05, 0.05, 0.1},
-              .point_range = {0.0, -40.0, -3.0, 70.4, 40.0, 1.0},
-              .grid_size = {1408, 1600, 40},
-              .spatial_shape = {41, 1600, 1408},
-              .max_points_per_voxel = 5,
-              .max_voxels = 40000},
+    .input = SPCONV__ZOO_KITTI_INPUT,
     .layers = unet_layers,
     .num_layers = (int)(sizeof unet_layers / sizeof unet_layers[0]),
 };

@@ -30,6 +30,68 @@ const char *conv_case_text(const conv_case *c, char *buf, size_t size) {
     return buf;
 }
 
+spconv_conv_params conv_case_random_params(spconv_conv_kind kind, const int64_t shape[3],
+                                           int odd_subm_kernels) {
+    spconv_conv_params p = spconv_conv_params_default(kind);
+    int64_t out_shape[3];
+    int ok;
+    do {
+        for (int a = 0; a < 3; ++a) {
+            p.kernel[a] = odd_subm_kernels && kind == SPCONV_CONV_SUBM
+                              ? 2 * spconv_test_rand_int(0, 2) + 1
+                              : spconv_test_rand_int(1, 4);
+            p.stride[a] = spconv_test_rand_int(1, 3);
+            p.padding[a] = spconv_test_rand_int(0, 2);
+            p.dilation[a] = spconv_test_rand_int(1, 3);
+            int64_t limit = p.stride[a] > p.dilation[a] ? p.stride[a] : p.dilation[a];
+            p.output_padding[a] =
+                kind == SPCONV_CONV_TRANSPOSED ? spconv_test_rand_int(0, limit - 1) : 0;
+        }
+        oracle_geometry g = oracle_geometry_from_params(&p);
+        ok = kind == SPCONV_CONV_TRANSPOSED ? oracle_transposed_shape(&g, shape, out_shape)
+                                            : oracle_regular_shape(&g, shape, out_shape);
+    } while (!ok);
+    return p;
+}
+
+void conv_case_expect_close(const conv_case *c, const char *what, const double *got,
+                            const double *expected, int64_t n, double tolerance) {
+    double err = oracle_rel_error(got, expected, n);
+    if (!(err <= tolerance)) {
+        char text[512];
+        fail_msg("%s: %s: normalised error %.3g > %.3g", conv_case_text(c, text, sizeof text), what,
+                 err, tolerance);
+    }
+}
+
+void conv_case_expect_close_tensors(const conv_case *c, const char *what, spconv_tensor **got,
+                                    spconv_tensor **want, int count, double tolerance) {
+    for (int j = 0; j < count; ++j) {
+        int64_t n;
+        double *a = conv_read(got[j], &n), *b = conv_read(want[j], NULL);
+        conv_case_expect_close(c, what, a, b, n, tolerance);
+        free(a);
+        free(b);
+        spconv_tensor_release(got[j]);
+        spconv_tensor_release(want[j]);
+    }
+}
+
+spconv_tensor *conv_case_features(const conv_case *c, spconv_dtype dtype) {
+    int64_t sizes[2] = {c->n_in, c->c_in};
+    return conv_tensor(dtype, 2, sizes, c->x);
+}
+
+spconv_tensor *conv_case_weight(const conv_case *c, spconv_dtype dtype) {
+    int64_t sizes[3] = {c->kernel_volume, c->c_in, c->c_out};
+    return conv_tensor(dtype, 3, sizes, c->w);
+}
+
+spconv_tensor *conv_case_grad_out(const conv_case *c, spconv_dtype dtype, const double *dy) {
+    int64_t sizes[2] = {c->n_out, c->c_out};
+    return conv_tensor(dtype, 2, sizes, dy);
+}
+
 conv_case conv_case_make(spconv_conv_params params, const int64_t shape[3], int64_t batch,
                          int64_t n_per_batch, int64_t c_in, int64_t c_out) {
     conv_case c;

@@ -63,6 +63,18 @@ static void add_site_options(layer_args *a, cli_option *opts, int *n) {
                                 .help = "number of batches (default: 1 + largest batch index)"};
 }
 
+/* The required --features option; @p help names the dtypes and shape. */
+static cli_option features_option(const char **path, const char *help) {
+    return (cli_option){.name = "--features", .kind = CLI_PATH, .value = path, .metavar = "F.npy",
+                        .required = 1, .help = help};
+}
+
+/* The --grad-out option, which makes a layer command run backward too. */
+static cli_option grad_out_option(const char **path) {
+    return (cli_option){.name = "--grad-out", .kind = CLI_PATH, .value = path, .metavar = "G.npy",
+                        .help = "gradient of the output: run backward too"};
+}
+
 /* Append the geometry and output options to opts[*n]; @p with_kind adds --subm, --transposed
  * and --output-padding (not for pooling, whose geometry is always the regular one). */
 static void add_geometry_options(layer_args *a, cli_option *opts, int *n, int with_kind) {
@@ -383,9 +395,7 @@ int spconv_cmd_conv(int argc, char **argv) {
     cli_option opts[MAX_LAYER_OPTIONS];
     int n = 0;
     add_site_options(&j.base.args, opts, &n);
-    opts[n++] = (cli_option){.name = "--features", .kind = CLI_PATH, .value = &j.features_path,
-                             .metavar = "F.npy", .required = 1,
-                             .help = "input features, f32 or f64 [N, C_in]"};
+    opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C_in]");
     opts[n++] = (cli_option){.name = "--weight", .kind = CLI_PATH, .value = &j.weight_path,
                              .metavar = "W.npy", .required = 1,
                              .help = "weight in --weight-layout, dtype of the features"};
@@ -394,9 +404,7 @@ int spconv_cmd_conv(int argc, char **argv) {
                              .help = "rsck [KV|KD,KH,KW, C_in, C_out] (default), krsc, oidhw"};
     opts[n++] = (cli_option){.name = "--bias", .kind = CLI_PATH, .value = &j.bias_path,
                              .metavar = "BIAS.npy", .help = "bias [C_out]"};
-    opts[n++] = (cli_option){.name = "--grad-out", .kind = CLI_PATH, .value = &j.grad_out_path,
-                             .metavar = "G.npy",
-                             .help = "gradient of the output: run backward too"};
+    opts[n++] = grad_out_option(&j.grad_out_path);
     add_geometry_options(&j.base.args, opts, &n, 1);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D convolution: regular, --subm or --transposed.",
@@ -456,12 +464,8 @@ int spconv_cmd_maxpool(int argc, char **argv) {
     cli_option opts[MAX_LAYER_OPTIONS];
     int n = 0;
     add_site_options(&j.base.args, opts, &n);
-    opts[n++] = (cli_option){.name = "--features", .kind = CLI_PATH, .value = &j.features_path,
-                             .metavar = "F.npy", .required = 1,
-                             .help = "input features, f32 or f64 [N, C]"};
-    opts[n++] = (cli_option){.name = "--grad-out", .kind = CLI_PATH, .value = &j.grad_out_path,
-                             .metavar = "G.npy",
-                             .help = "gradient of the output: run backward too"};
+    opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C]");
+    opts[n++] = grad_out_option(&j.grad_out_path);
     add_geometry_options(&j.base.args, opts, &n, 0);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D max pooling (the regular conv geometry).",
