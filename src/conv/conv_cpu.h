@@ -19,7 +19,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <time.h>
 
 #include "conv/conv_exec.h"
 #include "core/parallel.h"
@@ -29,17 +28,6 @@ static inline int spconv__omp_thread(void) {
     return omp_get_thread_num();
 #else
     return 0;
-#endif
-}
-
-/* Seconds on a monotonic clock (omp_get_wtime is one; C11's timespec_get otherwise). */
-static inline double spconv__now_s(void) {
-#if SPCONV_HAVE_OPENMP
-    return omp_get_wtime();
-#else
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 #endif
 }
 

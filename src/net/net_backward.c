@@ -215,12 +215,12 @@ static spconv_status check_grad_out(const spconv_net *net, const spconv_tensor *
 static spconv_status back_layer(back_pass *b, int index) {
     spconv_net *net = b->net;
     spconv__net_layer *layer = &net->layers[index];
-    const double start = spconv__net_now_s();
+    const double start = spconv__now_s();
     b->phase = &layer->stats.backward;
     spconv_status st = backward_kind(b, layer, &net->tape[index]);
     if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
     spconv_phase_ms *phase = b->phase;
-    phase->total = 1e3 * (spconv__net_now_s() - start);
+    phase->total = 1e3 * (spconv__now_s() - start);
     double other = phase->total - phase->gather - phase->gemm - phase->scatter;
     phase->other = other > 0.0 ? other : 0.0;
     if (net->progress != NULL) net->progress(net->progress_user, &layer->stats, net->num_layers, 1);

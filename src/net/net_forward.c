@@ -40,10 +40,10 @@ static spconv_status new_matrix(const spconv_net *net, int64_t rows, int64_t col
 /* Rulebook through @p p->cur's cache, timed as the rulebook phase. */
 static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
                                   spconv_rulebook **rb) {
-    double start = spconv__net_now_s();
+    double start = spconv__now_s();
     spconv_status st =
         spconv_sparse_get_rulebook(p->ctx, p->cur, &layer->params, layer->desc.key, rb);
-    p->phase->rulebook = 1e3 * (spconv__net_now_s() - start);
+    p->phase->rulebook = 1e3 * (spconv__now_s() - start);
     return st;
 }
 
@@ -308,7 +308,7 @@ static spconv_status forward_kind(net_pass *p, spconv__net_layer *layer, spconv_
 
 /* "other" is whatever the named phases leave of the total. */
 static void finish_phase(spconv_phase_ms *phase, double start) {
-    phase->total = 1e3 * (spconv__net_now_s() - start);
+    phase->total = 1e3 * (spconv__now_s() - start);
     double other = phase->total - phase->rulebook - phase->gather - phase->gemm - phase->scatter;
     phase->other = other > 0.0 ? other : 0.0;
 }
@@ -318,7 +318,7 @@ static spconv_status run_layer(net_pass *p, int index) {
     spconv__net_layer *layer = &net->layers[index];
     spconv__layer_tape *tape = &net->tape[index];
     spconv_layer_stats *stats = &layer->stats;
-    const double start = spconv__net_now_s();
+    const double start = spconv__now_s();
     p->phase = &stats->forward;
     stats->sites_in = spconv_sparse_num_sites(p->cur);
     stats->channels_in = layer->c_in;

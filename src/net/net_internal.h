@@ -4,7 +4,6 @@
 #define SPCONV_NET_INTERNAL_H
 
 #include <stdint.h>
-#include <time.h>
 
 #include "conv/conv_exec.h"
 #include "core/parallel.h"
@@ -122,17 +121,6 @@ static inline void spconv__net_add_conv_timing(spconv_phase_ms *phase,
     phase->gather += timing->gather_s * ms_per_s;
     phase->gemm += timing->gemm_s * ms_per_s;
     phase->scatter += timing->scatter_s * ms_per_s;
-}
-
-/* Seconds on a monotonic clock. */
-static inline double spconv__net_now_s(void) {
-#ifdef _OPENMP
-    return omp_get_wtime();
-#else
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-#endif
 }
 
 /* Re-record the current error message prefixed by "func: layer i 'name' (kind): " and return
