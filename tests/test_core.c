@@ -1,5 +1,6 @@
 /* Tests of the core: status names, the per-thread last error, contexts, workspace, version and
  * build queries. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -107,7 +108,17 @@ static void test_context_cpu(void **state) {
     SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, 0)); /* back to all cores */
     assert_true(spconv_context_num_threads(ctx) >= 1);
     SPCONV_ASSERT_FAILS(spconv_context_set_num_threads(ctx, -1), SPCONV_ERR_INVALID_ARGUMENT,
-                        "spconv_context_set_num_threads: num_threads = -1 is negative");
+                        "spconv_context_set_num_threads: num_threads = -1 is outside [0, 1024]");
+    /* Counts that crash or exit(1) inside libgomp are refused, and the context keeps its count. */
+    SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, SPCONV_MAX_THREADS));
+    assert_int_equal(spconv_context_num_threads(ctx), SPCONV_MAX_THREADS);
+    SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, 2));
+    const int refused[] = {SPCONV_MAX_THREADS + 1, 60000, 100000, INT_MAX, INT_MIN};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i) {
+        SPCONV_ASSERT_FAILS(spconv_context_set_num_threads(ctx, refused[i]),
+                            SPCONV_ERR_INVALID_ARGUMENT, "is outside [0, 1024]");
+        assert_int_equal(spconv_context_num_threads(ctx), 2);
+    }
     spconv_context_destroy(ctx);
     spconv_context_destroy(NULL);
 

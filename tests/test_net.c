@@ -1150,16 +1150,16 @@ static char *repo_data_path(const char *name) {
     const char *file = __FILE__;
     const char *tests = strstr(file, "tests/test_net.c");
     if (tests == NULL) {
-        printf("skip: cannot locate the repository from '%s'\n", file);
-        return NULL;
+        print_message("skip: cannot locate the repository from '%s'\n", file);
+        skip();
     }
     size_t length = (size_t)(tests - file) + strlen("data/") + strlen(name) + 1;
     char *path = malloc(length);
     snprintf(path, length, "%.*sdata/%s", (int)(tests - file), file, name);
     if (access(path, R_OK) != 0) {
-        printf("skip: '%s' is not present\n", path);
+        print_message("skip: '%s' is not present\n", path);
         free(path);
-        return NULL;
+        skip();
     }
     return path;
 }

@@ -412,9 +412,14 @@ static void test_io_errors_name_the_path(void **state) {
     spconv_tensor *t = NULL;
     SPCONV_ASSERT_FAILS(spconv_npy_read(NULL, &t), SPCONV_ERR_NULL_POINTER, "'path'");
     SPCONV_ASSERT_FAILS(spconv_npy_read(path, NULL), SPCONV_ERR_NULL_POINTER, "'out'");
+}
+
+static void test_unreadable_file_names_the_cause(void **state) {
+    const scratch *s = *state;
+    char path[PATH_CAP];
     if (geteuid() == 0) {
-        print_message("skip the unreadable-file case: root reads files without permission\n");
-        return;
+        print_message("skip: root reads files without permission\n");
+        skip();
     }
     path_of(s, "locked.npy", path, sizeof path);
     write_raw_npy(path, 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", 4);
@@ -548,6 +553,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_rejects_malformed_headers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_bad_preambles, setup, teardown),
         cmocka_unit_test_setup_teardown(test_io_errors_name_the_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unreadable_file_names_the_cause, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_numpy_cross_check, setup, teardown),
     };

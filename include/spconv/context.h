@@ -34,7 +34,14 @@ void spconv_context_destroy(spconv_context *ctx);
 /** The context's device (the CPU for NULL). */
 spconv_device spconv_context_device(const spconv_context *ctx);
 
-/** CPU threads used by ops run with this context; 0 (the default) means all cores. */
+/** The most CPU threads a context accepts. OpenMP runtimes fail inside their own code (libgomp
+ *  crashes or calls exit) when asked for tens of thousands of threads, and no machine this
+ *  engine targets has more than a few hundred cores. */
+#define SPCONV_MAX_THREADS 1024
+
+/** CPU threads used by ops run with this context; 0 (the default) means all cores. A count
+ *  outside [0, SPCONV_MAX_THREADS] is SPCONV_ERR_INVALID_ARGUMENT and leaves the context as it
+ *  was. */
 spconv_status spconv_context_set_num_threads(spconv_context *ctx, int num_threads);
 /** Effective CPU thread count (>= 1) of @p ctx (NULL: the default). */
 int spconv_context_num_threads(const spconv_context *ctx);

@@ -47,9 +47,11 @@ spconv_device spconv_context_device(const spconv_context *ctx) {
 
 spconv_status spconv_context_set_num_threads(spconv_context *ctx, int num_threads) {
     SPCONV_CHECK_NOT_NULL("spconv_context_set_num_threads", ctx);
-    SPCONV_RETURN_ERROR_IF(num_threads < 0, SPCONV_ERR_INVALID_ARGUMENT,
-                           "spconv_context_set_num_threads: num_threads = %d is negative",
-                           num_threads);
+    SPCONV_RETURN_ERROR_IF(num_threads < 0 || num_threads > SPCONV_MAX_THREADS,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "spconv_context_set_num_threads: num_threads = %d is outside [0, %d] "
+                           "(0 means all cores)",
+                           num_threads, SPCONV_MAX_THREADS);
     ctx->num_threads = num_threads;
     return SPCONV_OK;
 }
@@ -57,7 +59,9 @@ spconv_status spconv_context_set_num_threads(spconv_context *ctx, int num_thread
 int spconv_context_num_threads(const spconv_context *ctx) {
     if (ctx != NULL && ctx->num_threads > 0) return ctx->num_threads;
 #if SPCONV_HAVE_OPENMP
-    return omp_get_max_threads();
+    /* OMP_NUM_THREADS can ask for more than a context may: keep the same bound. */
+    int threads = omp_get_max_threads();
+    return threads < SPCONV_MAX_THREADS ? threads : SPCONV_MAX_THREADS;
 #else
     return 1;
 #endif

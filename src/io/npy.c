@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "io/pointcloud_file.h"
 #include "spconv/npy.h"
 
 #define NPY_MAGIC "\x93NUMPY"
@@ -451,60 +452,15 @@ static size_t build_header(const spconv_tensor *t, char *buf) {
     return prefix + header_len;
 }
 
-static int write_all(int fd, const void *data, size_t nbytes) {
-    const char *p = data;
-    while (nbytes > 0) {
-        ssize_t done = write(fd, p, nbytes);
-        if (done < 0 && errno == EINTR) continue;
-        if (done <= 0) return 0;
-        p += done;
-        nbytes -= (size_t)done;
-    }
-    return 1;
-}
-
-/* Create "<path>.<pid>.<n>.tmp" exclusively, in the target's folder so that rename is atomic. */
-static spconv_status create_temp(const char *path, char **temp_path, int *fd) {
-    size_t size = strlen(path) + 48;
-    char *name = malloc(size);
-    SPCONV_RETURN_ERROR_IF(name == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "spconv_npy_write: out of host memory");
-    for (int attempt = 0; attempt < 100; ++attempt) {
-        snprintf(name, size, "%s.%ld.%d.tmp", path, (long)getpid(), attempt);
-        *fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (*fd >= 0) {
-            *temp_path = name;
-            return SPCONV_OK;
-        }
-        if (errno != EEXIST) break;
-    }
-    int err = errno;
-    free(name);
-    SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "spconv_npy_write: cannot create a file next to '%s': %s",
-                        path, strerror(err));
-}
-
-/* Header and data into a temporary file, then rename it over @p path. */
+/* Header and data through the one writer of every output file (a temporary created
+ * exclusively beside @p path, renamed over it only when all of it was written). */
 static spconv_status write_file(const char *path, const char *header, size_t header_len,
                                 const void *data, size_t data_len) {
-    char *temp = NULL;
-    int fd = -1;
-    SPCONV_FORWARD_IF_ERROR(create_temp(path, &temp, &fd));
-    int ok = write_all(fd, header, header_len) && write_all(fd, data, data_len) && fsync(fd) == 0;
-    int err = errno;
-    if (close(fd) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(temp, path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) unlink(temp);
-    free(temp);
-    SPCONV_RETURN_ERROR_IF(!ok, SPCONV_ERR_IO, "spconv_npy_write: cannot write '%s': %s", path,
-                           strerror(err));
-    return SPCONV_OK;
+    spconv__file_writer w;
+    SPCONV_FORWARD_IF_ERROR(spconv__file_writer_open("spconv_npy_write", path, &w));
+    spconv__file_writer_put(&w, header, header_len);
+    spconv__file_writer_put(&w, data, data_len);
+    return spconv__file_writer_commit("spconv_npy_write", &w);
 }
 
 spconv_status spconv_npy_write(spconv_context *ctx, const char *path, const spconv_tensor *t) {

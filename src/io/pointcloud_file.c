@@ -80,37 +80,53 @@ static char *concat(const char *a, const char *b) {
     return s;
 }
 
+/* The final path must be absent or a file that a rename can replace; a folder is refused now,
+ * before the caller spends any work on what it would write (rename would fail with EISDIR). */
+static spconv_status check_target(const char *func, const char *path) {
+    struct stat info;
+    if (lstat(path, &info) != 0) return SPCONV_OK;
+    SPCONV_RETURN_ERROR_IF(S_ISDIR(info.st_mode), SPCONV_ERR_IO,
+                           "%s: cannot write '%s': it is a folder", func, path);
+    return SPCONV_OK;
+}
+
 spconv_status spconv__file_writer_open(const char *func, const char *path,
                                        spconv__file_writer *w) {
     memset(w, 0, sizeof *w);
     SPCONV_CHECK_NOT_NULL(func, path);
     SPCONV_RETURN_ERROR_IF(path[0] == '\0', SPCONV_ERR_IO, "%s: the path is empty", func);
-    /* The process id keeps concurrent writers of one path in different processes apart; O_EXCL
-     * refuses to clobber a temporary that another writer is still using. */
-    char suffix[48];
-    snprintf(suffix, sizeof suffix, ".%ld.partial", (long)getpid());
+    SPCONV_FORWARD_IF_ERROR(check_target(func, path));
     w->final_path = concat(path, "");
-    w->temp_path = concat(path, suffix);
+    w->temp_path = malloc(strlen(path) + 64);
     if (w->final_path == NULL || w->temp_path == NULL) {
         spconv__file_writer_abort(w);
         SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory for a path", func);
     }
-    int fd = open(w->temp_path, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    /* The temporary sits beside the target so that the final rename is atomic. O_EXCL creates it
+     * or fails, and fails on any existing name, a planted symlink included (O_NOFOLLOW says so
+     * twice), so a writer never writes through a name somebody else prepared; the pid and a
+     * counter give each attempt a fresh name. */
+    int fd = -1, err = 0;
+    for (unsigned attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+        sprintf(w->temp_path, "%s.%ld.%u.partial", path, (long)getpid(), attempt);
+        fd = open(w->temp_path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        err = errno;
+        if (fd < 0 && err != EEXIST) break;
+    }
     if (fd < 0) {
-        int err = errno;
         free(w->temp_path);
         w->temp_path = NULL;
         spconv__file_writer_abort(w);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s%s' (%s)", func, path, suffix,
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create a file beside '%s' (%s)", func, path,
                             strerror(err));
     }
     w->file = fdopen(fd, "wb");
     if (w->file == NULL) {
-        int err = errno;
+        err = errno;
         close(fd);
         spconv__file_writer_abort(w);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot open a stream on '%s%s' (%s)", func, path,
-                            suffix, strerror(err));
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot open a stream beside '%s' (%s)", func, path,
+                            strerror(err));
     }
     return SPCONV_OK;
 }
@@ -120,8 +136,9 @@ void spconv__file_writer_put(spconv__file_writer *w, const void *data, size_t nb
 }
 
 spconv_status spconv__file_writer_commit(const char *func, spconv__file_writer *w) {
-    int failed = fflush(w->file) != 0 || ferror(w->file);
-    int err = errno;
+    /* fsync before the rename: after a crash the final name holds the whole file or the old one. */
+    int failed = fflush(w->file) != 0 || ferror(w->file) || fsync(fileno(w->file)) != 0;
+    int err = failed && errno == 0 ? EIO : errno;
     if (fclose(w->file) != 0 && !failed) {
         failed = 1;
         err = errno;

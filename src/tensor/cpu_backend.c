@@ -1,7 +1,11 @@
 /* The CPU backend: aligned host memory, memcpy transfers, and strided copy and fill by walking
  * the elements with an odometer over the dims. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/sysinfo.h>
+#endif
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -13,9 +17,30 @@
 
 static int cpu_device_count(void) { return 1; }
 
+/* Memory plus swap of this machine in bytes (SIZE_MAX where unknown). Linux overcommits: a
+ * request far beyond the machine succeeds and the process is killed when it touches the pages,
+ * so a size that can never fit is refused up front with a message instead. */
+static size_t machine_memory_bytes(void) {
+#if defined(__linux__)
+    struct sysinfo info;
+    if (sysinfo(&info) == 0) {
+        unsigned long long total =
+            ((unsigned long long)info.totalram + info.totalswap) * info.mem_unit;
+        return total > SIZE_MAX ? SIZE_MAX : (size_t)total;
+    }
+#endif
+    return SIZE_MAX;
+}
+
 static spconv_status cpu_alloc(int device_index, size_t nbytes, void **ptr) {
     *ptr = NULL;
     if (nbytes == 0) return SPCONV_OK;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    const size_t machine = machine_memory_bytes();
+    SPCONV_RETURN_ERROR_IF(nbytes > machine, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory: %zu bytes (%.3g GiB) are more than this machine's "
+                           "memory and swap (%.3g GiB)",
+                           nbytes, (double)nbytes / gib, (double)machine / gib);
     /* aligned_alloc wants the size to be a multiple of the alignment. */
     size_t rounded = nbytes > SIZE_MAX - (CPU_ALIGNMENT - 1)
                          ? 0
@@ -23,7 +48,7 @@ static spconv_status cpu_alloc(int device_index, size_t nbytes, void **ptr) {
     void *memory = rounded == 0 ? NULL : aligned_alloc(CPU_ALIGNMENT, rounded);
     SPCONV_RETURN_ERROR_IF(memory == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "out of host memory allocating %zu bytes (%.3g GiB)", nbytes,
-                           (double)nbytes / (1024.0 * 1024.0 * 1024.0));
+                           (double)nbytes / gib);
     *ptr = memory;
     return SPCONV_OK;
 }

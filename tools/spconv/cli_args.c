@@ -4,6 +4,7 @@
 #include "cli_args.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -36,20 +37,37 @@ int cli_status_error(const char *cmd, spconv_status status, const char *what) {
 
 /* ---- value parsers --------------------------------------------------------------------------- */
 
-/* Parse one decimal integer from text[0 .. len). Returns 0 when it is not one or overflows. */
+/* What parse_int64_span found. */
+#define SPAN_NOT_INTEGER 0
+#define SPAN_OK 1
+#define SPAN_OUT_OF_RANGE 2
+
+/* Parse one decimal integer from text[0 .. len): an optional '-' and digits only (strtoll would
+ * also take leading blanks and '+', which a value on a command line does not have). */
 static int parse_int64_span(const char *text, size_t len, int64_t *out) {
+    size_t first = len > 0 && text[0] == '-';
+    if (len == first) return SPAN_NOT_INTEGER;
+    for (size_t i = first; i < len; ++i)
+        if (text[i] < '0' || text[i] > '9') return SPAN_NOT_INTEGER;
+    /* Digits only from here: whatever does not fit int64 is a number out of range. */
     char buf[32];
-    if (len == 0 || len >= sizeof buf) return 0;
+    if (len >= sizeof buf) return SPAN_OUT_OF_RANGE;
     memcpy(buf, text, len);
     buf[len] = '\0';
-    /* strtoll would accept leading blanks and '+'; a value on a command line has neither. */
-    if (!(buf[0] == '-' || (buf[0] >= '0' && buf[0] <= '9'))) return 0;
-    char *end;
     errno = 0;
-    long long value = strtoll(buf, &end, 10);
-    if (errno != 0 || *end != '\0' || end == buf) return 0;
+    long long value = strtoll(buf, NULL, 10);
+    if (errno == ERANGE) return SPAN_OUT_OF_RANGE;
     *out = (int64_t)value;
-    return 1;
+    return SPAN_OK;
+}
+
+/* The message for a span that parse_int64_span refused. */
+static int span_error(const char *cmd, const char *flag, const char *text, const char *span,
+                      size_t len, int found, const char *expected) {
+    if (found == SPAN_OUT_OF_RANGE)
+        return cli_error(cmd, "%s '%s': %.*s is out of range (a 64-bit integer holds at most "
+                         "%lld)", flag, text, (int)len, span, (long long)INT64_MAX);
+    return cli_error(cmd, "%s '%s': %s", flag, text, expected);
 }
 
 static int check_range(const char *cmd, const char *flag, const char *text, int64_t value,
@@ -66,8 +84,10 @@ static int check_range(const char *cmd, const char *flag, const char *text, int6
 int cli_parse_int(const char *cmd, const char *flag, const char *text, int64_t min, int64_t max,
                   int64_t *out) {
     int64_t value;
-    if (!parse_int64_span(text, strlen(text), &value))
-        return cli_error(cmd, "%s '%s': expected an integer", flag, text);
+    size_t len = strlen(text);
+    int found = parse_int64_span(text, len, &value);
+    if (found != SPAN_OK)
+        return span_error(cmd, flag, text, text, len, found, "expected an integer");
     int rc = check_range(cmd, flag, text, value, min, max);
     if (rc != 0) return rc;
     *out = value;
@@ -76,22 +96,21 @@ int cli_parse_int(const char *cmd, const char *flag, const char *text, int64_t m
 
 int cli_parse_int_triple(const char *cmd, const char *flag, const char *text, int64_t min,
                          int64_t max, int64_t out[3]) {
+    static const char expected[] = "expected one integer or three separated by commas";
     int64_t values[3];
     int count = 0;
     const char *start = text;
     for (;;) {
         const char *comma = strchr(start, ',');
         size_t len = comma ? (size_t)(comma - start) : strlen(start);
-        if (count == 3 || !parse_int64_span(start, len, &values[count]))
-            return cli_error(cmd, "%s '%s': expected one integer or three separated by commas",
-                             flag, text);
+        if (count == 3) return cli_error(cmd, "%s '%s': %s, got more", flag, text, expected);
+        int found = parse_int64_span(start, len, &values[count]);
+        if (found != SPAN_OK) return span_error(cmd, flag, text, start, len, found, expected);
         ++count;
         if (comma == NULL) break;
         start = comma + 1;
     }
-    if (count == 2)
-        return cli_error(cmd, "%s '%s': expected one integer or three separated by commas, got two",
-                         flag, text);
+    if (count == 2) return cli_error(cmd, "%s '%s': %s, got two", flag, text, expected);
     if (count == 1) values[1] = values[2] = values[0];
     for (int i = 0; i < 3; ++i) {
         int rc = check_range(cmd, flag, text, values[i], min, max);
@@ -99,6 +118,11 @@ int cli_parse_int_triple(const char *cmd, const char *flag, const char *text, in
     }
     memcpy(out, values, sizeof values);
     return 0;
+}
+
+static const char *ordinal(int i) {
+    static const char *const names[] = {"first", "second", "third", "fourth", "fifth", "sixth"};
+    return i < 6 ? names[i] : "next";
 }
 
 int cli_parse_float_list(const char *cmd, const char *flag, const char *text, int count,
@@ -112,8 +136,19 @@ int cli_parse_float_list(const char *cmd, const char *flag, const char *text, in
         if (end == start || *start == ' ' || *start == '\t' || !ends_right)
             return cli_error(cmd, "%s '%s': expected %d numbers separated by commas", flag, text,
                              count);
-        if (!isfinite(value) || errno == ERANGE)
-            return cli_error(cmd, "%s '%s': value %d is not a finite number", flag, text, i + 1);
+        const int len = (int)(end - start);
+        if (!isfinite(value) || (errno == ERANGE && fabs(value) > 1.0))
+            return cli_error(cmd, "%s '%s': the %s number, %.*s, is not finite", flag, text,
+                             ordinal(i), len, start);
+        /* The values are float32 parameters of the library: say so rather than let a narrowing
+         * turn 1e-300 into 0 or 1e300 into inf and blame the result. */
+        float narrowed = (float)value;
+        if (isinf(narrowed))
+            return cli_error(cmd, "%s '%s': the %s number, %.*s, is too large for float32 "
+                             "(at most %g)", flag, text, ordinal(i), len, start, (double)FLT_MAX);
+        if (value != 0.0 && narrowed == 0.0f)
+            return cli_error(cmd, "%s '%s': the %s number, %.*s, is too small for float32 "
+                             "(it would become 0)", flag, text, ordinal(i), len, start);
         out[i] = value;
         start = end + 1;
     }
@@ -375,16 +410,62 @@ int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
     return cli_status_error(od->cmd, st, what);
 }
 
-int cli_outdir_commit(cli_outdir *od) {
+/* Before any rename: no final name may be a folder (a rename over it fails half-way). */
+static int check_final_paths(const cli_outdir *od) {
     for (int i = 0; i < od->num_files; ++i) {
-        if (rename(od->temp_paths[i], od->final_paths[i]) == 0) continue;
-        int err = errno;
-        for (int j = 0; j < i; ++j) unlink(od->final_paths[j]);
-        return cli_error(od->cmd, "cannot rename '%s' to '%s': %s", od->temp_paths[i],
-                         od->final_paths[i], strerror(err));
+        struct stat info;
+        if (lstat(od->final_paths[i], &info) == 0 && S_ISDIR(info.st_mode))
+            return cli_error(od->cmd, "cannot write '%s': it is a folder", od->final_paths[i]);
     }
-    od->committed = 1;
     return 0;
+}
+
+/* A second name (hard link) for the file now at od->final_paths[i], so that a failed commit can
+ * put it back; *backup stays NULL when there is no such file. */
+static int keep_old_file(const cli_outdir *od, int i, char **backup) {
+    *backup = NULL;
+    struct stat info;
+    if (lstat(od->final_paths[i], &info) != 0) return 0;
+    size_t size = strlen(od->final_paths[i]) + 64;
+    char *name = malloc(size);
+    if (name == NULL) return cli_error(od->cmd, "out of memory");
+    for (unsigned attempt = 0; attempt < 100; ++attempt) {
+        snprintf(name, size, "%s.%ld.%u.old", od->final_paths[i], (long)getpid(), attempt);
+        /* link() never follows a symlink at the old name and fails on an existing new name. */
+        if (link(od->final_paths[i], name) == 0) {
+            *backup = name;
+            return 0;
+        }
+        if (errno != EEXIST) break;
+    }
+    int err = errno;
+    free(name);
+    return cli_error(od->cmd, "cannot keep a copy of '%s' while replacing it: %s",
+                     od->final_paths[i], strerror(err));
+}
+
+int cli_outdir_commit(cli_outdir *od) {
+    char *backups[CLI_OUTDIR_MAX_FILES] = {NULL};
+    int rc = check_final_paths(od), renamed = 0;
+    for (int i = 0; rc == 0 && i < od->num_files; ++i) rc = keep_old_file(od, i, &backups[i]);
+    for (; rc == 0 && renamed < od->num_files; ++renamed) {
+        if (rename(od->temp_paths[renamed], od->final_paths[renamed]) == 0) continue;
+        rc = cli_error(od->cmd, "cannot rename '%s' to '%s': %s", od->temp_paths[renamed],
+                       od->final_paths[renamed], strerror(errno));
+        break;
+    }
+    /* On failure every final name gets back what it had: the old file, or nothing. */
+    for (int i = 0; i < od->num_files; ++i) {
+        int restored = 0;
+        if (rc != 0 && i < renamed) {
+            if (backups[i] != NULL) restored = rename(backups[i], od->final_paths[i]) == 0;
+            else unlink(od->final_paths[i]);
+        }
+        if (backups[i] != NULL && !restored) unlink(backups[i]);
+        free(backups[i]);
+    }
+    if (rc == 0) od->committed = 1;
+    return rc;
 }
 
 void cli_outdir_close(cli_outdir *od) {

@@ -44,7 +44,8 @@ int cli_parse_int(const char *cmd, const char *flag, const char *text, int64_t m
 /** "K" (the same on every axis) or "KD,KH,KW", each in [min, max] (max <= min: no upper bound). */
 int cli_parse_int_triple(const char *cmd, const char *flag, const char *text, int64_t min,
                          int64_t max, int64_t out[3]);
-/** Exactly @p count finite comma-separated numbers, "X,Y,Z" for count 3. */
+/** Exactly @p count finite comma-separated numbers, "X,Y,Z" for count 3, each representable as a
+ *  float32 (neither overflowing to inf nor a non-zero value that would become 0). */
 int cli_parse_float_list(const char *cmd, const char *flag, const char *text, int count,
                          double *out);
 /** A non-empty path. */
@@ -143,7 +144,9 @@ int cli_outdir_path(cli_outdir *od, const char *name, const char **path);
 int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
                          const spconv_tensor *t);
 
-/** Give every output its final name. If a rename fails, the outputs renamed so far are removed. */
+/** Give every output its final name. Refuses (before renaming anything) when a final name is a
+ *  folder. If a rename fails, every final name gets back what it held before: a file that was
+ *  there (kept under a second hard-linked name until the commit is done), or nothing. */
 int cli_outdir_commit(cli_outdir *od);
 
 /** Remove uncommitted temporaries and, without a commit, the folders that open created; free. */

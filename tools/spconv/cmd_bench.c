@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "conv/gemm.h"
 #include "conv/gemm_peak.h"
+#include "io/pointcloud_file.h"
 #include "net_args.h"
 #include "spconv/spconv.h"
 
@@ -41,8 +42,7 @@ typedef struct bench_job {
     spconv_net *net;
     net_input input;
     spconv_tensor *grad; /* the fixed output gradient of --backward */
-    FILE *json;          /* the temporary JSON file, opened before the timing */
-    char *json_temp;
+    spconv__file_writer json; /* the JSON's temporary, opened before the timing */
 } bench_job;
 
 /* ---- one pass --------------------------------------------------------------------------------- */
@@ -110,30 +110,18 @@ static int read_input(bench_job *job) {
     return net_input_from_scan(job->cmd, job->ctx, &job->run.zin, path, &job->input);
 }
 
-/* The JSON goes to a temporary beside FILE, opened now so that a bad path fails before the
- * timing, and renamed over FILE at the end. */
+/* The JSON goes through the library's one file writer: a temporary created exclusively beside
+ * FILE, opened now so that a bad path (a folder, a missing parent) fails before the timing, and
+ * renamed over FILE at the end. */
 static int open_json(bench_job *job) {
-    const char *path = job->args.json;
-    size_t size = strlen(path) + 48;
-    job->json_temp = malloc(size);
-    if (job->json_temp == NULL) return cli_error(job->cmd, "out of memory");
-    snprintf(job->json_temp, size, "%s.%ld.partial", path, (long)getpid());
-    job->json = fopen(job->json_temp, "w");
-    if (job->json == NULL) {
-        free(job->json_temp);
-        job->json_temp = NULL;
-        return cli_error(job->cmd, "--json '%s': cannot create the file", path);
-    }
-    return 0;
+    spconv_status st = spconv__file_writer_open("--json", job->args.json, &job->json);
+    return st == SPCONV_OK ? 0 : cli_error(job->cmd, "%s", spconv_last_error());
 }
 
 static int finish_json(bench_job *job) {
-    bench_report_json(&job->run, job->json);
-    int failed = ferror(job->json) != 0;
-    failed |= fclose(job->json) != 0;
-    job->json = NULL;
-    if (!failed && rename(job->json_temp, job->args.json) == 0) return 0;
-    return cli_error(job->cmd, "--json '%s': writing the file failed", job->args.json);
+    bench_report_json(&job->run, job->json.file);
+    spconv_status st = spconv__file_writer_commit("--json", &job->json);
+    return st == SPCONV_OK ? 0 : cli_error(job->cmd, "%s", spconv_last_error());
 }
 
 static int setup(bench_job *job) {
@@ -176,13 +164,11 @@ static int bench_steps(bench_job *job) {
     if (bench_report_capture_layers(&job->run, job->net) != 0)
         return cli_error(job->cmd, "out of memory for the report");
     bench_report_print(&job->run, stdout);
-    return job->json != NULL ? finish_json(job) : 0;
+    return job->json.file != NULL ? finish_json(job) : 0;
 }
 
 static void bench_free(bench_job *job) {
-    if (job->json != NULL) fclose(job->json);
-    if (job->json_temp != NULL) remove(job->json_temp); /* gone already after a rename */
-    free(job->json_temp);
+    if (job->json.file != NULL) spconv__file_writer_abort(&job->json);
     bench_run_free(&job->run);
     spconv_tensor_release(job->grad);
     net_input_release(&job->input);
@@ -220,7 +206,7 @@ int spconv_cmd_bench(int argc, char **argv) {
         {.name = "--backward", .kind = CLI_SWITCH, .value = &a->backward,
          .help = "time training forward + backward"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
-         .max = 1024, .help = "CPU threads (default: all cores)"},
+         .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
         {.name = "--peak-size", .kind = CLI_INT, .value = &a->peak_size, .metavar = "PEAK",
          .min = 0, .max = 16384,
          .help = "sgemm size of the peak measurement (default 2048; 0: skip)"},

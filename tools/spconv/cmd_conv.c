@@ -101,7 +101,7 @@ static void add_geometry_options(layer_args *a, cli_option *opts, int *n, int wi
                                     .value = &a->transposed, .help = "transposed convolution"};
     }
     opts[(*n)++] = (cli_option){.name = "--threads", .kind = CLI_INT, .value = &a->threads,
-                                .metavar = "N", .min = 1, .max = 1024,
+                                .metavar = "N", .min = 1, .max = SPCONV_MAX_THREADS,
                                 .help = "CPU threads (default: all cores)"};
     opts[(*n)++] = (cli_option){.name = "--out", .kind = CLI_PATH, .value = &a->out_dir,
                                 .metavar = "DIR", .required = 1,

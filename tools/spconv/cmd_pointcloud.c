@@ -209,7 +209,7 @@ static void voxelize_options(voxelize_args *a, cli_option *opts, int *n) {
                                 .metavar = "F", .min = 3, .max = 4096,
                                 .help = "float32 per point of a .bin (default: 5 for .pcd.bin, else 4)"};
     opts[(*n)++] = (cli_option){.name = "--threads", .kind = CLI_INT, .value = &a->threads,
-                                .metavar = "N", .min = 1, .max = 1024,
+                                .metavar = "N", .min = 1, .max = SPCONV_MAX_THREADS,
                                 .help = "CPU threads (default: all cores)"};
     opts[(*n)++] = (cli_option){.name = "--out", .kind = CLI_PATH, .value = &a->out_dir,
                                 .metavar = "DIR",
@@ -222,7 +222,9 @@ static int make_params(const char *cmd, const voxelize_args *a, spconv_voxelize_
     for (int i = 0; i < 6; ++i) vp->range[i] = (float)a->range[i];
     vp->max_points = a->max_points;
     vp->max_voxels = a->max_voxels > 0 ? a->max_voxels : INT64_MAX;
-    vp->outputs = SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN;
+    /* Without --out only the counts of the summary are needed: the [M, max-points, F] voxels
+     * array can be far larger than the scan, so it is made only when it is written. */
+    vp->outputs = a->out_dir != NULL ? SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN : 0;
     int64_t grid[3];
     spconv_status st = spconv_voxelize_grid_size(vp, grid);
     return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--voxel-size/--range");

@@ -244,7 +244,7 @@ int spconv_cmd_run(int argc, char **argv) {
         {.name = "--seed", .kind = CLI_INT, .value = &a->seed, .metavar = "S", .min = 0,
          .max = INT64_MAX, .help = "seed of the initial parameters (default 1)"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
-         .max = 1024, .help = "CPU threads (default: all cores)"},
+         .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
         {.name = "--out", .kind = CLI_PATH, .value = &a->out_dir, .metavar = "DIR",
          .help = "output folder (default spconv-out; files appear only on success)"},
         {.name = "--quiet", .kind = CLI_SWITCH, .value = &a->quiet,

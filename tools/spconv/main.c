@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "spconv/spconv.h"
+#include "cli_args.h"
 #include "commands.h"
 
 static const spconv_command commands[] = {
@@ -30,8 +31,10 @@ static void print_usage(FILE *stream) {
 }
 
 int spconv_cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    cli_spec spec = {.command = "version",
+                     .summary = "print the version, what this build contains and the CUDA devices"};
+    int status;
+    if (!cli_parse(&spec, argc, argv, &status)) return status;
     char report[1024];
     spconv_build_report(report, sizeof report);
     fputs(report, stdout);
