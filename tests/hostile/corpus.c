@@ -1,0 +1,195 @@
+/* The hostile-input corpus (see corpus.h). */
+#define _XOPEN_SOURCE 700
+
+#include "hostile/corpus.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "spconv/spconv.h"
+
+/* ---- writing helpers ----------------------------------------------------------------------- */
+
+static int fail(const char *what, const char *path) {
+    fprintf(stderr, "hostile corpus: %s '%s': %s\n", what, path, strerror(errno));
+    return -1;
+}
+
+static void join(const char *dir, const char *name, char *buf) {
+    snprintf(buf, HOSTILE_PATH_CAP, "%s/%s", dir, name);
+}
+
+static int write_text(const char *dir, const char *name, const char *text) {
+    char path[HOSTILE_PATH_CAP];
+    join(dir, name, path);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) return fail("cannot create", path);
+    int ok = fputs(text, f) >= 0;
+    ok &= fclose(f) == 0;
+    return ok ? 0 : fail("cannot write", path);
+}
+
+static int write_floats(const char *dir, const char *name, const float *v, size_t n) {
+    char path[HOSTILE_PATH_CAP];
+    join(dir, name, path);
+    FILE *f = fopen(path, "wb");
+    if (f == NULL) return fail("cannot create", path);
+    int ok = fwrite(v, sizeof *v, n, f) == n;
+    ok &= fclose(f) == 0;
+    return ok ? 0 : fail("cannot write", path);
+}
+
+static int make_fifo(const char *dir, const char *name) {
+    char path[HOSTILE_PATH_CAP];
+    join(dir, name, path);
+    return mkfifo(path, 0600) == 0 ? 0 : fail("cannot make the named pipe", path);
+}
+
+static int make_dir(const char *dir, const char *name) {
+    char path[HOSTILE_PATH_CAP];
+    join(dir, name, path);
+    return mkdir(path, 0700) == 0 ? 0 : fail("cannot make the folder", path);
+}
+
+static int write_npy(const char *dir, const char *name, spconv_dtype dtype, int ndim,
+                     const int64_t *sizes, const void *data) {
+    char path[HOSTILE_PATH_CAP];
+    join(dir, name, path);
+    spconv_tensor *t = NULL;
+    spconv_status st = spconv_tensor_from_host(NULL, spconv_cpu(), dtype, ndim, sizes, data, &t);
+    if (st == SPCONV_OK) st = spconv_npy_write(NULL, path, t);
+    spconv_tensor_release(t);
+    if (st == SPCONV_OK) return 0;
+    fprintf(stderr, "hostile corpus: cannot write '%s': %s\n", path, spconv_last_error());
+    return -1;
+}
+
+/* ---- the inputs ------------------------------------------------------------------------------ */
+
+/* A small KITTI-like scan: points spread over SECOND's range (x, y, z, intensity). */
+static int write_scan(const char *dir) {
+    enum { P = 2000 };
+    static float points[P * 4];
+    uint64_t state = 12345;
+    for (int i = 0; i < P * 4; ++i) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        float u = (float)(state >> 40) / (float)(1 << 24);
+        const float lo[4] = {0.0f, -40.0f, -3.0f, 0.0f}, hi[4] = {70.0f, 40.0f, 1.0f, 1.0f};
+        points[i] = lo[i % 4] + u * (hi[i % 4] - lo[i % 4]);
+    }
+    return write_floats(dir, "scan.bin", points, P * 4);
+}
+
+/* Five sites, their features and a 3x3x3 weight: the inputs of `conv` and `rulebook`. */
+static int write_sites(const char *dir) {
+    const int32_t sites[5][4] = {{0, 0, 0, 0}, {0, 1, 2, 3}, {0, 2, 2, 2}, {0, 3, 1, 0}, {0, 4, 4, 4}};
+    const float features[5][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}};
+    static float weight[27 * 2 * 3];
+    for (int i = 0; i < 27 * 2 * 3; ++i) weight[i] = (float)(i % 7) - 3.0f;
+    int rc = write_npy(dir, "sites.npy", SPCONV_I32, 2, (const int64_t[]){5, 4}, sites);
+    if (rc == 0) rc = write_npy(dir, "features.npy", SPCONV_F32, 2, (const int64_t[]){5, 2}, features);
+    if (rc == 0) rc = write_npy(dir, "weight.npy", SPCONV_F32, 3, (const int64_t[]){27, 2, 3}, weight);
+    return rc;
+}
+
+/* The unet zoo network's weights, with one parameter file replaced by a named pipe. */
+static int write_weights_with_fifo(const char *dir) {
+    char path[HOSTILE_PATH_CAP], victim[HOSTILE_PATH_CAP + 260];
+    join(dir, "weights_fifo", path);
+    spconv_net *net = NULL;
+    spconv_status st = spconv_zoo_create("unet", SPCONV_F32, 1, &net);
+    if (st == SPCONV_OK) st = spconv_net_save_weights(NULL, net, path, SPCONV_NET_LAYOUT_AUTO);
+    spconv_net_destroy(net);
+    if (st != SPCONV_OK) {
+        fprintf(stderr, "hostile corpus: cannot write '%s': %s\n", path, spconv_last_error());
+        return -1;
+    }
+    /* Every parameter file becomes a pipe, so that whichever the loader opens first is one. */
+    DIR *folder = opendir(path);
+    if (folder == NULL) return fail("cannot list", path);
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(folder)) != NULL;) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(victim, sizeof victim, "%s/%s", path, e->d_name);
+        if (unlink(victim) != 0) rc = fail("cannot remove", victim);
+        else if (mkfifo(victim, 0600) != 0) rc = fail("cannot make the named pipe", victim);
+    }
+    closedir(folder);
+    return rc;
+}
+
+/* An output folder that already holds a file the command would replace (coords.npy, a copy of
+ * the victim) and, under a later output's name, a folder that no rename can replace. */
+static int write_existing_outputs(const char *dir) {
+    int rc = make_dir(dir, "existing_out");
+    if (rc == 0) rc = write_text(dir, "existing_out/coords.npy", "the user's previous output\n");
+    if (rc == 0) rc = make_dir(dir, "existing_out/centres.pcd");
+    if (rc == 0) rc = write_text(dir, "existing_out/centres.pcd/keep", "x\n");
+    return rc;
+}
+
+int hostile_corpus_write(const char *dir) {
+    char path[HOSTILE_PATH_CAP];
+    int rc = write_text(dir, HOSTILE_VICTIM, "a file that no command may touch\n");
+    if (rc == 0) rc = write_scan(dir);
+    if (rc == 0) rc = write_sites(dir);
+    if (rc == 0) rc = make_fifo(dir, "fifo.bin");
+    if (rc == 0) rc = make_fifo(dir, "fifo.pcd");
+    if (rc == 0) rc = make_fifo(dir, "fifo.npy");
+    if (rc == 0) rc = make_dir(dir, "folder.bin");
+    if (rc == 0) rc = make_dir(dir, "folder.npy");
+    join(dir, "zero.bin", path);
+    if (rc == 0 && symlink("/dev/zero", path) != 0) rc = fail("cannot make the symlink", path);
+    if (rc == 0) rc = write_weights_with_fifo(dir);
+    if (rc == 0) rc = write_existing_outputs(dir);
+    return rc;
+}
+
+/* ---- the cases ------------------------------------------------------------------------------- */
+
+#define SCAN_GRID "--voxel-size", "0.05,0.05,0.1", "--range", "0,-40,-3,70.4,40,1"
+
+static const hostile_case cases[] = {
+    /* 6. allocate only what is produced: the [M, max_points, F] array is not made without --out */
+    {"voxelize-huge-max-points", "--max-points 1048576 without --out", HOSTILE_SUCCEEDS, NULL,
+     {"voxelize", "@/scan.bin", SCAN_GRID, "--max-points", "1048576"}, 20, 1024, NULL},
+    /* 7. a planted symlink at the temporary's name must not redirect the write */
+    {"bench-json-symlink", "a symlink planted at bench --json's temporary", HOSTILE_SUCCEEDS, NULL,
+     {"bench", "--input", "@/scan.bin", "--net", "unet", "--repeat", "1", "--warmup", "0", "--peak-size", "0",
+      "--json", "@/bench.json"}, 60, 0, "@/bench.json"},
+    /* 8. a failed command leaves every pre-existing file as it was */
+    {"failed-commit-keeps-old-files", "an output name taken by a folder, beside an old output",
+     HOSTILE_REFUSED, "is a folder",
+     {"voxelize", "@/scan.bin", SCAN_GRID, "--out", "@/existing_out"}, 20, 0, NULL},
+    /* 10. thread counts that crash the OpenMP runtime */
+    {"threads-100000", "--threads 100000", HOSTILE_REFUSED, "outside [1, 1024]",
+     {"voxelize", "@/scan.bin", SCAN_GRID, "--threads", "100000"}, 10, 0, NULL},
+    /* 11. messages that name the problem, checked before any work */
+    {"voxel-size-nan", "a NaN voxel size", HOSTILE_REFUSED, "the first number, nan, is not finite",
+     {"voxelize", "@/scan.bin", "--voxel-size", "nan,1,1", "--range", "0,0,0,1,1,1"}, 10, 0, NULL},
+    {"voxel-size-narrowed", "a voxel size that float32 turns into 0", HOSTILE_REFUSED,
+     "too small for float32",
+     {"voxelize", "@/scan.bin", "--voxel-size", "1e-300,1,1", "--range", "0,0,0,1,1,1"}, 10, 0,
+     NULL},
+    {"seed-out-of-range", "a seed past 2^63", HOSTILE_REFUSED, "is out of range",
+     {"run", "@/scan.bin", "--seed", "18446744073709551615", "--out", "@out"}, 10, 0, NULL},
+    {"shape-out-of-range", "a spatial shape of 20 digits", HOSTILE_REFUSED, "is out of range",
+     {"rulebook", "--indices", "@/sites.npy", "--spatial-shape", "99999999999999999999,8,8",
+      "--out", "@out"}, 10, 0, NULL},
+    {"version-bogus", "an unknown option of version", HOSTILE_REFUSED, "unknown option '--bogus'",
+     {"version", "--bogus"}, 10, 0, NULL},
+    {"bench-json-folder", "bench --json naming a folder", HOSTILE_REFUSED, "is a folder",
+     {"bench", "--input", "@/scan.bin", "--net", "basic", "--repeat", "50", "--json", "@/folder.bin"}, 10, 0,
+     NULL},
+};
+
+const hostile_case *hostile_cases(size_t *count) {
+    *count = sizeof cases / sizeof cases[0];
+    return cases;
+}
