@@ -2,16 +2,49 @@
 # The README's test command: install missing dependencies, configure, build, run every test.
 #   tools/test.sh             release build in build/ (CUDA compiled when nvcc is found), all tests
 #   tools/test.sh --sanitize  ASan+UBSan build of the CPU library in build-asan/, all tests
+#   tools/test.sh --fuzz      libFuzzer targets (clang) in build-fuzz/: every seed and regression
+#                             input of tests/fuzz/corpus/, then a short mutation run per target
+#                             (FUZZ_SECONDS each, default 20) into a scratch corpus
 # Extra arguments after the mode go to CMake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=release
-if [ "${1:-}" = "--sanitize" ]; then mode=sanitize; shift; fi
+case "${1:-}" in
+  --sanitize) mode=sanitize; shift ;;
+  --fuzz) mode=fuzz; shift ;;
+esac
 
 tools/install-deps.sh
 
 jobs=$(nproc)
+if [ "$mode" = fuzz ]; then
+  build=build-fuzz
+  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DSPCONV_FUZZ=ON -DSPCONV_CUDA=OFF -DSPCONV_BUILD_TESTS=OFF "$@" >/dev/null
+  targets=(fuzz_bin fuzz_npy fuzz_pcd fuzz_ply)
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}"
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  for t in "${targets[@]}"; do
+    corpus=tests/fuzz/corpus/${t#fuzz_}
+    log=$scratch/$t.log
+    mkdir -p "$scratch/$t"
+    # Every committed input once (a regression run), then mutations from them into a scratch
+    # folder so that the repository is never written. A crash or sanitizer report exits non-zero.
+    art=(-artifact_prefix="$PWD/$build/")
+    if ! "$build/tests/fuzz/$t" "${art[@]}" -runs=0 -close_fd_mask=3 "$corpus" >"$log" 2>&1 ||
+       ! "$build/tests/fuzz/$t" "${art[@]}" -max_total_time="${FUZZ_SECONDS:-20}" -close_fd_mask=3 \
+           -print_final_stats=1 "$scratch/$t" "$corpus" >>"$log" 2>&1; then
+      tail -n 40 "$log"
+      echo "fuzz: $t FAILED (the crashing input is $build/crash-*)"
+      exit 1
+    fi
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    echo "fuzz: $t passed: $(ls "$corpus" | wc -l) corpus inputs, ${runs:-?} executions in ${FUZZ_SECONDS:-20} s"
+  done
+  exit 0
+fi
 if [ "$mode" = sanitize ]; then
   # The CUDA runtime and ASan do not mix (ASan reserves the address ranges the driver wants);
   # the sanitizer run covers the CPU library, the reference for every backend.
