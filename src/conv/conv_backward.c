@@ -13,6 +13,7 @@
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
 #include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 
 /* Rows per block of the bias-gradient column sums, and elements per block of the reductions. */
@@ -364,17 +365,24 @@ spconv_status spconv__conv_backward_ex(spconv_context *ctx, const spconv_ruleboo
     SPCONV_CHECK_NOT_NULL(func, grad_out);
     spconv__conv_dims dims;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, NULL, grad_out, &dims));
-    if (dims.device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, dims.device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->conv_backward == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no sparse conv backward kernel", func,
-                               backend->name);
-        return backend->conv_backward(ctx, rb, features, weight, grad_out, grad_features,
-                                      grad_weight, grad_bias);
-    }
-    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, dims.dtype));
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, dims.device, conv_backward, "sparse conv backward", &backend);
     if (grad_features == NULL && grad_weight == NULL && grad_bias == NULL) return SPCONV_OK;
+    return backend->conv_backward(ctx, rb, features, weight, grad_out, options, grad_features,
+                                  grad_weight, grad_bias);
+}
+
+/* The CPU backend's slot (operands checked by the entry point, as for the forward). */
+spconv_status spconv__cpu_conv_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                        const spconv_tensor *features, const spconv_tensor *weight,
+                                        const spconv_tensor *grad_out,
+                                        const spconv__conv_options *options,
+                                        spconv_tensor **grad_features, spconv_tensor **grad_weight,
+                                        spconv_tensor **grad_bias) {
+    static const char func[] = "spconv_conv_backward";
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, NULL, grad_out, &dims));
+    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, dims.dtype));
     return backward_cpu(ctx, rb, &dims, features, weight, grad_out, options, grad_features,
                         grad_weight, grad_bias);
 }

@@ -5,21 +5,11 @@
 #define SPCONV_CONV_EXEC_H
 
 #include "conv/gemm.h"
+#include "core/backend.h"
 #include "spconv/conv.h"
 
-/* Seconds spent per phase, summed over the threads that ran them (divide by `threads` for a
- * wall-clock share). A call adds to the fields, so one struct can collect several calls. */
-typedef struct spconv__conv_timing {
-    double gather_s;  /* copying rows into the contiguous GEMM operands */
-    double gemm_s;    /* the products, including the subm centre offset's direct product */
-    double scatter_s; /* scatter-adds, output initialisation, ordered reductions of partials */
-    int threads;      /* threads of the last call */
-} spconv__conv_timing;
-
-typedef struct spconv__conv_options {
-    spconv__gemm_impl gemm;      /* SPCONV__GEMM_AUTO unless a test wants the fallback */
-    spconv__conv_timing *timing; /* NULL: no clock is read */
-} spconv__conv_options;
+/* spconv__conv_timing and spconv__conv_options are plain descriptors of core/backend.h, since
+ * they travel through the backend table's conv slots. */
 
 spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook *rb,
                                       const spconv_tensor *features, const spconv_tensor *weight,

@@ -6,6 +6,7 @@
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
 #include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 
 typedef struct forward_args {
@@ -192,14 +193,20 @@ spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook
     SPCONV_CHECK_NOT_NULL(func, weight);
     spconv__conv_dims dims;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
-    if (dims.device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, dims.device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->conv_forward == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no sparse conv forward kernel", func,
-                               backend->name);
-        return backend->conv_forward(ctx, rb, features, weight, bias, out);
-    }
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, dims.device, conv_forward, "sparse conv forward", &backend);
+    return backend->conv_forward(ctx, rb, features, weight, bias, options, out);
+}
+
+/* The CPU backend's slot: the entry point checked the operands (all on the CPU), so the sizes
+ * come back from the same check without a failure. */
+spconv_status spconv__cpu_conv_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                       const spconv_tensor *features, const spconv_tensor *weight,
+                                       const spconv_tensor *bias,
+                                       const spconv__conv_options *options, spconv_tensor **out) {
+    static const char func[] = "spconv_conv_forward";
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
     SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, dims.dtype));
     return forward_cpu(ctx, rb, &dims, features, weight, bias, options, out);
 }

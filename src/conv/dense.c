@@ -5,6 +5,7 @@
 
 #include "conv/conv_check.h"
 #include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "tensor/convert.h"
 
@@ -144,15 +145,19 @@ spconv_status spconv_sparse_to_dense(spconv_context *ctx, const spconv_tensor *f
     int64_t dense_sizes[5];
     SPCONV_FORWARD_IF_ERROR(
         check_sparse_to_dense(func, features, indices, spatial_shape, batch_size, dense_sizes));
-    spconv_device device = spconv_tensor_device(features);
-    if (device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->sparse_to_dense == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no sparse_to_dense kernel", func,
-                               backend->name);
-        return backend->sparse_to_dense(ctx, features, indices, spatial_shape, batch_size, out);
-    }
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, spconv_tensor_device(features), sparse_to_dense, "sparse_to_dense",
+                    &backend);
+    return backend->sparse_to_dense(ctx, features, indices, spatial_shape, batch_size, out);
+}
+
+/* The CPU backend's slot (operands checked by the entry point). */
+spconv_status spconv__cpu_sparse_to_dense(spconv_context *ctx, const spconv_tensor *features,
+                                          const spconv_tensor *indices,
+                                          const int64_t spatial_shape[3], int64_t batch_size,
+                                          spconv_tensor **out) {
+    const int64_t dense_sizes[5] = {batch_size, spconv_tensor_size(features, 1), spatial_shape[0],
+                                    spatial_shape[1], spatial_shape[2]};
     return sparse_to_dense_cpu(ctx, features, indices, spatial_shape, batch_size, dense_sizes, out);
 }
 
@@ -199,8 +204,9 @@ static void gather_sites(const char *dense, spconv_dtype dtype, const int64_t si
         }
 }
 
-static spconv_status dense_to_sparse_cpu(spconv_context *ctx, const spconv_tensor *dense,
-                                         spconv_tensor **features, spconv_tensor **indices) {
+/* The CPU backend's slot (operand checked by the entry point). */
+spconv_status spconv__cpu_dense_to_sparse(spconv_context *ctx, const spconv_tensor *dense,
+                                          spconv_tensor **features, spconv_tensor **indices) {
     static const char func[] = "spconv_dense_to_sparse";
     const int64_t *sizes = spconv_tensor_sizes(dense);
     const spconv_dtype dtype = spconv_tensor_dtype(dense);
@@ -246,14 +252,8 @@ spconv_status spconv_dense_to_sparse(spconv_context *ctx, const spconv_tensor *d
         SPCONV_RETURN_ERROR_IF(i != 1 && sizes[i] > INT32_MAX, SPCONV_ERR_OVERFLOW,
                                "%s: dense %s has a batch or spatial size beyond int32 indices",
                                func, spconv__shape_text(dense).text);
-    spconv_device device = spconv_tensor_device(dense);
-    if (device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->dense_to_sparse == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no dense_to_sparse kernel", func,
-                               backend->name);
-        return backend->dense_to_sparse(ctx, dense, features, indices);
-    }
-    return dense_to_sparse_cpu(ctx, dense, features, indices);
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, spconv_tensor_device(dense), dense_to_sparse, "dense_to_sparse",
+                    &backend);
+    return backend->dense_to_sparse(ctx, dense, features, indices);
 }

@@ -14,6 +14,7 @@
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
 #include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 
 #define POOL_CHUNK 1024
@@ -125,15 +126,18 @@ spconv_status spconv_maxpool_forward(spconv_context *ctx, const spconv_rulebook 
     SPCONV_CHECK_NOT_NULL(func, rb);
     SPCONV_CHECK_NOT_NULL(func, features);
     SPCONV_FORWARD_IF_ERROR(spconv__pool_check_forward(func, rb, features));
-    spconv_device device = spconv_tensor_device(features);
-    if (device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->maxpool_forward == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no max pooling kernel", func, backend->name);
-        return backend->maxpool_forward(ctx, rb, features, out, argmax);
-    }
-    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, spconv_tensor_dtype(features)));
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, spconv_tensor_device(features), maxpool_forward, "max pooling forward",
+                    &backend);
+    return backend->maxpool_forward(ctx, rb, features, out, argmax);
+}
+
+/* The CPU backend's slot (operands checked by the entry point). */
+spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                          const spconv_tensor *features, spconv_tensor **out,
+                                          spconv_tensor **argmax) {
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__check_cpu_float("spconv_maxpool_forward", spconv_tensor_dtype(features)));
     return maxpool_forward_cpu(ctx, rb, features, out, argmax);
 }
 
@@ -200,14 +204,18 @@ spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook
     SPCONV_CHECK_NOT_NULL(func, argmax);
     SPCONV_CHECK_NOT_NULL(func, grad_out);
     SPCONV_FORWARD_IF_ERROR(spconv__pool_check_backward(func, rb, argmax, grad_out));
-    spconv_device device = spconv_tensor_device(grad_out);
-    if (device.type != SPCONV_DEVICE_CPU) {
-        const spconv_backend *backend;
-        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
-        SPCONV_RETURN_ERROR_IF(backend->maxpool_backward == NULL, SPCONV_ERR_NOT_SUPPORTED,
-                               "%s: the %s backend has no max pooling kernel", func, backend->name);
-        return backend->maxpool_backward(ctx, rb, argmax, grad_out, grad_features);
-    }
-    SPCONV_FORWARD_IF_ERROR(spconv__check_cpu_float(func, spconv_tensor_dtype(grad_out)));
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, spconv_tensor_device(grad_out), maxpool_backward,
+                    "max pooling backward", &backend);
+    return backend->maxpool_backward(ctx, rb, argmax, grad_out, grad_features);
+}
+
+/* The CPU backend's slot (operands checked by the entry point). */
+spconv_status spconv__cpu_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                           const spconv_tensor *argmax,
+                                           const spconv_tensor *grad_out,
+                                           spconv_tensor **grad_features) {
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__check_cpu_float("spconv_maxpool_backward", spconv_tensor_dtype(grad_out)));
     return maxpool_backward_cpu(ctx, rb, argmax, grad_out, grad_features);
 }

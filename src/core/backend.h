@@ -15,6 +15,24 @@
 extern "C" {
 #endif
 
+/* Seconds spent per phase of a conv executor, summed over the threads that ran them (divide by
+ * `threads` for a wall-clock share). A call adds to the fields, so one struct can collect several
+ * calls. */
+typedef struct spconv__conv_timing {
+    double gather_s;  /* copying rows into the contiguous GEMM operands */
+    double gemm_s;    /* the products, including the subm centre offset's direct product */
+    double scatter_s; /* scatter-adds, output initialisation, ordered reductions of partials */
+    int threads;      /* threads of the last call */
+} spconv__conv_timing;
+
+/* Knobs of the conv executors that the public API does not expose: which GEMM runs (tests hold
+ * BLAS against the plain-C fallback; a spconv__gemm_impl of conv/gemm.h) and per-phase timing
+ * (benchmarks). NULL options mean the defaults: the fastest GEMM, no clock read. */
+typedef struct spconv__conv_options {
+    int gemm;                    /* SPCONV__GEMM_AUTO (0) unless a test wants the fallback */
+    spconv__conv_timing *timing; /* NULL: no clock is read */
+} spconv__conv_options;
+
 typedef struct spconv_backend {
     const char *name;
 
@@ -40,15 +58,19 @@ typedef struct spconv_backend {
     spconv_status (*copy_strided)(spconv_context *ctx, spconv_tensor *dst, const spconv_tensor *src);
     spconv_status (*fill)(spconv_context *ctx, spconv_tensor *dst, double value);
 
-    /* sparse convolution (conv.h), operands already checked by the dispatcher in src/conv/; the
-     * CPU kernels live there and are called directly, so the CPU table leaves these empty */
+    /* sparse convolution (conv.h), operands already checked by the entry points in src/conv/,
+     * all on this backend's device; options may be NULL */
     spconv_status (*conv_forward)(spconv_context *ctx, const spconv_rulebook *rb,
                                   const spconv_tensor *features, const spconv_tensor *weight,
-                                  const spconv_tensor *bias, spconv_tensor **out);
+                                  const spconv_tensor *bias, const spconv__conv_options *options,
+                                  spconv_tensor **out);
+    /* Each gradient pointer may be NULL (not wanted); at least one is not. */
     spconv_status (*conv_backward)(spconv_context *ctx, const spconv_rulebook *rb,
                                    const spconv_tensor *features, const spconv_tensor *weight,
-                                   const spconv_tensor *grad_out, spconv_tensor **grad_features,
-                                   spconv_tensor **grad_weight, spconv_tensor **grad_bias);
+                                   const spconv_tensor *grad_out,
+                                   const spconv__conv_options *options,
+                                   spconv_tensor **grad_features, spconv_tensor **grad_weight,
+                                   spconv_tensor **grad_bias);
     spconv_status (*maxpool_forward)(spconv_context *ctx, const spconv_rulebook *rb,
                                      const spconv_tensor *features, spconv_tensor **out,
                                      spconv_tensor **argmax);
@@ -74,6 +96,18 @@ const spconv_backend *spconv__backend_for(spconv_device device);
  *  device index is not present. */
 spconv_status spconv__backend_check(const char *func, spconv_device device,
                                     const spconv_backend **out);
+
+/** The one dispatch of an op: the backend of @p device into *backend_out when it is present and
+ *  fills @p slot; otherwise return from the calling function with SPCONV_ERR_NO_DEVICE, or
+ *  SPCONV_ERR_NOT_SUPPORTED naming the op (@p what) and the backend. Every op entry point calls
+ *  it, the CPU's included: no entry point branches on the device type itself. */
+#define SPCONV_DISPATCH(func, device, slot, what, backend_out)                                    \
+    do {                                                                                          \
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, backend_out));                \
+        SPCONV_RETURN_ERROR_IF((*(backend_out))->slot == NULL, SPCONV_ERR_NOT_SUPPORTED,          \
+                               "%s: the %s backend has no %s kernel", func,                       \
+                               (*(backend_out))->name, what);                                     \
+    } while (0)
 
 #ifdef __cplusplus
 }

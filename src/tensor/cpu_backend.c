@@ -8,6 +8,7 @@
 #endif
 
 #include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "tensor/convert.h"
 #include "tensor/tensor_impl.h"
@@ -206,4 +207,10 @@ const spconv_backend spconv__cpu_backend = {
     .copy_on_device  = cpu_memcpy,
     .copy_strided    = cpu_copy_strided,
     .fill            = cpu_fill,
+    .conv_forward    = spconv__cpu_conv_forward,
+    .conv_backward   = spconv__cpu_conv_backward,
+    .maxpool_forward = spconv__cpu_maxpool_forward,
+    .maxpool_backward = spconv__cpu_maxpool_backward,
+    .sparse_to_dense = spconv__cpu_sparse_to_dense,
+    .dense_to_sparse = spconv__cpu_dense_to_sparse,
 };

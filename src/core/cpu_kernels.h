@@ -1,0 +1,47 @@
+/* The CPU backend's op kernels, gathered into its table (src/tensor/cpu_backend.c). Each kernel
+ * stays in its module, next to that module's reference implementation and private helpers (the
+ * conv executors share the gather / scatter / GEMM plan of conv_cpu.h with the backward pass and
+ * the tests); this header is the list the table is made from, the counterpart of cuda/'s
+ * cuda_common.h. Operands were checked by the op's entry point before the table is reached. */
+#ifndef SPCONV_CORE_CPU_KERNELS_H
+#define SPCONV_CORE_CPU_KERNELS_H
+
+#include "core/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* src/conv/conv_forward.c, conv_backward.c */
+spconv_status spconv__cpu_conv_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                       const spconv_tensor *features, const spconv_tensor *weight,
+                                       const spconv_tensor *bias,
+                                       const spconv__conv_options *options, spconv_tensor **out);
+spconv_status spconv__cpu_conv_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                        const spconv_tensor *features, const spconv_tensor *weight,
+                                        const spconv_tensor *grad_out,
+                                        const spconv__conv_options *options,
+                                        spconv_tensor **grad_features, spconv_tensor **grad_weight,
+                                        spconv_tensor **grad_bias);
+
+/* src/conv/pool.c */
+spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                          const spconv_tensor *features, spconv_tensor **out,
+                                          spconv_tensor **argmax);
+spconv_status spconv__cpu_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                           const spconv_tensor *argmax,
+                                           const spconv_tensor *grad_out,
+                                           spconv_tensor **grad_features);
+
+/* src/conv/dense.c */
+spconv_status spconv__cpu_sparse_to_dense(spconv_context *ctx, const spconv_tensor *features,
+                                          const spconv_tensor *indices,
+                                          const int64_t spatial_shape[3], int64_t batch_size,
+                                          spconv_tensor **out);
+spconv_status spconv__cpu_dense_to_sparse(spconv_context *ctx, const spconv_tensor *dense,
+                                          spconv_tensor **features, spconv_tensor **indices);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPCONV_CORE_CPU_KERNELS_H */
