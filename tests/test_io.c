@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/test_files.h"
 #include "common/test_util.h"
@@ -686,6 +688,41 @@ static void test_ply_header_errors(void **state) {
                     NULL, 0, "ascii data");
 }
 
+/* ---- inputs that are not regular files: refused at once, never waited on -------------------- */
+
+static void expect_not_regular(const char *path, const char *kind) {
+    spconv_point_cloud *pc = NULL;
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc), SPCONV_ERR_IO,
+                        kind);
+    SPCONV_ASSERT_ERROR_CONTAINS("is not a regular file");
+    SPCONV_ASSERT_ERROR_CONTAINS(path);
+    assert_null(pc);
+    for (int f = SPCONV_CLOUD_BIN; f <= SPCONV_CLOUD_PLY; ++f)
+        SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, (spconv_cloud_format)f, 0, &pc),
+                            SPCONV_ERR_IO, kind);
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_FAILS(spconv_npy_read(path, &t), SPCONV_ERR_IO, kind);
+    SPCONV_ASSERT_ERROR_CONTAINS("is not a regular file");
+    assert_null(t);
+}
+
+/* A named pipe without a writer made every reader block forever in fopen(); the alarm turns that
+ * hang into a failure of this test (SIGALRM ends the program). */
+static void test_non_regular_inputs(void **state) {
+    char path[PATH_CAP];
+    alarm(60);
+    static const char *const pipes[] = {"pipe.bin", "pipe.pcd.bin", "pipe.pcd", "pipe.ply",
+                                        "pipe.npy", "pipe"};
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; ++i) {
+        assert_int_equal(mkfifo(scratch_path(state, pipes[i], path), 0600), 0);
+        expect_not_regular(path, "(a named pipe)");
+    }
+    expect_not_regular("/dev/null", "(a character device)");
+    if (access("/dev/zero", R_OK) == 0) expect_not_regular("/dev/zero", "(a character device)");
+    expect_not_regular((const char *)*state, "(a directory)");
+    alarm(0);
+}
+
 /* ---- everything else that can go wrong ------------------------------------------------------ */
 
 static void test_read_errors(void **state) {
@@ -826,6 +863,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sniffed_formats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_regular_inputs, setup, teardown),
     };
     return cmocka_run_group_tests_name("io", tests, NULL, NULL);
 }

@@ -1,12 +1,15 @@
 /* `spconv voxelize` and `spconv info` (path in env SPCONV_TOOL, set by CTest): the .npy and .pcd
  * outputs held against the same computation through the C API, the summary, and the error exits
- * (status 2, one line on stderr naming the problem, no output folder left behind). */
+ * (status 2, one line on stderr naming the problem, no output folder left behind), named pipes as
+ * inputs included. */
 #define _XOPEN_SOURCE 700
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/run_tool.h"
 #include "common/test_files.h"
@@ -187,6 +190,33 @@ static void test_errors(void **state) {
     assert_false(spconv_test_exists(out));
 }
 
+/* A named pipe as any input: refused at once (it blocked the tool forever in fopen before; the
+ * alarm ends this test instead of letting it hang). */
+static void test_named_pipe_inputs(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    alarm(120);
+    char pipe[PATH_CAP], dir[PATH_CAP], file[PATH_CAP];
+    assert_int_equal(mkfifo(in_dir(f, "scan.pcd", pipe), 0600), 0);
+    const char *info[] = {"info", pipe, NULL};
+    spconv_tool_expect_usage_error(f, info, "is not a regular file (a named pipe)");
+    const char *voxelize[] = {"voxelize", pipe, "--voxel-size", "1,1,1", "--range", "0,0,0,9,9,9",
+                              NULL};
+    spconv_tool_expect_usage_error(f, voxelize, "is not a regular file (a named pipe)");
+    const char *run[] = {"run", pipe, "--out", in_dir(f, "out", dir), NULL};
+    spconv_tool_expect_usage_error(f, run, "is not a regular file (a named pipe)");
+    assert_false(spconv_test_exists(dir));
+    /* voxel files for `bench --input DIR`: regular indices, the features a pipe */
+    assert_int_equal(mkdir(in_dir(f, "voxels", dir), 0700), 0);
+    const int32_t row[4] = {0, 1, 2, 3};
+    assert_int_equal(spconv_test_write_bytes(spconv_test_join(dir, "spconv_test_indices.i32", file,
+                                                              PATH_CAP), row, sizeof row), 0);
+    assert_int_equal(mkfifo(spconv_test_join(dir, "spconv_test_features.f32", file, PATH_CAP),
+                            0600), 0);
+    const char *bench[] = {"bench", "--net", "basic", "--input", dir, "--repeat", "1", NULL};
+    spconv_tool_expect_usage_error(f, bench, "is not a regular file (a named pipe)");
+    alarm(0);
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -194,6 +224,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_voxelize_sample_scan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_named_pipe_inputs, setup, teardown),
     };
     return cmocka_run_group_tests_name("pointcloud_cli", tests, NULL, NULL);
 }
