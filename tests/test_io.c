@@ -8,9 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/test_files.h"
 #include "common/test_util.h"
+#include "io/pointcloud_impl.h"
 #include "io/pointcloud_pcd.h"
 #include "io/pointcloud_pcl.h"
 #include "io/pointcloud_ply.h"
@@ -104,9 +107,16 @@ static char *data_file_or_skip(const char *name) {
     return path;
 }
 
-/* Without PCL a PCD/PLY file must be refused as not supported; returns 1 in that case. */
+/* Without PCL a binary PCD file must be refused as not supported; returns 1 in that case. PLY and
+ * ASCII PCD are read in C, with or without PCL. */
 static int refused_without_pcl(const char *path) {
     if (SPCONV_HAVE_PCL) return 0;
+    size_t n = 0;
+    char *bytes = spconv_test_read_bytes(path, &n);
+    assert_non_null(bytes);
+    int native = strncmp(bytes, "ply", 3) == 0 || strstr(bytes, "DATA ascii") != NULL;
+    free(bytes);
+    if (native) return 0;
     spconv_point_cloud *pc = NULL;
     SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc),
                         SPCONV_ERR_NOT_SUPPORTED, "no PCL");
@@ -534,7 +544,7 @@ static void test_raw_convert_errors(void **state) {
 /* ---- malformed PCD and PLY headers: the validator, and the reader in front of PCL ------------ */
 
 /* @p text (+ @p extra binary bytes) must be refused with SPCONV_ERR_FORMAT and @p substring both
- * by the header check alone and by the reader. */
+ * by the header check alone and by the reader (in builds without PCL too). */
 static void expect_bad_file(void **state, const char *name, const char *text,
                             const void *extra, size_t extra_len, const char *substring) {
     char path[PATH_CAP];
@@ -557,7 +567,7 @@ static void expect_bad_file(void **state, const char *name, const char *text,
                             SPCONV_ERR_FORMAT, substring);
     }
     free(bytes);
-    if (refused_without_pcl(path)) return;
+    /* with or without PCL: the header is checked before anything needs PCL */
     spconv_point_cloud *pc = NULL;
     SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc), SPCONV_ERR_FORMAT,
                         substring);
@@ -684,6 +694,388 @@ static void test_ply_header_errors(void **state) {
                     "ply\nformat ascii 1.0\nelement vertex 5\nproperty float x\nproperty float y\n"
                     "property float z\nend_header\n1 2 3\n",
                     NULL, 0, "ascii data");
+}
+
+
+/* ---- the reader parses the bytes it checked ------------------------------------------------- */
+
+/* Every PCD/PLY file of the shared data read from its path, and from its bytes handed to the
+ * reader under the path of a different file: both give the same cloud, so what is parsed is the
+ * buffer that was checked, never the path opened again (as PCL once did after the check). */
+static void test_parse_the_checked_bytes(void **state) {
+    static const char *const files[] = {"bunny.pcd", "cturtle.pcd", "office1.pcd", "cube.ply"};
+    char decoy[PATH_CAP];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
+        char *path = spconv_test_data_path(files[i]);
+        if (path == NULL) continue;
+        if (refused_without_pcl(path)) {
+            free(path);
+            continue;
+        }
+        spconv_point_cloud *from_path = read_cloud(path, 0);
+        size_t n = 0;
+        char *bytes = spconv_test_read_bytes(path, &n);
+        assert_non_null(bytes);
+        const int ply = strstr(files[i], ".ply") != NULL;
+        /* the decoy is a valid file of the same format with one other point */
+        write_text(scratch_path(state, ply ? "decoy.ply" : "decoy.pcd", decoy),
+                   ply ? "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\n"
+                         "property float y\nproperty float z\nend_header\n9 9 9\n"
+                       : "FIELDS x y z\nPOINTS 1\nDATA ascii\n9 9 9\n");
+        spconv_point_cloud *from_bytes = NULL;
+        SPCONV_ASSERT_OK(spconv__cloud_read_text("test", decoy, ply ? SPCONV_CLOUD_PLY
+                                                                    : SPCONV_CLOUD_PCD,
+                                                 bytes, n, &from_bytes));
+        const int fields = spconv_point_cloud_num_fields(from_path);
+        assert_int_equal(spconv_point_cloud_num_fields(from_bytes), fields);
+        for (int f = 0; f < fields; ++f)
+            assert_string_equal(spconv_point_cloud_field_name(from_bytes, f),
+                                spconv_point_cloud_field_name(from_path, f));
+        const int64_t rows = spconv_point_cloud_num_points(from_path);
+        assert_true(rows > 1);
+        assert_int_equal(spconv_point_cloud_num_points(from_bytes), rows);
+        assert_int_equal(spconv_point_cloud_dropped_nonfinite(from_bytes),
+                         spconv_point_cloud_dropped_nonfinite(from_path));
+        assert_memory_equal(cloud_data(from_bytes), cloud_data(from_path),
+                            (size_t)rows * (size_t)fields * sizeof(float));
+        assert_string_equal(spconv_point_cloud_format_detail(from_bytes),
+                            spconv_point_cloud_format_detail(from_path));
+        spconv_point_cloud_destroy(from_bytes);
+        spconv_point_cloud_destroy(from_path);
+        free(bytes);
+        free(path);
+    }
+}
+
+/* PCL's own rejection (here a header our check would have refused first: WIDTH x HEIGHT !=
+ * POINTS) is our one message, and PCL prints nothing: the CLI's contract is one line on stderr. */
+static void test_pcl_rejection_is_silent(void **state) {
+#if !SPCONV_HAVE_PCL
+    (void)state;
+    skip();
+#else
+    char path[PATH_CAP];
+    scratch_path(state, "stderr.txt", path);
+    static const char text[] = "FIELDS x y z\nSIZE 4 4 4\nTYPE F F F\nWIDTH 3\nHEIGHT 1\n"
+                               "POINTS 5\nDATA binary\n0123456789012345678901234567890123456789"
+                               "01234567890123456789";
+    const char *data = strstr(text, "DATA binary\n") + strlen("DATA binary\n");
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *capture = fopen(path, "w");
+    assert_true(saved >= 0 && capture != NULL);
+    assert_true(dup2(fileno(capture), 2) >= 0);
+    spconv__raw_cloud raw;
+    spconv_status st = spconv__pcl_read_pcd("test", "mem.pcd", text, sizeof text - 1,
+                                            (uint64_t)(data - text), &raw);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fclose(capture);
+    SPCONV_ASSERT_STATUS(st, SPCONV_ERR_FORMAT);
+    SPCONV_ASSERT_ERROR_CONTAINS("PCL's PCD reader rejected its header of 'mem.pcd'");
+    size_t n = 1;
+    char *printed = spconv_test_read_bytes(path, &n);
+    assert_non_null(printed);
+    assert_int_equal(n, 0);
+    free(printed);
+#endif
+}
+
+/* cube.ply (binary, with a face list the reader skips): the vertices are the floats right after
+ * end_header. */
+static void test_cube_ply_values(void **state) {
+    (void)state;
+    char *path = data_file_or_skip("cube.ply");
+    spconv_point_cloud *pc = read_cloud(path, 0);
+    size_t n = 0;
+    char *bytes = spconv_test_read_bytes(path, &n);
+    assert_non_null(bytes);
+    const char *end = strstr(bytes, "end_header\n");
+    assert_non_null(end);
+    end += strlen("end_header\n");
+    assert_true((size_t)(end - bytes) + 24 * 12 <= n);
+    assert_memory_equal(cloud_data(pc), end, 24 * 12);
+    free(bytes);
+    spconv_point_cloud_destroy(pc);
+    free(path);
+}
+
+/* ---- inputs that are not regular files: refused at once, never waited on -------------------- */
+
+static void expect_not_regular(const char *path, const char *kind) {
+    spconv_point_cloud *pc = NULL;
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc), SPCONV_ERR_IO,
+                        kind);
+    SPCONV_ASSERT_ERROR_CONTAINS("is not a regular file");
+    SPCONV_ASSERT_ERROR_CONTAINS(path);
+    assert_null(pc);
+    for (int f = SPCONV_CLOUD_BIN; f <= SPCONV_CLOUD_PLY; ++f)
+        SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, (spconv_cloud_format)f, 0, &pc),
+                            SPCONV_ERR_IO, kind);
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_FAILS(spconv_npy_read(path, &t), SPCONV_ERR_IO, kind);
+    SPCONV_ASSERT_ERROR_CONTAINS("is not a regular file");
+    assert_null(t);
+}
+
+/* A named pipe without a writer made every reader block forever in fopen(); the alarm turns that
+ * hang into a failure of this test (SIGALRM ends the program). */
+static void test_non_regular_inputs(void **state) {
+    char path[PATH_CAP];
+    alarm(60);
+    static const char *const pipes[] = {"pipe.bin", "pipe.pcd.bin", "pipe.pcd", "pipe.ply",
+                                        "pipe.npy", "pipe"};
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; ++i) {
+        assert_int_equal(mkfifo(scratch_path(state, pipes[i], path), 0600), 0);
+        expect_not_regular(path, "(a named pipe)");
+    }
+    expect_not_regular("/dev/null", "(a character device)");
+    if (access("/dev/zero", R_OK) == 0) expect_not_regular("/dev/zero", "(a character device)");
+    expect_not_regular((const char *)*state, "(a directory)");
+    alarm(0);
+}
+
+/* ---- ASCII data: every value parses and fits, every line has its values ---------------------- */
+
+/* Reading @p text (as a file @p name) must fail with SPCONV_ERR_FORMAT and @p substring, whose
+ * path the message names. */
+static void expect_read_fails(void **state, const char *name, const char *text,
+                              const char *substring) {
+    char path[PATH_CAP];
+    write_text(scratch_path(state, name, path), text);
+    spconv_point_cloud *pc = NULL;
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc), SPCONV_ERR_FORMAT,
+                        substring);
+    SPCONV_ASSERT_ERROR_CONTAINS(path);
+    assert_null(pc);
+}
+
+#define PCD_XYZI(points)                                                                       \
+    "VERSION 0.7\nFIELDS x y z intensity\nSIZE 4 4 4 1\nTYPE F F F I\nCOUNT 1 1 1 1\nWIDTH " \
+    points "\nHEIGHT 1\nPOINTS " points "\nDATA ascii\n"
+
+static void test_pcd_ascii_errors(void **state) {
+    /* the header is 9 lines: the first point is line 10 */
+    expect_read_fails(state, "int8.pcd", PCD_XYZI("3") "1 2 3 4\n1 2 3 4\n1 2 3 300\n",
+                      "line 12: field 'intensity' value '300' does not fit I1 (int8)");
+    expect_read_fails(state, "int8neg.pcd", PCD_XYZI("2") "1 2 3 -129\n1 2 3 4\n",
+                      "line 10: field 'intensity' value '-129' does not fit I1 (int8)");
+    expect_read_fails(state, "garbage.pcd", PCD_XYZI("2") "1 2 3 4\n1 abc 3 4\n",
+                      "line 11: field 'y' value 'abc' is not a number of type F4 (float32)");
+    expect_read_fails(state, "trail.pcd", PCD_XYZI("2") "1 2 3 4\n1 2x 3 4\n",
+                      "line 11: field 'y' value '2x' is not a number");
+    expect_read_fails(state, "real.pcd", PCD_XYZI("2") "1 2 3 4\n1 2 3 4.5\n",
+                      "field 'intensity' value '4.5' is not an integer of type I1 (int8)");
+    expect_read_fails(state, "short.pcd", PCD_XYZI("3") "1 2 3 4\n1 2 3\n1 2 3 4\n1 2 3 4\n",
+                      "line 11 has 3 values but a point has 4");
+    expect_read_fails(state, "long.pcd", PCD_XYZI("2") "1 2 3 4 5\n1 2 3 4\n",
+                      "line 10 has 5 values but a point has 4");
+    expect_read_fails(state, "few.pcd", PCD_XYZI("3") "1 2 3 4\n\n1000 2000 3000 4\n",
+                      "has 2 point lines after DATA ascii but POINTS is 3");
+    expect_read_fails(state, "many.pcd", PCD_XYZI("1") "1 2 3 4\n1 2 3 4\n",
+                      "line 11: one point more than POINTS 1");
+    expect_read_fails(state, "f4.pcd", PCD_XYZI("1") "1 1e39 3 4\n",
+                      "field 'y' value '1e39' does not fit F4 (float32)");
+    const char *types = "FIELDS x y z u1 u2 i2 u4 i4 u8 i8 f8 b\nSIZE 4 4 4 1 2 2 4 4 8 8 8 1\n"
+                        "TYPE F F F U U I U I U I F B\nPOINTS 1\nDATA ascii\n";
+    static const struct {
+        const char *values, *message;
+    } bad[] = {
+        {"1 2 3 -1 0 0 0 0 0 0 0 0", "field 'u1' value '-1' does not fit U1 (uint8)"},
+        {"1 2 3 256 0 0 0 0 0 0 0 0", "field 'u1' value '256' does not fit U1 (uint8)"},
+        {"1 2 3 0 65536 0 0 0 0 0 0 0", "field 'u2' value '65536' does not fit U2 (uint16)"},
+        {"1 2 3 0 0 32768 0 0 0 0 0 0", "field 'i2' value '32768' does not fit I2 (int16)"},
+        {"1 2 3 0 0 0 4294967296 0 0 0 0 0", "value '4294967296' does not fit U4 (uint32)"},
+        {"1 2 3 0 0 0 0 -2147483649 0 0 0 0", "value '-2147483649' does not fit I4 (int32)"},
+        {"1 2 3 0 0 0 0 0 18446744073709551616 0 0 0", "does not fit U8 (uint64)"},
+        {"1 2 3 0 0 0 0 0 0 9223372036854775808 0 0", "does not fit I8 (int64)"},
+        {"1 2 3 0 0 0 0 0 0 0 1e309 0", "field 'f8' value '1e309' does not fit F8 (float64)"},
+        {"1 2 3 0 0 0 0 0 0 0 0 2", "field 'b' value '2' is not 0 or 1 for B1 (bool)"},
+        {"1 2 3 0x10 0 0 0 0 0 0 0 0", "field 'u1' value '0x10' is not an integer"},
+        {"1 2 3 0 0 0 0 0 0 0 nan nan", "field 'b' value 'nan' is not 0 or 1"},
+        {"1 2 3 nan 0 0 0 0 0 0 0 0", "field 'u1' value 'nan' is not an integer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char text[512];
+        snprintf(text, sizeof text, "%s%s\n", types, bad[i].values);
+        expect_read_fails(state, "types.pcd", text, bad[i].message);
+        SPCONV_ASSERT_ERROR_CONTAINS("line 6:");
+    }
+    expect_read_fails(state, "count.pcd",
+                      "FIELDS x y z n\nSIZE 4 4 4 4\nTYPE F F F F\nCOUNT 1 1 1 3\nPOINTS 1\n"
+                      "DATA ascii\n1 2 3 0 1 x\n", "line 7: field 'n[2]' value 'x' is not a number");
+}
+
+static void test_pcd_ascii_values(void **state) {
+    char path[PATH_CAP];
+    write_text(scratch_path(state, "ok.pcd", path),
+               "FIELDS x y z u8 i8 f8 b n\nSIZE 4 4 4 8 8 8 1 2\nTYPE F F F U I F B I\n"
+               "COUNT 1 1 1 1 1 1 1 2\nPOINTS 4\nDATA ascii\n"
+               "1 -2.5 +3 18446744073709551615 -9223372036854775808 1e-300 1 -32768 32767\n"
+               "\n  \t\r\n"
+               "-0 1e-50 0x1p3 0 9223372036854775807 -inf 0 +7 -7\r\n"
+               "nan 1 1 1 1 1 1 1 1\n"
+               "4 5 6 7 8 nan 0 1 2");
+    spconv_point_cloud *pc = read_cloud(path, 0);
+    static const char *const names[] = {"x", "y", "z", "u8", "i8", "f8", "b", "n_0", "n_1"};
+    assert_fields(pc, names, 9);
+    assert_int_equal(spconv_point_cloud_num_points(pc), 3);
+    assert_int_equal(spconv_point_cloud_dropped_nonfinite(pc), 1);
+    const float *d = cloud_data(pc);
+    const float want[27] = {1, -2.5f, 3, 18446744073709551615.0f, -9223372036854775808.0f,
+                            (float)1e-300, 1, -32768, 32767,
+                            0, 0, 8, 0, 9223372036854775807.0f, -INFINITY, 0, 7, -7,
+                            4, 5, 6, 7, 8, NAN, 0, 1, 2};
+    for (int i = 0; i < 27; ++i) {
+        if (isnan(want[i])) assert_true(isnan(d[i]));
+        else assert_true(d[i] == want[i]);
+    }
+    assert_true(signbit(d[9])); /* -0 stays negative zero */
+    spconv_point_cloud_destroy(pc);
+}
+
+#define PLY_ASCII_XYZ(n)                                                                     \
+    "ply\nformat ascii 1.0\nelement vertex " n "\nproperty float x\nproperty float y\n" \
+    "property float z\n"
+
+static void test_ply_ascii_errors(void **state) {
+    /* the headers below are 7 lines and a line per extra property (the first vertex is line 8
+     * or 9) */
+    expect_read_fails(state, "int8.ply", PLY_ASCII_XYZ("2") "property char c\nend_header\n"
+                      "1 2 3 4\n1 2 3 300\n", "line 10: property 'c' value '300' does not fit "
+                      "char (int8)");
+    expect_read_fails(state, "uchar.ply", PLY_ASCII_XYZ("1") "property uchar red\nend_header\n"
+                      "1 2 3 -1\n", "line 9: property 'red' value '-1' does not fit uchar");
+    expect_read_fails(state, "garbage.ply", PLY_ASCII_XYZ("2") "property float i\nend_header\n"
+                      "1 2 3 4\n1 abc 3 4\n", "line 10: property 'y' value 'abc' is not a number"
+                      " of type float (float32)");
+    expect_read_fails(state, "short.ply", PLY_ASCII_XYZ("2") "property float i\nend_header\n"
+                      "1000 2000 3000\n1 2 3 4\n", "line 9: a row of element 'vertex' with fewer values");
+    expect_read_fails(state, "long.ply", PLY_ASCII_XYZ("2") "end_header\n1 2 3\n1 2 3 4\n",
+                      "line 9: a row of element 'vertex' with more values");
+    expect_read_fails(state, "rows.ply", PLY_ASCII_XYZ("2") "end_header\n"
+                      "100000 200000 300000\n", "the data ends after 1 of the 2 rows of element "
+                      "'vertex'");
+    expect_read_fails(state, "extra.ply", PLY_ASCII_XYZ("1") "end_header\n1 2 3\n4 5 6\n",
+                      "line 9: values after the last row");
+    const char *faces = PLY_ASCII_XYZ("3") "element face 1\nproperty list uchar int vertex_indices\n"
+                        "end_header\n1 2 3\n4 5 6\n7 8 9\n";
+    char text[512];
+    snprintf(text, sizeof text, "%s3 0 1 x\n", faces);
+    expect_read_fails(state, "face.ply", text, "line 13: property 'vertex_indices' value 'x' is "
+                      "not an integer of type int (int32)");
+    snprintf(text, sizeof text, "%s3 0 1\n", faces);
+    expect_read_fails(state, "face2.ply", text, "line 13: a row of element 'face' with fewer");
+    snprintf(text, sizeof text, "%s2 0 1 2\n", faces);
+    expect_read_fails(state, "face3.ply", text, "line 13: a row of element 'face' with more");
+    snprintf(text, sizeof text, "%s300 0 1 2\n", faces);
+    expect_read_fails(state, "face4.ply", text, "value '300' does not fit list (uint8)");
+}
+
+/* ---- PLY lists: refused in the vertex element (PCL aborted the process on them), read past in
+ * every other element ----------------------------------------------------------------------- */
+
+static void test_ply_vertex_lists_refused(void **state) {
+    static const struct {
+        const char *list, *data;
+    } cases[] = {
+        {"uint float", "1 2 3 2 0.5 0.5\n4 5 6 2 1 1\n"},
+        {"uchar int", "1 2 3 1 5\n4 5 6 1 7\n"},
+        {"uchar int", "1 2 3 1 5\n4 5 6 3 7 8 9\n"}, /* a length that varies: PCL asserted */
+        {"ushort int", "1 2 3 1 5\n4 5 6 1 7\n"},
+        {"int double", "1 2 3 0\n4 5 6 0\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        char text[512];
+        snprintf(text, sizeof text, PLY_ASCII_XYZ("2") "property list %s foo\nend_header\n%s",
+                 cases[i].list, cases[i].data);
+        expect_bad_file(state, "list.ply", text, NULL, 0,
+                        "line 7: property list 'foo' in element 'vertex' is not supported");
+    }
+    /* binary, the list before x */
+    static const unsigned char rows[] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         3, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    expect_bad_file(state, "blist.ply",
+                    "ply\nformat binary_little_endian 1.0\nelement vertex 2\n"
+                    "property list uchar uchar foo\nproperty float x\nproperty float y\n"
+                    "property float z\nend_header\n", rows, sizeof rows,
+                    "line 4: property list 'foo' in element 'vertex' is not supported");
+}
+
+static void put_le32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; ++i) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void test_ply_lists_in_other_elements(void **state) {
+    char path[PATH_CAP];
+    /* ascii: faces, a list-only element of its own, a camera with a ushort-counted list, and an
+     * indented obj_info line (PCL asserted on that one) */
+    write_text(scratch_path(state, "mesh.ply", path),
+               "ply\nformat ascii 1.0\n obj_info made by test_io\nelement vertex 3\n"
+               "property float x\nproperty float y\nproperty float z\n"
+               "element face 2\nproperty list uchar int vertex_indices\nproperty uchar flags\n"
+               "element thing 1\nproperty list int float values\n"
+               "element camera 1\nproperty list ushort double k\nproperty float f\n"
+               "end_header\n1 2 3\n4 5 6\n7 8 9\n3 0 1 2 7\n0 255\n4 1.5 nan -2 1e3\n0 1\n");
+    spconv_point_cloud *pc = read_cloud(path, 0);
+    static const char *const xyz[] = {"x", "y", "z"};
+    assert_fields(pc, xyz, 3);
+    const float want[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    assert_int_equal(spconv_point_cloud_num_points(pc), 3);
+    assert_memory_equal(cloud_data(pc), want, sizeof want);
+    spconv_point_cloud_destroy(pc);
+    /* binary little-endian: a face with a uint-counted list, an edge with a char-counted list,
+     * then the vertices, so that the lists must be read past exactly */
+    static const char header[] = "ply\nformat binary_little_endian 1.0\n"
+                                 "element face 1\nproperty list uint int vertex_indices\n"
+                                 "element edge 1\nproperty list char short v\nproperty uchar n\n"
+                                 "element vertex 2\nproperty float x\nproperty float y\n"
+                                 "property float z\nproperty uchar red\nend_header\n";
+    unsigned char file[sizeof header - 1 + 16 + 6 + 2 * 13];
+    unsigned char *p = file;
+    memcpy(p, header, sizeof header - 1);
+    p += sizeof header - 1;
+    put_le32(p, 3);
+    put_le32(p + 4, 0);
+    put_le32(p + 8, 1);
+    put_le32(p + 12, 1);
+    p += 16;
+    const unsigned char edge[6] = {2, 1, 0, 2, 0, 9};
+    memcpy(p, edge, sizeof edge);
+    p += sizeof edge;
+    const float v[6] = {1.5f, -2, 3, 4, 5, -6.25f};
+    for (int i = 0; i < 2; ++i, p += 13) {
+        memcpy(p, v + 3 * i, 12);
+        p[12] = (unsigned char)(100 + i);
+    }
+    assert_int_equal((size_t)(p - file), sizeof file);
+    assert_int_equal(spconv_test_write_bytes(scratch_path(state, "bin.ply", path), file,
+                                             sizeof file), 0);
+    pc = read_cloud(path, 0);
+    static const char *const xyzr[] = {"x", "y", "z", "r"};
+    assert_fields(pc, xyzr, 4);
+    const float want_bin[8] = {1.5f, -2, 3, 100, 4, 5, -6.25f, 101};
+    assert_int_equal(spconv_point_cloud_num_points(pc), 2);
+    assert_memory_equal(cloud_data(pc), want_bin, sizeof want_bin);
+    spconv_point_cloud_destroy(pc);
+    /* the same file cut inside the edge's list */
+    assert_int_equal(spconv_test_write_bytes(path, file, sizeof header - 1 + 16 + 3), 0);
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc),
+                        SPCONV_ERR_FORMAT, "need at least");
+    /* a negative list length */
+    file[sizeof header - 1 + 16] = 0xFF;
+    assert_int_equal(spconv_test_write_bytes(path, file, sizeof file), 0);
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc),
+                        SPCONV_ERR_FORMAT, "list 'v' of row 0 of element 'edge' has a negative "
+                        "length -1");
+    /* a list longer than the data */
+    file[sizeof header - 1 + 16] = 100;
+    assert_int_equal(spconv_test_write_bytes(path, file, sizeof file), 0);
+    SPCONV_ASSERT_FAILS(spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &pc),
+                        SPCONV_ERR_FORMAT, "the data ends inside list 'v' of row 0 of element "
+                        "'edge'");
+    assert_null(pc);
 }
 
 /* ---- everything else that can go wrong ------------------------------------------------------ */
@@ -826,6 +1218,15 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sniffed_formats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_parse_the_checked_bytes, setup, teardown),
+        cmocka_unit_test(test_cube_ply_values),
+        cmocka_unit_test_setup_teardown(test_pcl_rejection_is_silent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_regular_inputs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pcd_ascii_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pcd_ascii_values, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ply_ascii_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ply_vertex_lists_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ply_lists_in_other_elements, setup, teardown),
     };
     return cmocka_run_group_tests_name("io", tests, NULL, NULL);
 }

@@ -1,12 +1,15 @@
 /* `spconv voxelize` and `spconv info` (path in env SPCONV_TOOL, set by CTest): the .npy and .pcd
  * outputs held against the same computation through the C API, the summary, and the error exits
- * (status 2, one line on stderr naming the problem, no output folder left behind). */
+ * (status 2, one line on stderr naming the problem, no output folder left behind), hostile inputs
+ * included: named pipes, files PCL aborted on or printed its own lines about. */
 #define _XOPEN_SOURCE 700
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/run_tool.h"
 #include "common/test_files.h"
@@ -187,6 +190,77 @@ static void test_errors(void **state) {
     assert_false(spconv_test_exists(out));
 }
 
+
+/* Valid PLY files that PCL's reader aborted the process on (a vertex list, an indented obj_info)
+ * or printed lines of its own about (a face list it does not handle, beside our output): the tool
+ * answers with its one line or its summary, and nothing else on stderr. */
+static void test_ply_files_pcl_mishandled(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char path[PATH_CAP];
+    const char *xyz = "ply\nformat ascii 1.0\nelement vertex 2\nproperty float x\n"
+                      "property float y\nproperty float z\n";
+    char text[512];
+    snprintf(text, sizeof text, "%sproperty list uchar int foo\nend_header\n1 2 3 1 5\n"
+             "4 5 6 3 7 8 9\n", xyz);
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "list.ply", path), text, strlen(text)), 0);
+    const char *info[] = {"info", path, NULL};
+    spconv_tool_expect_usage_error(f, info,
+                                   "line 7: property list 'foo' in element 'vertex' is not "
+                                   "supported");
+    const char *voxelize[] = {"voxelize", path, "--voxel-size", "1,1,1", "--range", "0,0,0,9,9,9",
+                              NULL};
+    spconv_tool_expect_usage_error(f, voxelize, "property list 'foo'");
+    snprintf(text, sizeof text, "ply\nformat ascii 1.0\n obj_info indented\nelement vertex 2\n"
+             "property float x\nproperty float y\nproperty float z\nelement face 1\n"
+             "property list uchar int vertex_indices\nend_header\n1 2 3\n4 5 6\n2 0 1\n");
+    assert_int_equal(spconv_test_write_bytes(path, text, strlen(text)), 0);
+    assert_int_equal(spconv_tool_run(f, info), 0);
+    assert_non_null(strstr(f->out_text, "points        2 (0 NaN/inf dropped)"));
+    assert_string_equal(f->err_text, "");
+}
+
+/* ASCII PCD values that PCL read as zeros or wrapped, with exit status 0. */
+static void test_pcd_ascii_values_checked(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char path[PATH_CAP];
+    const char *text = "FIELDS x y z intensity\nSIZE 4 4 4 1\nTYPE F F F I\nPOINTS 2\n"
+                       "DATA ascii\n1 2 3 4\n1 2 3 300\n";
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "x.pcd", path), text, strlen(text)), 0);
+    const char *info[] = {"info", path, NULL};
+    spconv_tool_expect_usage_error(f, info, "line 7: field 'intensity' value '300' does not fit "
+                                            "I1 (int8)");
+    text = "FIELDS x y z\nPOINTS 2\nDATA ascii\n1 2 3\n1 two 3\n";
+    assert_int_equal(spconv_test_write_bytes(path, text, strlen(text)), 0);
+    spconv_tool_expect_usage_error(f, info, "line 5: field 'y' value 'two' is not a number");
+}
+
+/* A named pipe as any input: refused at once (it blocked the tool forever in fopen before; the
+ * alarm ends this test instead of letting it hang). */
+static void test_named_pipe_inputs(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    alarm(120);
+    char pipe[PATH_CAP], dir[PATH_CAP], file[PATH_CAP];
+    assert_int_equal(mkfifo(in_dir(f, "scan.pcd", pipe), 0600), 0);
+    const char *info[] = {"info", pipe, NULL};
+    spconv_tool_expect_usage_error(f, info, "is not a regular file (a named pipe)");
+    const char *voxelize[] = {"voxelize", pipe, "--voxel-size", "1,1,1", "--range", "0,0,0,9,9,9",
+                              NULL};
+    spconv_tool_expect_usage_error(f, voxelize, "is not a regular file (a named pipe)");
+    const char *run[] = {"run", pipe, "--out", in_dir(f, "out", dir), NULL};
+    spconv_tool_expect_usage_error(f, run, "is not a regular file (a named pipe)");
+    assert_false(spconv_test_exists(dir));
+    /* voxel files for `bench --input DIR`: regular indices, the features a pipe */
+    assert_int_equal(mkdir(in_dir(f, "voxels", dir), 0700), 0);
+    const int32_t row[4] = {0, 1, 2, 3};
+    assert_int_equal(spconv_test_write_bytes(spconv_test_join(dir, "spconv_test_indices.i32", file,
+                                                              PATH_CAP), row, sizeof row), 0);
+    assert_int_equal(mkfifo(spconv_test_join(dir, "spconv_test_features.f32", file, PATH_CAP),
+                            0600), 0);
+    const char *bench[] = {"bench", "--net", "basic", "--input", dir, "--repeat", "1", NULL};
+    spconv_tool_expect_usage_error(f, bench, "is not a regular file (a named pipe)");
+    alarm(0);
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -194,6 +268,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_voxelize_sample_scan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ply_files_pcl_mishandled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pcd_ascii_values_checked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_named_pipe_inputs, setup, teardown),
     };
     return cmocka_run_group_tests_name("pointcloud_cli", tests, NULL, NULL);
 }

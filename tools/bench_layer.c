@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "conv/conv_cpu.h"
+#include "io/pointcloud_file.h"
 #include "conv/conv_exec.h"
 #include "conv/gemm_peak.h"
 #include "spconv/spconv.h"
@@ -52,22 +53,19 @@ static double median(double *values, int n) {
     return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-/* The whole file, or NULL when it cannot be read; *bytes gets its size. */
+/* The whole file, or NULL when it cannot be read (a named pipe or device is refused by the
+ * library's opener rather than waited on); *bytes gets its size. */
 static void *read_file(const char *dir, const char *name, size_t *bytes) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *data = size > 0 ? malloc((size_t)size) : NULL;
-    if (data != NULL && fread(data, 1, (size_t)size, f) != (size_t)size) {
+    char *data = NULL;
+    *bytes = 0;
+    if (spconv__file_read_all("bench_layer", path, SIZE_MAX - 1, &data, bytes) != SPCONV_OK)
+        return NULL;
+    if (*bytes == 0) {
         free(data);
-        data = NULL;
+        return NULL;
     }
-    fclose(f);
-    *bytes = data != NULL ? (size_t)size : 0;
     return data;
 }
 

@@ -13,14 +13,22 @@
  *    5 for nuScenes `.pcd.bin` (x, y, z, intensity, ring). The column count is given, or taken
  *    from the name (".pcd.bin" -> 5, other ".bin" -> 4). A size that is not a whole number of
  *    records is SPCONV_ERR_FORMAT. Read natively, always available.
- *  - PCD (DATA ascii, binary, binary_compressed) and PLY (ascii, binary little/big endian) are
- *    read through PCL's I/O module when this build has PCL (SPCONV_HAVE_PCL in spconv/config.h);
- *    otherwise SPCONV_ERR_NOT_SUPPORTED. The header is validated before PCL sees the file
- *    (counts against the file size, field sizes and types), so a file that lies is
- *    SPCONV_ERR_FORMAT, not a crash. Fields of any numeric type become float32; a field with
- *    COUNT n > 1 becomes n columns "name_0" .. "name_{n-1}"; PCL's packed colour fields "rgb" /
- *    "rgba" become columns r, g, b (and a) in 0..255; padding fields named "_" are skipped.
- *    A cloud without x, y and z fields is SPCONV_ERR_FORMAT.
+ *  - PLY (ascii, binary little/big endian) and PCD `DATA ascii` are read natively, always
+ *    available; PCD `DATA binary` and `binary_compressed` are parsed by PCL's PCD reader when this
+ *    build has PCL (SPCONV_HAVE_PCL in spconv/config.h), otherwise SPCONV_ERR_NOT_SUPPORTED. A
+ *    file is read once, whole; its header is validated (counts against the file size, field
+ *    sizes and types) and its points are parsed from those same bytes, so a file that lies is
+ *    SPCONV_ERR_FORMAT, not a crash. ASCII values must parse as their declared type and fit it
+ *    ("nan" and "inf" are real values), and each point (each PLY row) is one line with exactly
+ *    its values: anything else is SPCONV_ERR_FORMAT naming the line and the field. PLY lists are
+ *    read past in every element but the vertex element, where a list is SPCONV_ERR_FORMAT
+ *    (a point is a fixed set of values). Fields of any numeric type become float32; a field with
+ *    COUNT n > 1 becomes n columns "name_0" .. "name_{n-1}"; packed colour fields "rgb" /
+ *    "rgba" become columns r, g, b (and a) in 0..255, as do PLY's uchar red, green, blue,
+ *    alpha; padding fields named "_" are skipped. A cloud without x, y and z fields is
+ *    SPCONV_ERR_FORMAT.
+ *  - An input that is not a regular file (a named pipe, a device, a directory) is SPCONV_ERR_IO
+ *    at once: inputs are opened without blocking and checked before anything is read.
  *
  * Every failure returns a status with a message (spconv_last_error()) naming the file and the
  * problem; nothing is leaked and *out stays NULL.
@@ -42,8 +50,8 @@ extern "C" {
 typedef enum spconv_cloud_format {
     SPCONV_CLOUD_AUTO = 0, /**< from the file name (.bin, .pcd, .ply), else from the content */
     SPCONV_CLOUD_BIN = 1,  /**< raw float32 records (KITTI .bin, nuScenes .pcd.bin) */
-    SPCONV_CLOUD_PCD = 2,  /**< PCL's PCD, through PCL */
-    SPCONV_CLOUD_PLY = 3   /**< PLY, through PCL */
+    SPCONV_CLOUD_PCD = 2,  /**< PCL's PCD (binary data through PCL, ascii natively) */
+    SPCONV_CLOUD_PLY = 3   /**< PLY, read natively */
 } spconv_cloud_format;
 
 typedef struct spconv_point_cloud spconv_point_cloud;
@@ -52,9 +60,10 @@ typedef struct spconv_point_cloud spconv_point_cloud;
  * Read the point cloud in @p path. @p format may be SPCONV_CLOUD_AUTO. @p bin_columns is the
  * number of float32 per point of a `.bin` file (>= 3), or 0 to take it from the name; it must be
  * 0 for the other formats. *out is owned by the caller (free with spconv_point_cloud_destroy).
- * Errors: SPCONV_ERR_IO (missing or unreadable file), SPCONV_ERR_FORMAT (malformed content,
- * truncated records, counts that disagree with the file size), SPCONV_ERR_NOT_SUPPORTED (PCD or
- * PLY without PCL), SPCONV_ERR_INVALID_ARGUMENT (bad @p format or @p bin_columns).
+ * Errors: SPCONV_ERR_IO (missing, unreadable or not a regular file), SPCONV_ERR_FORMAT
+ * (malformed content, truncated records, counts that disagree with the file size, ASCII values
+ * that do not parse or fit), SPCONV_ERR_NOT_SUPPORTED (binary PCD without PCL),
+ * SPCONV_ERR_INVALID_ARGUMENT (bad @p format or @p bin_columns).
  */
 spconv_status spconv_point_cloud_read(const char *path, spconv_cloud_format format,
                                       int bin_columns, spconv_point_cloud **out);

@@ -333,24 +333,11 @@ static spconv_status read_header(FILE *f, const char *path, int64_t file_size, n
     return st;
 }
 
+/* Through the library's one input opener: a named pipe or device is refused before any read. */
 static spconv_status open_for_reading(const char *path, FILE **out, int64_t *size) {
-    FILE *f = fopen(path, "rb");
-    SPCONV_RETURN_ERROR_IF(f == NULL, SPCONV_ERR_IO, "spconv_npy_read: cannot open '%s': %s", path,
-                           strerror(errno));
-    struct stat info;
-    const char *problem = NULL;
-    if (fstat(fileno(f), &info) != 0)
-        problem = strerror(errno);
-    else if (S_ISDIR(info.st_mode))
-        problem = strerror(EISDIR);
-    else if (!S_ISREG(info.st_mode))
-        problem = "not a regular file";
-    if (problem != NULL) {
-        fclose(f);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "spconv_npy_read: cannot read '%s': %s", path, problem);
-    }
-    *out = f;
-    *size = (int64_t)info.st_size;
+    uint64_t bytes = 0;
+    SPCONV_FORWARD_IF_ERROR(spconv__file_open_read("spconv_npy_read", path, out, &bytes));
+    *size = (int64_t)bytes;
     return SPCONV_OK;
 }
 

@@ -1,5 +1,6 @@
 /* Point clouds: the object, its accessors and the choice of reader for a file. */
 #include <ctype.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,32 +98,53 @@ static int starts_line(const char *head, const char *word) {
     return 0;
 }
 
-/* The format of a file without a telling name, from its first bytes. */
-static spconv_status sniff_format(const char *func, const char *path, spconv_cloud_format *format) {
-    char *head;
-    size_t len;
-    uint64_t size;
-    SPCONV_FORWARD_IF_ERROR(spconv__file_read_head(func, path, SNIFF_BYTES, &head, &len, &size));
+/* The format of a file without a telling name, from its first bytes (@p head is NUL-terminated;
+ * the search stops at the first NUL, binary data after a header is never looked at). */
+static spconv_status sniff_format(const char *func, const char *path, const char *head,
+                                  spconv_cloud_format *format) {
+    char first[SNIFF_BYTES + 1];
+    snprintf(first, sizeof first, "%s", head);
     *format = SPCONV_CLOUD_AUTO;
-    if (strncmp(head, "ply\n", 4) == 0 || strncmp(head, "ply\r\n", 5) == 0)
+    if (strncmp(first, "ply\n", 4) == 0 || strncmp(first, "ply\r\n", 5) == 0)
         *format = SPCONV_CLOUD_PLY;
-    else if (starts_line(head, "# .PCD") || starts_line(head, "VERSION") ||
-             starts_line(head, "FIELDS"))
+    else if (starts_line(first, "# .PCD") || starts_line(first, "VERSION") ||
+             starts_line(first, "FIELDS"))
         *format = SPCONV_CLOUD_PCD;
-    free(head);
     SPCONV_RETURN_ERROR_IF(*format == SPCONV_CLOUD_AUTO, SPCONV_ERR_FORMAT,
                            "%s: cannot tell the format of '%s' from its name or content (name "
                            "it .bin, .pcd or .ply, or pass the format)", func, path);
     return SPCONV_OK;
 }
 
-static spconv_status resolve_format(const char *func, const char *path, spconv_cloud_format *format) {
-    if (*format != SPCONV_CLOUD_AUTO) return SPCONV_OK;
+static void format_from_name(const char *path, spconv_cloud_format *format) {
+    if (*format != SPCONV_CLOUD_AUTO) return;
     if (ends_with(path, ".bin")) *format = SPCONV_CLOUD_BIN;
     else if (ends_with(path, ".pcd")) *format = SPCONV_CLOUD_PCD;
     else if (ends_with(path, ".ply")) *format = SPCONV_CLOUD_PLY;
-    else return sniff_format(func, path, format);
-    return SPCONV_OK;
+}
+
+/* A PCD or PLY file (or one to recognise): read once, whole, into memory; the format is told,
+ * the header checked and the points parsed from those same bytes, so nothing can change the file
+ * between the check and the parse. */
+static spconv_status read_text_format(const char *func, const char *path,
+                                      spconv_cloud_format format, int bin_columns,
+                                      spconv_point_cloud **out) {
+    SPCONV_RETURN_ERROR_IF(bin_columns != 0 && format != SPCONV_CLOUD_AUTO,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: bin_columns = %d is only for .bin files, '%s' is %s", func,
+                           bin_columns, path, format == SPCONV_CLOUD_PCD ? "PCD" : "PLY");
+    char *text;
+    size_t len;
+    SPCONV_FORWARD_IF_ERROR(spconv__file_read_all(func, path, UINT64_MAX, &text, &len));
+    spconv_status st = format == SPCONV_CLOUD_AUTO ? sniff_format(func, path, text, &format)
+                                                   : SPCONV_OK;
+    if (st == SPCONV_OK && bin_columns != 0)
+        st = spconv__error(SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: bin_columns = %d is only for .bin files, '%s' is %s", func,
+                           bin_columns, path, format == SPCONV_CLOUD_PCD ? "PCD" : "PLY");
+    if (st == SPCONV_OK) st = spconv__cloud_read_text(func, path, format, text, len, out);
+    free(text);
+    return st;
 }
 
 spconv_status spconv_point_cloud_read(const char *path, spconv_cloud_format format,
@@ -138,15 +160,12 @@ spconv_status spconv_point_cloud_read(const char *path, spconv_cloud_format form
                            SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: bin_columns = %d must be 0 (from the name) or in [3, %d]: a point "
                            "needs x, y, z", func, bin_columns, MAX_BIN_COLUMNS);
-    SPCONV_FORWARD_IF_ERROR(resolve_format(func, path, &format));
+    format_from_name(path, &format);
     if (format == SPCONV_CLOUD_BIN) {
         int columns = bin_columns > 0 ? bin_columns : ends_with(path, ".pcd.bin") ? 5 : 4;
         return spconv__cloud_read_bin(path, columns, out);
     }
-    SPCONV_RETURN_ERROR_IF(bin_columns != 0, SPCONV_ERR_INVALID_ARGUMENT,
-                           "%s: bin_columns = %d is only for .bin files, '%s' is %s", func,
-                           bin_columns, path, format == SPCONV_CLOUD_PCD ? "PCD" : "PLY");
-    return spconv__cloud_read_pcl(path, format, out);
+    return read_text_format(func, path, format, bin_columns, out);
 }
 
 /* ---- clouds made from tensors --------------------------------------------------------------- */

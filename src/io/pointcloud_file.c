@@ -1,4 +1,4 @@
-/* File helpers of the point-cloud readers and writers. */
+/* File helpers of the library's readers and writers (see pointcloud_file.h). */
 #define _POSIX_C_SOURCE 200809L
 
 #include "io/pointcloud_file.h"
@@ -13,28 +13,87 @@
 
 #include "core/error.h"
 
+/* What a non-regular file is, for the message. */
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a named pipe";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a file";
+}
+
 spconv_status spconv__file_open_read(const char *func, const char *path, FILE **file,
                                      uint64_t *size) {
     *file = NULL;
     *size = 0;
     SPCONV_CHECK_NOT_NULL(func, path);
     SPCONV_RETURN_ERROR_IF(path[0] == '\0', SPCONV_ERR_IO, "%s: the path is empty", func);
-    FILE *f = fopen(path, "rb");
-    SPCONV_RETURN_ERROR_IF(f == NULL, SPCONV_ERR_IO, "%s: cannot open '%s' (%s)", func, path,
+    /* fopen would block in open(2) on a named pipe without a writer; O_NONBLOCK makes that open
+     * return at once, O_NOCTTY keeps a terminal from becoming ours, and the type is checked on
+     * the descriptor (fstat, not stat on the name) so it belongs to what would be read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    SPCONV_RETURN_ERROR_IF(fd < 0, SPCONV_ERR_IO, "%s: cannot open '%s' (%s)", func, path,
                            strerror(errno));
-    /* fstat on the opened file, not stat on the name, so the size belongs to what we read. */
     struct stat info;
-    if (fstat(fileno(f), &info) != 0) {
-        int err = errno;
-        fclose(f);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot stat '%s' (%s)", func, path, strerror(err));
+    const char *problem = NULL;
+    int err = 0;
+    if (fstat(fd, &info) != 0) {
+        err = errno;
+        problem = "cannot stat";
+    } else if (!S_ISREG(info.st_mode)) {
+        close(fd);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: '%s' is not a regular file (%s)", func, path,
+                            file_kind(info.st_mode));
+    } else {
+        /* Regular files never block, but the stream should behave as an ordinary one. */
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+            err = errno;
+            problem = "cannot set up";
+        }
     }
-    if (!S_ISREG(info.st_mode)) {
-        fclose(f);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: '%s' is not a regular file", func, path);
+    FILE *f = problem == NULL ? fdopen(fd, "rb") : NULL;
+    if (problem == NULL && f == NULL) {
+        err = errno;
+        problem = "cannot open a stream on";
+    }
+    if (problem != NULL) {
+        close(fd);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: %s '%s' (%s)", func, problem, path, strerror(err));
     }
     *file = f;
     *size = (uint64_t)info.st_size;
+    return SPCONV_OK;
+}
+
+spconv_status spconv__file_read_all(const char *func, const char *path, uint64_t max_bytes,
+                                    char **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    FILE *f;
+    uint64_t size;
+    SPCONV_FORWARD_IF_ERROR(spconv__file_open_read(func, path, &f, &size));
+    if (size > max_bytes || size >= SIZE_MAX) {
+        fclose(f);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: '%s' has %" PRIu64 " bytes, more than the %" PRIu64
+                            " this reader takes", func, path, size, max_bytes);
+    }
+    char *buf = malloc((size_t)size + 1);
+    if (buf == NULL) {
+        fclose(f);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory for the %" PRIu64
+                            " bytes of '%s'", func, size, path);
+    }
+    spconv_status st = spconv__file_read_exact(func, path, f, buf, (size_t)size);
+    fclose(f);
+    if (st != SPCONV_OK) {
+        free(buf);
+        return st;
+    }
+    buf[size] = '\0';
+    *data = buf;
+    *len = (size_t)size;
     return SPCONV_OK;
 }
 

@@ -1,5 +1,6 @@
-/* File helpers of the point-cloud readers and writers: opening with precise messages, reading a
- * file's head, and writing through a temporary name so that a file appears whole or not at all. */
+/* File helpers of the library's readers and writers: the one way every input file is opened
+ * (never blocking, regular files only), reading a file's head or all of it, and writing through a
+ * temporary name so that a file appears whole or not at all. */
 #ifndef SPCONV_IO_POINTCLOUD_FILE_H
 #define SPCONV_IO_POINTCLOUD_FILE_H
 
@@ -9,10 +10,21 @@
 
 #include "spconv/status.h"
 
-/* Open the regular file @p path for reading and return its size. A missing, unreadable or
- * non-regular file is SPCONV_ERR_IO naming @p func and the path. */
+/* Open the regular file @p path for reading and return its size: the only way the library (and
+ * the tools) open an input. The open itself cannot block (O_NONBLOCK: opening a named pipe with
+ * no writer would wait forever, a tty could wait for a carrier) and is checked with fstat on the
+ * descriptor before anything is read, so a named pipe, device, socket or directory is refused
+ * without a single read. A missing, unreadable or non-regular file is SPCONV_ERR_IO naming
+ * @p func, the path and, for a non-regular file, its kind ("... is not a regular file (a named
+ * pipe)"). The stream is blocking again (O_NONBLOCK cleared) when returned. */
 spconv_status spconv__file_open_read(const char *func, const char *path, FILE **file,
                                      uint64_t *size);
+
+/* Read all of the regular file @p path (opened once, with spconv__file_open_read) into a new
+ * buffer of *len bytes plus a NUL after them (free with free()); more than @p max_bytes is
+ * SPCONV_ERR_IO. */
+spconv_status spconv__file_read_all(const char *func, const char *path, uint64_t max_bytes,
+                                    char **data, size_t *len);
 
 /* Read exactly @p nbytes from @p file into @p dst; a short read is SPCONV_ERR_IO. */
 spconv_status spconv__file_read_exact(const char *func, const char *path, FILE *file, void *dst,

@@ -2,6 +2,7 @@
 #ifndef SPCONV_IO_POINTCLOUD_IMPL_H
 #define SPCONV_IO_POINTCLOUD_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "spconv/io.h"
@@ -35,7 +36,10 @@ spconv_status spconv__cloud_host_f32(spconv_context *ctx, const char *func,
 
 /* Readers: each fills a new cloud from @p path, or returns a status with a message. */
 spconv_status spconv__cloud_read_bin(const char *path, int columns, spconv_point_cloud **out);
-spconv_status spconv__cloud_read_pcl(const char *path, spconv_cloud_format format,
-                                     spconv_point_cloud **out);
+/* A PCD or PLY file from all of its bytes @p text (@p len of them, NUL after them), as read
+ * once from @p path; messages name @p func and @p path. */
+spconv_status spconv__cloud_read_text(const char *func, const char *path,
+                                      spconv_cloud_format format, const char *text, size_t len,
+                                      spconv_point_cloud **out);
 
 #endif /* SPCONV_IO_POINTCLOUD_IMPL_H */

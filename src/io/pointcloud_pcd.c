@@ -48,6 +48,8 @@ typedef struct pcd_parser {
     int num_fields;
     uint8_t sizes[MAX_FIELDS];
     uint32_t counts[MAX_FIELDS];
+    char types[MAX_FIELDS];
+    spconv__span names[MAX_FIELDS];
     int has_xyz[3];
     spconv__pcd_header *h;
 } pcd_parser;
@@ -69,6 +71,8 @@ static spconv_status parse_fields(pcd_parser *ps, const char *cur, const char *e
             if (spconv__span_is(tok, (const char *[]){"x", "y", "z"}[a])) ps->has_xyz[a] = 1;
         ps->sizes[i] = 4; /* PCL's defaults for files that leave SIZE/TYPE/COUNT out */
         ps->counts[i] = 1;
+        ps->types[i] = 'F';
+        ps->names[i] = tok;
     }
     ps->num_fields = n;
     return SPCONV_OK;
@@ -106,6 +110,7 @@ static spconv_status parse_type(pcd_parser *ps, const char *cur, const char *end
                  (t == 'B' && size == 1);
         if (!ok) return line_error(ps, "a TYPE must be I or U (any SIZE), F (SIZE 4 or 8) or B "
                                        "(SIZE 1)");
+        ps->types[i] = t;
     }
     return SPCONV_OK;
 }
@@ -336,9 +341,21 @@ static spconv_status check_data_size(const pcd_parser *ps, const char *head, siz
     return SPCONV_OK;
 }
 
-spconv_status spconv__pcd_check(const char *func, const char *path, const char *head,
-                                size_t head_len, uint64_t file_size, spconv__pcd_header *out) {
+/* The fields as the parser recorded them, in a new array. */
+static spconv_status copy_fields(const pcd_parser *ps, spconv__pcd_field **fields) {
+    spconv__pcd_field *f = calloc((size_t)ps->num_fields, sizeof *f);
+    SPCONV_RETURN_ERROR_IF(f == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory", ps->func);
+    for (int i = 0; i < ps->num_fields; ++i)
+        f[i] = (spconv__pcd_field){ps->names[i], ps->types[i], ps->sizes[i], ps->counts[i]};
+    *fields = f;
+    return SPCONV_OK;
+}
+
+spconv_status spconv__pcd_check_fields(const char *func, const char *path, const char *head,
+                                       size_t head_len, uint64_t file_size,
+                                       spconv__pcd_header *out, spconv__pcd_field **fields) {
     memset(out, 0, sizeof *out);
+    if (fields != NULL) *fields = NULL;
     pcd_parser *ps = calloc(1, sizeof *ps);
     SPCONV_RETURN_ERROR_IF(ps == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
     ps->func = func;
@@ -348,8 +365,14 @@ spconv_status spconv__pcd_check(const char *func, const char *path, const char *
     spconv_status st = parse_lines(ps, head, head_len);
     if (st == SPCONV_OK) st = check_layout(ps);
     if (st == SPCONV_OK) st = check_data_size(ps, head, head_len, file_size);
+    if (st == SPCONV_OK && fields != NULL) st = copy_fields(ps, fields);
     free(ps);
     return st;
+}
+
+spconv_status spconv__pcd_check(const char *func, const char *path, const char *head,
+                                size_t head_len, uint64_t file_size, spconv__pcd_header *out) {
+    return spconv__pcd_check_fields(func, path, head, head_len, file_size, out, NULL);
 }
 
 const char *spconv__pcd_data_name(spconv__pcd_data data) {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io/pointcloud_text.h"
 #include "spconv/status.h"
 
 /* The header must end within this many bytes (PCL's own files use a few hundred). */
@@ -38,6 +39,32 @@ typedef struct spconv__pcd_header {
  * SPCONV_ERR_FORMAT with the line and problem otherwise. */
 spconv_status spconv__pcd_check(const char *func, const char *path, const char *head,
                                 size_t head_len, uint64_t file_size, spconv__pcd_header *out);
+
+/* One field as the header declares it. */
+typedef struct spconv__pcd_field {
+    spconv__span name;     /* inside the header text that was checked */
+    char type;             /* 'I', 'U', 'F' or 'B' (upper case) */
+    uint8_t size;          /* bytes of one value: 1, 2, 4 or 8 */
+    uint32_t count;        /* values of this field in a point */
+} spconv__pcd_field;
+
+/* spconv__pcd_check, and on success the h->num_fields fields in a new array *fields (free with
+ * free(); its names point into @p head). @p fields may be NULL. */
+spconv_status spconv__pcd_check_fields(const char *func, const char *path, const char *head,
+                                       size_t head_len, uint64_t file_size,
+                                       spconv__pcd_header *out, spconv__pcd_field **fields);
+
+struct spconv__native_cloud;
+
+/* The points of the ASCII PCD file @p text (@p len bytes, all of the file, whose header @p h and
+ * @p fields spconv__pcd_check_fields returned) parsed into @p out: every value must parse as its
+ * field's TYPE and fit its SIZE, every non-blank line after DATA is one point with exactly
+ * h->values values, and there are exactly POINTS such lines. SPCONV_ERR_FORMAT naming the line
+ * and the field otherwise. */
+spconv_status spconv__pcd_read_ascii(const char *func, const char *path, const char *text,
+                                     size_t len, const spconv__pcd_header *h,
+                                     const spconv__pcd_field *fields,
+                                     struct spconv__native_cloud *out);
 
 /* "ascii", "binary", "binary_compressed". */
 const char *spconv__pcd_data_name(spconv__pcd_data data);

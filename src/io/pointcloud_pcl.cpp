@@ -1,14 +1,16 @@
-// The PCL shim: PCD and PLY files read by PCL's I/O module into pcl::PCLPointCloud2, handed to C
-// as raw records plus field descriptions. No C++ exception crosses the C interface.
+// The PCL shim: binary PCD data parsed by PCL's PCD reader into pcl::PCLPointCloud2, handed to C
+// as raw records plus field descriptions. No C++ exception crosses the C interface, and PCL never
+// opens a file: it gets the bytes the C side read once and checked.
 #include "io/pointcloud_pcl.h"
 
 #include <pcl/PCLPointCloud2.h>
+#include <pcl/console/print.h>
 #include <pcl/io/pcd_io.h>
-#include <pcl/io/ply_io.h>
 
 #include <exception>
 #include <memory>
 #include <new>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,16 +41,47 @@ bool to_scalar(std::uint8_t datatype, spconv__scalar *out) {
     }
 }
 
-int read_file(const std::string &path, spconv_cloud_format format, pcl::PCLPointCloud2 &cloud) {
+// PCL reports its failures on stderr through its console; the library reports them as its own
+// one-line message, so PCL is silenced while it works (and its level restored after: the level is
+// the process's, and the host program may have set it).
+class QuietConsole {
+  public:
+    QuietConsole() : saved_(pcl::console::getVerbosityLevel()) {
+        pcl::console::setVerbosityLevel(pcl::console::L_ALWAYS);
+    }
+    ~QuietConsole() { pcl::console::setVerbosityLevel(saved_); }
+    QuietConsole(const QuietConsole &) = delete;
+    QuietConsole &operator=(const QuietConsole &) = delete;
+
+  private:
+    pcl::console::VERBOSITY_LEVEL saved_;
+};
+
+// The header from a stream over its own bytes, the body from the buffer: PCL's readHeader and
+// readBodyBinary are the two halves of PCDReader::read(path) without its open and mmap of the
+// path. The caller checked the header and that the buffer holds all the data it announces.
+int read_pcd(const char *text, std::size_t len, std::uint64_t data_offset,
+             pcl::PCLPointCloud2 &cloud, std::string &why) {
+    std::istringstream header(std::string(text, static_cast<std::size_t>(data_offset)));
     Eigen::Vector4f origin;
     Eigen::Quaternionf orientation;
-    int version = 0;
-    if (format == SPCONV_CLOUD_PCD) {
-        pcl::PCDReader reader;
-        return reader.read(path, cloud, origin, orientation, version);
+    int version = 0, data_type = 0;
+    unsigned int data_idx = 0;
+    pcl::PCDReader reader;
+    int rc = reader.readHeader(header, cloud, origin, orientation, version, data_type, data_idx);
+    if (rc != 0) {
+        why = "rejected its header";
+        return rc;
     }
-    pcl::PLYReader reader;
-    return reader.read(path, cloud, origin, orientation, version);
+    if (data_type == 0 || data_idx != data_offset || data_offset > len) {
+        why = "read its header differently (data type " + std::to_string(data_type) + " at byte " +
+              std::to_string(data_idx) + ")";
+        return -1;
+    }
+    rc = reader.readBodyBinary(reinterpret_cast<const unsigned char *>(text), cloud, version,
+                               data_type == 2, data_idx);
+    if (rc != 0) why = "rejected its data";
+    return rc;
 }
 
 spconv_status describe(const char *func, const char *path, PclCloud &holder,
@@ -78,16 +111,18 @@ spconv_status describe(const char *func, const char *path, PclCloud &holder,
 
 } // namespace
 
-extern "C" spconv_status spconv__pcl_read(const char *func, const char *path,
-                                          spconv_cloud_format format, spconv__raw_cloud *out) {
+extern "C" spconv_status spconv__pcl_read_pcd(const char *func, const char *path,
+                                              const char *text, size_t len, uint64_t data_offset,
+                                              spconv__raw_cloud *out) {
     *out = spconv__raw_cloud{};
-    const char *kind = format == SPCONV_CLOUD_PCD ? "PCD" : "PLY";
+    QuietConsole quiet;
     try {
         auto holder = std::make_unique<PclCloud>();
-        int rc = read_file(path, format, holder->cloud);
+        std::string why;
+        int rc = read_pcd(text, len, data_offset, holder->cloud, why);
         if (rc != 0)
-            return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's %s reader rejected '%s' (code %d)",
-                                 func, kind, path, rc);
+            return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's PCD reader %s of '%s' (code %d)",
+                                 func, why.c_str(), path, rc);
         spconv_status st = describe(func, path, *holder, out);
         if (st != SPCONV_OK) {
             *out = spconv__raw_cloud{};
@@ -101,12 +136,11 @@ extern "C" spconv_status spconv__pcl_read(const char *func, const char *path,
                              func, path);
     } catch (const std::exception &e) {
         *out = spconv__raw_cloud{};
-        return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's %s reader failed on '%s': %s", func,
-                             kind, path, e.what());
+        return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's PCD reader failed on '%s': %s", func,
+                             path, e.what());
     } catch (...) {
         *out = spconv__raw_cloud{};
-        return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's %s reader failed on '%s'", func, kind,
-                             path);
+        return spconv__error(SPCONV_ERR_FORMAT, "%s: PCL's PCD reader failed on '%s'", func, path);
     }
 }
 

@@ -1,6 +1,7 @@
-/* The C interface of the PCL shim (pointcloud_pcl.cpp, built only with PCL): a file read by PCL
- * into pcl::PCLPointCloud2, described as raw bytes plus fields, so that the conversion to float
- * (pointcloud_raw.c) is plain C that is built, tested and fuzzed everywhere. */
+/* The C interface of the PCL shim (pointcloud_pcl.cpp, built only with PCL): binary PCD data read
+ * by PCL into pcl::PCLPointCloud2, described as raw bytes plus fields, so that the conversion to
+ * float (pointcloud_raw.c) is plain C that is built, tested and fuzzed everywhere; the C readers
+ * of PLY and ASCII PCD (pointcloud_native.h) produce the same raw clouds. */
 #ifndef SPCONV_IO_POINTCLOUD_PCL_H
 #define SPCONV_IO_POINTCLOUD_PCL_H
 
@@ -46,13 +47,15 @@ typedef struct spconv__raw_cloud {
     void *owner; /* what the shim allocated; freed by spconv__pcl_free */
 } spconv__raw_cloud;
 
-/* Read the PCD or PLY file @p path through PCL into *out. Every C++ exception is caught and
- * becomes a status with a message naming @p func; PCL's own failure codes become
- * SPCONV_ERR_FORMAT. The caller validates the header first. */
-spconv_status spconv__pcl_read(const char *func, const char *path, spconv_cloud_format format,
-                               spconv__raw_cloud *out);
+/* Parse the binary or binary_compressed PCD file whose @p len bytes are @p text (all of it, as
+ * read once by the caller, which validated the header and that the data is long enough; the data
+ * starts at @p data_offset) with PCL's PCD reader into *out. PCL opens nothing and prints nothing.
+ * Every C++ exception is caught and becomes a status with a message naming @p func and @p path;
+ * PCL's own failure codes become SPCONV_ERR_FORMAT. */
+spconv_status spconv__pcl_read_pcd(const char *func, const char *path, const char *text,
+                                   size_t len, uint64_t data_offset, spconv__raw_cloud *out);
 
-/* Free what spconv__pcl_read allocated; a zeroed cloud is a no-op. */
+/* Free what spconv__pcl_read_pcd allocated; a zeroed cloud is a no-op. */
 void spconv__pcl_free(spconv__raw_cloud *cloud);
 
 /* Bytes of one value of @p type. */

@@ -6,9 +6,10 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "io/pointcloud_pcl.h"
 #include "io/pointcloud_text.h"
 
-#define MAX_ELEMENTS 64
+#define MAX_ELEMENTS SPCONV_PLY_MAX_ELEMENTS
 #define MAX_PROPERTIES 1024
 /* PCL keeps element counts in 32-bit signed integers. */
 #define MAX_COUNT ((uint64_t)INT32_MAX)
@@ -25,6 +26,7 @@ typedef struct ply_parser {
     int vertex;                       /* element index of "vertex", -1 */
     int has_xyz[3];
     spconv__ply_header *h;
+    spconv__ply_layout *layout;       /* what is recorded for the reader, or NULL */
 } ply_parser;
 
 static spconv_status line_error(const ply_parser *ps, const char *what) {
@@ -34,18 +36,51 @@ static spconv_status line_error(const ply_parser *ps, const char *what) {
                          "'%s': %s", ps->func, ps->path, ps->line_no, quoted, what);
 }
 
+static const struct ply_type {
+    const char *name;
+    unsigned size;
+    spconv__scalar scalar;
+} ply_types[] = {{"char", 1, SPCONV__I8},     {"uchar", 1, SPCONV__U8},   {"int8", 1, SPCONV__I8},
+                 {"uint8", 1, SPCONV__U8},    {"short", 2, SPCONV__I16},  {"ushort", 2, SPCONV__U16},
+                 {"int16", 2, SPCONV__I16},   {"uint16", 2, SPCONV__U16}, {"int", 4, SPCONV__I32},
+                 {"uint", 4, SPCONV__U32},    {"int32", 4, SPCONV__I32},  {"uint32", 4, SPCONV__U32},
+                 {"float", 4, SPCONV__F32},   {"float32", 4, SPCONV__F32}, {"double", 8, SPCONV__F64},
+                 {"float64", 8, SPCONV__F64}};
+
+/* The PLY scalar type named @p t, NULL for an unknown name. */
+static const struct ply_type *find_type(spconv__span t) {
+    for (size_t i = 0; i < sizeof ply_types / sizeof ply_types[0]; ++i)
+        if (spconv__span_is(t, ply_types[i].name)) return &ply_types[i];
+    return NULL;
+}
+
 /* Bytes of a PLY scalar type, 0 for an unknown name. */
 static unsigned type_size(spconv__span t) {
-    static const struct {
-        const char *name;
-        unsigned size;
-    } types[] = {{"char", 1},  {"uchar", 1},  {"int8", 1},    {"uint8", 1},  {"short", 2},
-                 {"ushort", 2}, {"int16", 2},  {"uint16", 2},  {"int", 4},    {"uint", 4},
-                 {"int32", 4},  {"uint32", 4}, {"float", 4},   {"float32", 4}, {"double", 8},
-                 {"float64", 8}};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; ++i)
-        if (spconv__span_is(t, types[i].name)) return types[i].size;
-    return 0;
+    const struct ply_type *type = find_type(t);
+    return type != NULL ? type->size : 0;
+}
+
+/* Record one property of the latest element for the reader. */
+static spconv_status record_property(ply_parser *ps, spconv__span name, spconv__span type,
+                                     spconv__span count_type, int is_list) {
+    spconv__ply_layout *l = ps->layout;
+    if (l == NULL) return SPCONV_OK;
+    if (l->num_properties == l->capacity) {
+        int capacity = l->capacity > 0 ? 2 * l->capacity : 16;
+        spconv__ply_property *grown = realloc(l->properties, (size_t)capacity * sizeof *grown);
+        SPCONV_RETURN_ERROR_IF(grown == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory",
+                               ps->func);
+        l->properties = grown;
+        l->capacity = capacity;
+    }
+    spconv__ply_property *p = &l->properties[l->num_properties++];
+    p->name = name;
+    p->type = find_type(type)->scalar;
+    p->count_type = is_list ? find_type(count_type)->scalar : p->type;
+    p->is_list = is_list;
+    p->type_name = type;
+    ++l->elements[ps->num_elements - 1].num_properties;
+    return SPCONV_OK;
 }
 
 static spconv_status parse_format(ply_parser *ps, const char *cur, const char *end) {
@@ -75,6 +110,10 @@ static spconv_status parse_element(ply_parser *ps, const char *cur, const char *
         return line_error(ps, "needs 'element <name> <count>' with a count in [0, 2^31)");
     int e = ps->num_elements++;
     ps->counts[e] = n;
+    if (ps->layout != NULL) {
+        ps->layout->num_elements = ps->num_elements;
+        ps->layout->elements[e] = (spconv__ply_element){name, n, ps->layout->num_properties, 0};
+    }
     if (spconv__span_is(name, "vertex")) {
         if (ps->vertex >= 0) return line_error(ps, "a second vertex element");
         ps->vertex = e;
@@ -99,9 +138,16 @@ static spconv_status parse_property(ply_parser *ps, const char *cur, const char 
         if (count_size == 0 || count_size == 8 || spconv__span_is(count_type, "float") ||
             spconv__span_is(count_type, "float32") || type_size(item_type) == 0)
             return line_error(ps, "a list needs an integer count type and a known item type");
+        /* A point is a fixed set of values; a list in the vertex element would make it vary from
+         * vertex to vertex (PCL asserts on that). Lists of other elements (faces) are skipped. */
+        if (e == ps->vertex)
+            SPCONV_RETURN_ERROR(SPCONV_ERR_FORMAT, "%s: '%s' line %d: property list '%.*s' in "
+                                "element 'vertex' is not supported (a point needs a fixed set of "
+                                "scalar properties)", ps->func, ps->path, ps->line_no,
+                                (int)name.n, name.p);
         /* An empty list still stores its count (binary) or one number (ascii). */
         ps->row_bytes[e] += ps->binary ? count_size : 2;
-        return SPCONV_OK;
+        return record_property(ps, name, item_type, count_type, 1);
     }
     if (tokens != 2) return line_error(ps, "needs 'property <type> <name>' or 'property list "
                                            "<count type> <item type> <name>'");
@@ -111,7 +157,7 @@ static spconv_status parse_property(ply_parser *ps, const char *cur, const char 
     ps->row_bytes[e] += ps->binary ? size : 2;
     for (int a = 0; a < 3 && e == ps->vertex; ++a)
         if (spconv__span_is(name, (const char *[]){"x", "y", "z"}[a])) ps->has_xyz[a] = 1;
-    return SPCONV_OK;
+    return record_property(ps, name, type, type, 0);
 }
 
 static spconv_status parse_line(ply_parser *ps, int *is_end) {
@@ -184,17 +230,42 @@ static spconv_status check_content(ply_parser *ps, uint64_t file_size) {
     return SPCONV_OK;
 }
 
-spconv_status spconv__ply_check(const char *func, const char *path, const char *head,
-                                size_t head_len, uint64_t file_size, spconv__ply_header *out) {
+spconv_status spconv__ply_check_layout(const char *func, const char *path, const char *head,
+                                       size_t head_len, uint64_t file_size,
+                                       spconv__ply_header *out, spconv__ply_layout **layout) {
     memset(out, 0, sizeof *out);
+    if (layout != NULL) *layout = NULL;
     ply_parser *ps = calloc(1, sizeof *ps);
-    SPCONV_RETURN_ERROR_IF(ps == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
+    spconv__ply_layout *l = layout != NULL ? calloc(1, sizeof *l) : NULL;
+    if (ps == NULL || (layout != NULL && l == NULL)) {
+        free(ps);
+        free(l);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory", func);
+    }
     ps->func = func;
     ps->path = path;
     ps->vertex = -1;
     ps->h = out;
+    ps->layout = l;
     spconv_status st = parse_lines(ps, head, head_len);
     if (st == SPCONV_OK) st = check_content(ps, file_size);
+    if (l != NULL) l->vertex = ps->vertex;
     free(ps);
-    return st;
+    if (st != SPCONV_OK) {
+        spconv__ply_layout_free(l);
+        return st;
+    }
+    if (layout != NULL) *layout = l;
+    return SPCONV_OK;
+}
+
+spconv_status spconv__ply_check(const char *func, const char *path, const char *head,
+                                size_t head_len, uint64_t file_size, spconv__ply_header *out) {
+    return spconv__ply_check_layout(func, path, head, head_len, file_size, out, NULL);
+}
+
+void spconv__ply_layout_free(spconv__ply_layout *layout) {
+    if (layout == NULL) return;
+    free(layout->properties);
+    free(layout);
 }

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli_args.h"
+#include "io/pointcloud_file.h"
 
 double net_now_ms(void) {
     struct timespec ts;
@@ -93,29 +94,23 @@ int net_input_is_voxels(const char *path) {
     return is_dir(path) || (!is_file(path) && is_file(probe));
 }
 
-/* The whole file @p path; *data is malloc'd (NULL for an empty file). */
+/* The whole file @p path; *data is malloc'd (NULL for an empty file). Opened through the
+ * library's input opener (the tool links the static library and sees its internal helpers), so a
+ * named pipe or device given as --input is refused instead of blocking the tool. */
 static int read_whole(const char *cmd, const char *path, void **data, size_t *bytes) {
     *data = NULL;
     *bytes = 0;
-    FILE *file = fopen(path, "rb");
-    if (file == NULL) return cli_error(cmd, "--input: cannot open '%s': %s", path, strerror(errno));
-    struct stat info;
-    int rc = 0;
-    if (fstat(fileno(file), &info) != 0 || !S_ISREG(info.st_mode)) {
-        rc = cli_error(cmd, "--input: '%s' is not a regular file", path);
-    } else if (info.st_size > 0) {
-        *data = malloc((size_t)info.st_size);
-        if (*data == NULL) rc = cli_error(cmd, "--input: out of memory for '%s'", path);
-        else if (fread(*data, 1, (size_t)info.st_size, file) != (size_t)info.st_size)
-            rc = cli_error(cmd, "--input: cannot read '%s'", path);
-        else *bytes = (size_t)info.st_size;
+    char *buf = NULL;
+    size_t len = 0;
+    spconv_status st = spconv__file_read_all("--input", path, SIZE_MAX - 1, &buf, &len);
+    if (st != SPCONV_OK) return cli_error(cmd, "%s", spconv_last_error());
+    if (len == 0) {
+        free(buf);
+        return 0;
     }
-    fclose(file);
-    if (rc != 0) {
-        free(*data);
-        *data = NULL;
-    }
-    return rc;
+    *data = buf;
+    *bytes = len;
+    return 0;
 }
 
 /* The files hold little-endian values; swap the bytes of each 4-byte word on a big-endian host. */
