@@ -134,6 +134,28 @@ static int write_existing_outputs(const char *dir) {
     return rc;
 }
 
+/* Valid or nearly valid point-cloud files that PCL used to abort on or misread into zeros. */
+static int write_point_cloud_files(const char *dir) {
+    static const char ply_head[] = "ply\nformat ascii 1.0\nelement vertex 2\n"
+                                   "property float x\nproperty float y\nproperty float z\n";
+    static const char pcd_head[] = "# .PCD v0.7\nVERSION 0.7\nFIELDS x y z i\nSIZE 4 4 4 1\n"
+                                   "TYPE F F F I\nCOUNT 1 1 1 1\nWIDTH 2\nHEIGHT 1\n"
+                                   "VIEWPOINT 0 0 0 1 0 0 0\nPOINTS 2\nDATA ascii\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%sproperty list uint float foo\nend_header\n1 2 3 1 0.5\n4 5 6 0\n",
+             ply_head);
+    int rc = write_text(dir, "vertex_list.ply", text);
+    snprintf(text, sizeof text, "%s1 2 3 4\n1 2 3 300\n", pcd_head);
+    if (rc == 0) rc = write_text(dir, "int8_300.pcd", text);
+    snprintf(text, sizeof text, "%s1 2 3 4\n1 zz 3 4\n", pcd_head);
+    if (rc == 0) rc = write_text(dir, "garbage_token.pcd", text);
+    snprintf(text, sizeof text, "%s1.25 2.25 3.25\n1 2 3 4\n", pcd_head);
+    if (rc == 0) rc = write_text(dir, "short_line.pcd", text);
+    snprintf(text, sizeof text, "%s1 2 3 4 5\n1 2 3 4\n", pcd_head);
+    if (rc == 0) rc = write_text(dir, "long_line.pcd", text);
+    return rc;
+}
+
 int hostile_corpus_write(const char *dir) {
     char path[HOSTILE_PATH_CAP];
     int rc = write_text(dir, HOSTILE_VICTIM, "a file that no command may touch\n");
@@ -148,6 +170,7 @@ int hostile_corpus_write(const char *dir) {
     if (rc == 0 && symlink("/dev/zero", path) != 0) rc = fail("cannot make the symlink", path);
     if (rc == 0) rc = write_weights_with_fifo(dir);
     if (rc == 0) rc = write_existing_outputs(dir);
+    if (rc == 0) rc = write_point_cloud_files(dir);
     return rc;
 }
 
@@ -156,6 +179,40 @@ int hostile_corpus_write(const char *dir) {
 #define SCAN_GRID "--voxel-size", "0.05,0.05,0.1", "--range", "0,-40,-3,70.4,40,1"
 
 static const hostile_case cases[] = {
+    /* 2. reading blocks forever: never open an input before knowing it is a regular file */
+    {"fifo-as-scan", "a named pipe as the scan", HOSTILE_REFUSED, "not a regular file",
+     {"info", "@/fifo.bin"}, 10, 0, NULL},
+    {"fifo-as-pcd", "a named pipe as a PCD scan", HOSTILE_REFUSED, "not a regular file",
+     {"voxelize", "@/fifo.pcd", SCAN_GRID, "--out", "@out"}, 10, 0, NULL},
+    {"fifo-as-npy", "a named pipe as an .npy input", HOSTILE_REFUSED, "not a regular file",
+     {"rulebook", "--indices", "@/fifo.npy", "--spatial-shape", "8,8,8", "--out", "@out"}, 10, 0,
+     NULL},
+    {"fifo-in-weights", "a named pipe inside a --weights folder", HOSTILE_REFUSED,
+     "not a regular file",
+     {"run", "@/scan.bin", "--net", "unet", "--weights", "@/weights_fifo", "--quiet", "--out",
+      "@out"}, 20, 0, NULL},
+    {"char-device-as-scan", "/dev/zero (through a symlink) as the scan", HOSTILE_REFUSED,
+     "not a regular file", {"voxelize", "@/zero.bin", SCAN_GRID, "--out", "@out"}, 10, 0, NULL},
+    {"folder-as-scan", "a folder as the scan", HOSTILE_REFUSED, "not a regular file",
+     {"info", "@/folder.bin"}, 10, 0, NULL},
+    {"folder-as-npy", "a folder as an .npy input", HOSTILE_REFUSED, "not a regular file",
+     {"conv", "--indices", "@/sites.npy", "--spatial-shape", "8,8,8", "--features",
+      "@/folder.npy", "--weight", "@/weight.npy", "--out", "@out"}, 10, 0, NULL},
+    /* 1. a valid PLY with a list property in its vertex element used to abort inside PCL */
+    {"ply-vertex-list", "a list property in the vertex element", HOSTILE_REFUSED,
+     "property list 'foo' in element 'vertex'",
+     {"run", "@/vertex_list.ply", "--net", "unet", "--quiet", "--out", "@out"}, 10, 0, NULL},
+    /* 9. ASCII PCD values that used to become zeros or wrap */
+    {"pcd-int8-300", "an int8 field of value 300", HOSTILE_REFUSED,
+     "line 13: field 'i' value '300' does not fit I1 (int8)",
+     {"voxelize", "@/int8_300.pcd", SCAN_GRID, "--out", "@out"}, 10, 0, NULL},
+    {"pcd-garbage-token", "a token that is not a number", HOSTILE_REFUSED,
+     "line 13: field 'y' value 'zz' is not a number",
+     {"info", "@/garbage_token.pcd"}, 10, 0, NULL},
+    {"pcd-short-line", "a data line with too few values", HOSTILE_REFUSED,
+     "line 12 has 3 values but a point has 4", {"info", "@/short_line.pcd"}, 10, 0, NULL},
+    {"pcd-long-line", "a data line with too many values", HOSTILE_REFUSED,
+     "line 12 has 5 values but a point has 4", {"info", "@/long_line.pcd"}, 10, 0, NULL},
     /* 6. allocate only what is produced: the [M, max_points, F] array is not made without --out */
     {"voxelize-huge-max-points", "--max-points 1048576 without --out", HOSTILE_SUCCEEDS, NULL,
      {"voxelize", "@/scan.bin", SCAN_GRID, "--max-points", "1048576"}, 20, 1024, NULL},
