@@ -405,6 +405,18 @@ static void test_run_errors(void **state) {
     spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", r10, NULL}, line);
     assert_string_equal(f->out_text, "");
     assert_int_equal(spconv_test_count_entries(r10), 1);
+    /* A scan of x, y, z only for a network that also takes the intensity: the networks that
+     * would take it are named. */
+    spconv_tensor *xyz = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 2,
+                                         (const int64_t[]){10, 3}, &xyz));
+    char xyz_path[PATH_CAP];
+    const char *const names[] = {"x", "y", "z"};
+    SPCONV_ASSERT_OK(spconv_pcd_write(NULL, in_dir(f, "xyz.pcd", xyz_path), xyz, names));
+    spconv_tensor_release(xyz);
+    snprintf(line, sizeof line, "spconv run: '%s' has 3 fields per point; --net second takes 4 "
+             "(x, y, z, intensity); networks that take at most 3: basic", xyz_path);
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", xyz_path, "--out", out, NULL}, line);
     /* No SCAN and the sample named by SPCONV_SAMPLE_SCAN is missing. */
     f->extra_env = "SPCONV_SAMPLE_SCAN=/nonexistent/sample.bin";
     spconv_tool_expect_usage_error(f, (const char *[]){"run", "--out", out, NULL},
