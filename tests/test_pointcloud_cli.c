@@ -164,12 +164,14 @@ static void test_errors(void **state) {
                              "--range", "0,0,0,1,1,1", "--out", out, NULL};
     spconv_tool_expect_usage_error(f, missing, "cannot open");
     const char *size0[] = {"voxelize", scan, "--voxel-size", "0,1,1", "--range", "0,0,0,1,1,1", NULL};
-    spconv_tool_expect_usage_error(f, size0, "spconv voxelize: --voxel-size: x = 0 must be positive");
+    spconv_tool_expect_usage_error(f, size0,
+                                   "spconv voxelize: --voxel-size: x = 0 must be positive");
     const char *negative[] = {"voxelize", scan, "--voxel-size", "1,1,-0.5", "--range",
                               "0,0,0,1,1,1", NULL};
     spconv_tool_expect_usage_error(f, negative, "--voxel-size: z = -0.5 must be positive");
     const char *range[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,5,0,1,1,1", NULL};
-    spconv_tool_expect_usage_error(f, range, "--range '0,5,0,1,1,1': YMIN 5 must be less than YMAX 1");
+    spconv_tool_expect_usage_error(f, range,
+                                   "--range '0,5,0,1,1,1': YMIN 5 must be less than YMAX 1");
     const char *range_x[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range",
                              "70,-40,-3,0,40,1", NULL};
     spconv_tool_expect_usage_error(f, range_x,

@@ -581,17 +581,20 @@ static void test_bench_npy_input_errors(void **state) {
     spconv_tensor *t = NULL;
     SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2,
                                              (const int64_t[]){N, 4}, rows, &t));
-    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
     spconv_tensor_release(t);
     SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, 2,
                                              (const int64_t[]){N, 2}, features, &t));
-    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(dir, "features.npy", path, PATH_CAP), t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "features.npy", path, PATH_CAP), t));
     snprintf(line, sizeof line, "spconv bench: --input: '%s' is f32 [4, 2]; --net basic takes "
              "floating [4, 3] (a row per index row, 3 channels)", path);
     spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "basic", "--input", dir,
                                                        NULL}, line);
     /* The features as indices: the dtype and shape are named. */
-    SPCONV_ASSERT_OK(spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
     spconv_tensor_release(t);
     snprintf(line, sizeof line, "spconv bench: --input: '%s' is f32 [4, 2]; it must be int32 or "
              "int64 [N, 4]", path);
@@ -611,7 +614,7 @@ static void test_bench_npy_input_errors(void **state) {
     assert_non_null(strstr(f->err_text, "second"));
 }
 
-/* ---- interrupted runs leave nothing ------------------------------------------------------------ */
+/* ---- interrupted runs leave nothing ----------------------------------------------------------- */
 
 /* Start the tool with @p args, its stderr on a pipe (*err_fd); returns the pid. */
 static pid_t start_tool(const fixture *f, const char *const *args, int *err_fd) {

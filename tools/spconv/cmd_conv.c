@@ -16,7 +16,9 @@ typedef struct layer_args {
     int64_t spatial_shape[3];
     int64_t batch_size; /* 0 until given: then 1 + the largest batch index */
     int64_t kernel[3];
-    const char *kernel_source; /* for messages: "--kernel", "the default" or the weight's shape */
+    /* Where the kernel came from, for messages: "--kernel", "the default kernel" or "the
+     * --weight kernel". */
+    const char *kernel_source;
     int64_t stride[3];
     int64_t padding[3];
     int64_t dilation[3];
@@ -101,8 +103,9 @@ static void add_geometry_options(layer_args *a, cli_option *opts, int *n, geomet
                                 .help = "stride (default 1)"};
     opts[(*n)++] = (cli_option){.name = "--padding", .kind = CLI_TRIPLE, .value = a->padding,
                                 .metavar = "P|PD,PH,PW", .min = 0, .max = COORD_MAX,
-                                .help = with_kind ? "padding (default 0; --subm uses (K/2)*dilation)"
-                                                  : "padding (default 0)"};
+                                .help = with_kind
+                                            ? "padding (default 0; --subm uses (K/2)*dilation)"
+                                            : "padding (default 0)"};
     opts[(*n)++] = (cli_option){.name = "--dilation", .kind = CLI_TRIPLE, .value = a->dilation,
                                 .metavar = "D|DD,DH,DW", .min = 1, .max = COORD_MAX,
                                 .help = "dilation (default 1)"};
