@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/run_tool.h"
 #include "common/test_files.h"
@@ -519,9 +520,13 @@ static void write_error_inputs(const fixture *f) {
         random_values(SPCONV_F32, 3, (const int64_t[3]){8, 3, 4}),
         random_values(SPCONV_F32, 1, (const int64_t[1]){5}),
         random_values(SPCONV_F32, 2, (const int64_t[2]){1, 1}),
+        random_values(SPCONV_F32, 2, (const int64_t[2]){4, 3}),
+        random_values(SPCONV_F32, 5, (const int64_t[5]){3, 3, 0, 3, 4}),
+        random_values(SPCONV_F32, 5, (const int64_t[5]){2, 2, 2, 3, 4}),
     };
-    const char *names[] = {NULL, NULL, "features.npy", "features_c5.npy", "weight.npy",
-                           "weight_f64.npy", "weight_kv8.npy", "bias_5.npy", "grad_1x1.npy"};
+    const char *names[] = {NULL,           NULL,           "features.npy",   "features_c5.npy",
+                           "weight.npy",   "weight_f64.npy", "weight_kv8.npy", "bias_5.npy",
+                           "grad_1x1.npy", "features_n4.npy", "weight_k0.npy",  "weight_k2.npy"};
     for (size_t i = 2; i < sizeof names / sizeof names[0]; ++i) save(f, names[i], tensors[i]);
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
         spconv_tensor_release(tensors[i]);
@@ -561,11 +566,30 @@ static const error_case error_cases[] = {
     {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
       "@weight_f64.npy", "--spatial-shape", "8,8,8"}, "dtype mismatch"},
     {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
-      "@weight_kv8.npy", "--spatial-shape", "8,8,8"}, "KV = the --kernel volume"},
+      "@weight_kv8.npy", "--spatial-shape", "8,8,8"},
+     "--weight: expected [KV, C_in, C_out] with KV = 27, the volume of the default kernel 3,3,3 "
+     "(or a 5-d weight), got f32 [8, 3, 4]"},
+    {{CONV_BASE, "--kernel", "2"},
+     "with KV = 8, the volume of --kernel 2,2,2 (or a 5-d weight), got f32 [27, 3, 4]"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features_n4.npy", "--weight",
+      "@weight.npy", "--spatial-shape", "8,8,8"},
+     "--features: expected f32 or f64 [N, C] with N = 20 (the --indices rows), got f32 [4, 3]"},
+    {{"maxpool", "--indices", "@indices.npy", "--features", "@features_n4.npy",
+      "--spatial-shape", "8,8,8"}, "with N = 20 (the --indices rows), got f32 [4, 3]"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_k0.npy", "--spatial-shape", "8,8,8"},
+     "--weight shape [3, 3, 0, 3, 4] gives kernel 3,3,0; each kernel size must be in [1, 255]"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_k0.npy", "--weight-layout", "oidhw", "--spatial-shape", "8,8,8"},
+     "--weight shape [3, 3, 0, 3, 4] gives kernel 0,3,4; each kernel size must be in [1, 255]"},
+    {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
+      "@weight_k2.npy", "--spatial-shape", "8,8,8", "--subm"},
+     "the --weight kernel 2,2,2: z = 2 is even; --subm needs odd kernel sizes"},
     {{"conv", "--indices", "@indices_oob.npy", "--features", "@features.npy", "--weight",
-      "@weight.npy", "--spatial-shape", "8,8,8"}, "indices row 3"},
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "/indices_oob.npy': indices row 3 = "},
     {{"conv", "--indices", "@indices_dup.npy", "--features", "@features.npy", "--weight",
-      "@weight.npy", "--spatial-shape", "8,8,8"}, "indices row 5 = "},
+      "@weight.npy", "--spatial-shape", "8,8,8"}, "/indices_dup.npy': indices row 5 = "},
+    {{CONV_BASE, "--batch-size", "1", "--subm"}, "/indices.npy': "},
     {{CONV_BASE, "--batch-size", "1", "--subm"}, "batch index 1 outside batch size 1"},
     {{CONV_BASE, "--bias", "@bias_5.npy"}, "--bias: expected f32 [C_out = 4], got f32 [5]"},
     {{CONV_BASE, "--grad-out", "@grad_1x1.npy"}, "--grad-out: expected f32 [N_out"},
@@ -588,7 +612,9 @@ static const error_case error_cases[] = {
     {{CONV_BASE, "--output-padding", "1"}, "--output-padding needs --transposed"},
     {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
       "@weight_kv8.npy", "--spatial-shape", "8,8,8", "--subm", "--kernel", "2"},
-     "needs odd kernels"},
+     "--kernel 2,2,2: z = 2 is even; --subm needs odd kernel sizes"},
+    {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--subm", "--kernel",
+      "3,3,4"}, "--kernel 3,3,4: x = 4 is even; --subm needs odd kernel sizes"},
     {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight", "@weight.npy",
       "--spatial-shape", "8,8,8"}, "missing --out DIR"},
     {{"conv", "--indices", "@indices.npy", "--weight", "@weight.npy", "--spatial-shape", "8,8,8"},
@@ -596,14 +622,19 @@ static const error_case error_cases[] = {
     {{"maxpool", "--indices", "@indices.npy", "--features", "@features.npy", "--spatial-shape",
       "8,8,8", "--subm"}, "unknown option '--subm'"},
     {{"maxpool", "--indices", "@indices_oob.npy", "--features", "@features.npy", "--spatial-shape",
-      "8,8,8"}, "indices row 3"},
+      "8,8,8"}, "/indices_oob.npy': indices row 3 = "},
     {{"maxpool", "--indices", "@indices.npy", "--features", "@features.npy", "--spatial-shape",
       "8,8,8", "--grad-out", "@grad_1x1.npy"}, "--grad-out: expected f32 [N_out"},
     {{"rulebook", "--indices", "@indices.npy"}, "missing --spatial-shape"},
     {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--kernel", "9"},
-     "output spatial shape is empty on axis 0"},
+     "--spatial-shape 8,8,8: on z, input 8 with kernel 9 (--kernel), stride 1, padding 0, "
+     "dilation 1 gives an output of 0, which is empty"},
     {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--transposed",
-      "--stride", "2", "--output-padding", "2"}, "output_padding[0] = 2"},
+      "--stride", "2", "--output-padding", "2"},
+     "--output-padding 2,2,2: z = 2 must be less than max(--stride 2, --dilation 1) = 2"},
+    {{"rulebook", "--indices", "@indices.npy", "--spatial-shape", "8,8,8", "--transposed",
+      "--stride", "2,2,3", "--output-padding", "0,0,3"},
+     "--output-padding 0,0,3: x = 3 must be less than max(--stride 3, --dilation 1) = 3"},
 };
 
 static void test_errors_exit_2_with_one_line_and_no_outputs(void **state) {
@@ -660,7 +691,94 @@ static void test_failed_output_leaves_nothing(void **state) {
     const char *args2[] = {CONV_BASE, "--out", "@not_a_folder"};
     for (size_t i = 0; i < sizeof args2 / sizeof args2[0]; ++i) arg_add(&a, f, "%s", args2[i]);
     assert_int_equal(run_tool(f, &a), 2);
-    assert_non_null(strstr(f->err_text, "is not a folder"));
+    assert_non_null(strstr(f->err_text, "not_a_folder' is a file, not a folder"));
+}
+
+/* The expected stderr of a command that must fail: status 2, this one line exactly. */
+static void expect_error_line(fixture *f, arglist *a, const char *line) {
+    int status = run_tool(f, a);
+    if (status != 2) fail_msg("exit status %d (expected 2), stderr: %s", status, f->err_text);
+    char want[4 * PATH_CAP];
+    snprintf(want, sizeof want, "%s\n", line);
+    assert_string_equal(f->err_text, want);
+}
+
+/* --out is judged before any input is read (here --indices does not even exist, so any later
+ * check would name it instead), and a failed check creates nothing. */
+static void test_out_checked_before_the_work(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    write_error_inputs(f);
+    char file[PATH_CAP], dir[PATH_CAP], line[3 * PATH_CAP], path[PATH_CAP];
+    spconv_test_join(f->dir, "not_a_folder", file, sizeof file);
+    const char *lazy[] = {"conv", "--indices", "@never.npy", "--features", "@features.npy",
+                          "--weight", "@weight.npy", "--spatial-shape", "8,8,8", "--out"};
+    /* A part of the path is a file. */
+    arglist a = {0};
+    for (size_t i = 0; i < sizeof lazy / sizeof lazy[0]; ++i) arg_add(&a, f, "%s", lazy[i]);
+    arg_add(&a, f, "@not_a_folder/sub/deeper");
+    snprintf(line, sizeof line, "spconv conv: --out '%s/sub/deeper': '%s' is a file, not a folder",
+             file, file);
+    expect_error_line(f, &a, line);
+    /* A folder nobody may write in, root included. */
+    a = (arglist){0};
+    for (size_t i = 0; i < sizeof lazy / sizeof lazy[0]; ++i) arg_add(&a, f, "%s", lazy[i]);
+    arg_add(&a, f, "/sys/kernel");
+    assert_int_equal(run_tool(f, &a), 2);
+    assert_non_null(strstr(f->err_text, "spconv conv: --out '/sys/kernel': cannot write in this "
+                                        "folder: "));
+    a = (arglist){0};
+    for (size_t i = 0; i < sizeof lazy / sizeof lazy[0]; ++i) arg_add(&a, f, "%s", lazy[i]);
+    arg_add(&a, f, "/proc/spconv-out");
+    expect_error_line(f, &a, "spconv conv: --out '/proc/spconv-out': cannot create it in '/proc': "
+                             "it takes no new entries");
+    /* A final name of this command taken by a folder: rulebook writes pairs.npy. */
+    spconv_test_join(f->dir, "rb", dir, sizeof dir);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(mkdir(spconv_test_join(dir, "pairs.npy", path, sizeof path), 0777), 0);
+    a = (arglist){0};
+    const char *rulebook[] = {"rulebook", "--indices", "@never.npy", "--spatial-shape", "8,8,8",
+                              "--out", "@rb"};
+    for (size_t i = 0; i < sizeof rulebook / sizeof rulebook[0]; ++i)
+        arg_add(&a, f, "%s", rulebook[i]);
+    snprintf(line, sizeof line, "spconv rulebook: --out '%s': '%s' is a folder", dir, path);
+    expect_error_line(f, &a, line);
+    assert_int_equal(spconv_test_count_entries(dir), 1);
+    /* grad_bias.npy is no output of a conv without --bias: a folder of that name is no obstacle. */
+    assert_int_equal(rmdir(path), 0);
+    assert_int_equal(mkdir(spconv_test_join(dir, "grad_bias.npy", path, sizeof path), 0777), 0);
+    a = (arglist){0};
+    const char *conv[] = {CONV_BASE, "--out", "@rb"};
+    for (size_t i = 0; i < sizeof conv / sizeof conv[0]; ++i) arg_add(&a, f, "%s", conv[i]);
+    assert_success(f, &a);
+    assert_int_equal(spconv_test_count_entries(dir), 3);
+}
+
+/* `spconv help CMD` is `spconv CMD --help`; the help of each command mentions only what it has. */
+static void test_help_command(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    arglist a = {0};
+    arg_add(&a, f, "help");
+    arg_add(&a, f, "maxpool");
+    assert_success(f, &a);
+    assert_non_null(strstr(f->out_text, "usage: spconv maxpool "));
+    /* maxpool has no weight and no --subm; rulebook has --subm but no weight. */
+    assert_null(strstr(f->out_text, "weight"));
+    assert_null(strstr(f->out_text, "--subm"));
+    a = (arglist){0};
+    arg_add(&a, f, "rulebook");
+    arg_add(&a, f, "--help");
+    assert_success(f, &a);
+    assert_null(strstr(f->out_text, "weight"));
+    assert_non_null(strstr(f->out_text, "--subm uses (K/2)*dilation"));
+    a = (arglist){0};
+    arg_add(&a, f, "help");
+    arg_add(&a, f, "conv");
+    assert_success(f, &a);
+    assert_non_null(strstr(f->out_text, "kernel size (default 3, or the 5-d weight's)"));
+    a = (arglist){0};
+    arg_add(&a, f, "help");
+    arg_add(&a, f, "x");
+    expect_error_line(f, &a, "spconv help: unknown command 'x' (see `spconv help`)");
 }
 
 int main(void) {
@@ -673,6 +791,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_errors_exit_2_with_one_line_and_no_outputs, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_failed_output_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_out_checked_before_the_work, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_help_command, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

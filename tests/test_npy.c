@@ -438,6 +438,24 @@ static void test_write_errors_leave_nothing(void **state) {
     path_of(s, "missing_folder/x.npy", path, sizeof path);
     SPCONV_ASSERT_FAILS(spconv_npy_write(NULL, path, t), SPCONV_ERR_IO, path);
     SPCONV_ASSERT_ERROR_CONTAINS(strerror(ENOENT));
+    /* The message names the file asked for and the folder at fault, never the temporary. */
+    char expected[3 * PATH_CAP], folder[PATH_CAP];
+    path_of(s, "missing_folder", folder, sizeof folder);
+    snprintf(expected, sizeof expected, "cannot create '%s': folder '%s' does not exist", path,
+             folder);
+    SPCONV_ASSERT_ERROR_CONTAINS(expected);
+    assert_null(strstr(spconv_last_error(), ".partial"));
+    assert_null(strstr(spconv_last_error(), "beside"));
+    /* A file where the folder should be. */
+    path_of(s, "plain_file", folder, sizeof folder);
+    FILE *plain = fopen(folder, "wb");
+    assert_non_null(plain);
+    fclose(plain);
+    path_of(s, "plain_file/x.npy", path, sizeof path);
+    SPCONV_ASSERT_FAILS(spconv_npy_write(NULL, path, t), SPCONV_ERR_IO, path);
+    snprintf(expected, sizeof expected, "cannot create '%s': '%s' is not a folder", path, folder);
+    SPCONV_ASSERT_ERROR_CONTAINS(expected);
+    assert_int_equal(remove(folder), 0);
 
     /* The target is a folder: the temporary is written, the rename fails, the temporary goes. */
     path_of(s, "folder.npy", path, sizeof path);

@@ -167,9 +167,18 @@ static void test_errors(void **state) {
                              "--range", "0,0,0,1,1,1", "--out", out, NULL};
     spconv_tool_expect_usage_error(f, missing, "cannot open");
     const char *size0[] = {"voxelize", scan, "--voxel-size", "0,1,1", "--range", "0,0,0,1,1,1", NULL};
-    spconv_tool_expect_usage_error(f, size0, "voxel size x = 0 must be positive");
+    spconv_tool_expect_usage_error(f, size0,
+                                   "spconv voxelize: --voxel-size: x = 0 must be positive");
+    const char *negative[] = {"voxelize", scan, "--voxel-size", "1,1,-0.5", "--range",
+                              "0,0,0,1,1,1", NULL};
+    spconv_tool_expect_usage_error(f, negative, "--voxel-size: z = -0.5 must be positive");
     const char *range[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,5,0,1,1,1", NULL};
-    spconv_tool_expect_usage_error(f, range, "range y = [5, 1] needs min < max");
+    spconv_tool_expect_usage_error(f, range,
+                                   "--range '0,5,0,1,1,1': YMIN 5 must be less than YMAX 1");
+    const char *range_x[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range",
+                             "70,-40,-3,0,40,1", NULL};
+    spconv_tool_expect_usage_error(f, range_x,
+                                   "--range '70,-40,-3,0,40,1': XMIN 70 must be less than XMAX 0");
     const char *huge[] = {"voxelize", scan, "--voxel-size", "1e-9,1,1", "--range", "0,0,0,100,1,1", NULL};
     spconv_tool_expect_usage_error(f, huge, "more than int32 coordinates hold");
     const char *points0[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,1,1,1",
@@ -187,6 +196,40 @@ static void test_errors(void **state) {
     spconv_tool_expect_usage_error(f, truncated, "not a whole number of 16-byte records");
     const char *info[] = {"info", cut, NULL};
     spconv_tool_expect_usage_error(f, info, "truncated");
+    /* --columns is judged in the CLI's words, before the file is even opened. */
+    char pcd[PATH_CAP], line[3 * PATH_CAP];
+    const char *columns_pcd[] = {"info", in_dir(f, "bunny.pcd", pcd), "--columns", "5", NULL};
+    snprintf(line, sizeof line, "spconv info: --columns 5: only a .bin file takes a column count; "
+             "'%s' is a PCD file", pcd);
+    spconv_tool_expect_usage_error(f, columns_pcd, line);
+    const char *columns_ply[] = {"voxelize", in_dir(f, "x.ply", pcd), "--voxel-size", "1,1,1",
+                                 "--range", "0,0,0,1,1,1", "--columns", "4", NULL};
+    spconv_tool_expect_usage_error(f, columns_ply, "/x.ply' is a PLY file");
+    /* --out: a part of the path is a file; checked before the scan is read. */
+    char under[PATH_CAP + 8];
+    snprintf(under, sizeof under, "%s/sub", scan);
+    const char *out_under_file[] = {"voxelize", in_dir(f, "never.bin", pcd), "--voxel-size",
+                                    "1,1,1", "--range", "0,0,0,1,1,1", "--out", under, NULL};
+    snprintf(line, sizeof line, "spconv voxelize: --out '%s': '%s' is a file, not a folder", under,
+             scan);
+    spconv_tool_expect_usage_error(f, out_under_file, line);
+    assert_false(spconv_test_exists(out));
+}
+
+/* A --max-points that makes voxels.npy larger than the machine is refused with the size, exit 2,
+ * before anything is allocated or written. */
+static void test_voxelize_max_points_memory(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    /* 20000 points in 1 cm voxels: about 20000 voxels x 2^20 slots x 4 floats = 320 GiB. */
+    spconv_tensor_release(write_scan(f, "scan.bin", 20000));
+    char scan[PATH_CAP], out[PATH_CAP];
+    const char *args[] = {"voxelize", in_dir(f, "scan.bin", scan), "--voxel-size", "0.01,0.01,0.01",
+                          "--range", "-80,-80,-10,80,80,10", "--max-points", "1048576", "--out",
+                          in_dir(f, "v5", out), NULL};
+    spconv_tool_expect_usage_error(f, args, "spconv voxelize: --max-points 1048576: voxels.npy "
+                                            "would be [M = ");
+    assert_non_null(strstr(f->err_text, ", 1048576, 4] float32 = "));
+    assert_non_null(strstr(f->err_text, "GiB, more than this "));
     assert_false(spconv_test_exists(out));
 }
 
@@ -271,6 +314,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_ply_files_pcl_mishandled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pcd_ascii_values_checked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_named_pipe_inputs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_voxelize_max_points_memory, setup, teardown),
     };
     return cmocka_run_group_tests_name("pointcloud_cli", tests, NULL, NULL);
 }

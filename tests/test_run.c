@@ -5,11 +5,16 @@
  * output folder left behind). */
 #define _XOPEN_SOURCE 700
 
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/json_check.h"
 #include "common/png_read.h"
@@ -308,7 +313,8 @@ static void test_run_weights(void **state) {
     assert_int_equal(lines, zoo_layers("unet"));
     char last[64];
     snprintf(last, sizeof last, "layer %d/%d head ", lines, lines);
-    assert_non_null(strstr(f->err_text, "layer 1/"));
+    /* Marked as progress, so that no line looks like the one-line error of a failed command. */
+    assert_non_null(strstr(f->err_text, "spconv run: progress: layer 1/"));
     assert_non_null(strstr(f->err_text, last));
     spconv_tensor *output = read_npy(o_seed, "output.npy");
     assert_true(spconv_tensor_size(output, 0) > 1000); /* the comparisons below compare sites */
@@ -371,15 +377,46 @@ static void test_run_errors(void **state) {
     spconv_tool_expect_usage_error(f, with_weights, "head.weight");
     assert_int_equal(remove(param), 0);
     spconv_tool_expect_usage_error(f, with_weights, "head.weight");
+    /* Weights saved in RSCK read as OIDHW: the message lists the OIDHW shape alone. */
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--net", "unet", "--weights",
+                                                       weights, "--weight-layout", "oidhw",
+                                                       "--out", out, NULL},
+                                   "needs OIDHW [C_out, C_in, KD, KH, KW] = [");
+    assert_non_null(strstr(f->err_text, "(the layout asked for)"));
+    assert_null(strstr(f->err_text, "KRSC"));
+    assert_null(strstr(f->err_text, "RSCK"));
     spconv_tool_expect_usage_error(
         f, (const char *[]){"run", scan, "--weight-layout", "nhwc", NULL}, "--weight-layout");
     /* Outputs that cannot be written: a file where the folder should be, or above it. */
     assert_int_equal(spconv_test_write_bytes(in_dir(f, "a_file", file), "x", 1), 0);
     spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", file, NULL},
-                                   "not a folder");
+                                   "a_file' is a file, not a folder");
     spconv_test_join(file, "sub", under_file, sizeof under_file);
+    char line[3 * PATH_CAP];
+    snprintf(line, sizeof line, "spconv run: --out '%s': '%s' is a file, not a folder",
+             under_file, file);
     spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", under_file, NULL},
-                                   "a_file");
+                                   line);
+    /* A final name taken by a folder fails before the network runs: no layer table. */
+    char r10[PATH_CAP], picture[PATH_CAP];
+    assert_int_equal(mkdir(in_dir(f, "r10", r10), 0777), 0);
+    assert_int_equal(mkdir(spconv_test_join(r10, "picture.png", picture, PATH_CAP), 0777), 0);
+    snprintf(line, sizeof line, "spconv run: --out '%s': '%s' is a folder", r10, picture);
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", scan, "--out", r10, NULL}, line);
+    assert_string_equal(f->out_text, "");
+    assert_int_equal(spconv_test_count_entries(r10), 1);
+    /* A scan of x, y, z only for a network that also takes the intensity: the networks that
+     * would take it are named. */
+    spconv_tensor *xyz = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 2,
+                                         (const int64_t[]){10, 3}, &xyz));
+    char xyz_path[PATH_CAP];
+    const char *const names[] = {"x", "y", "z"};
+    SPCONV_ASSERT_OK(spconv_pcd_write(NULL, in_dir(f, "xyz.pcd", xyz_path), xyz, names));
+    spconv_tensor_release(xyz);
+    snprintf(line, sizeof line, "spconv run: '%s' has 3 fields per point; --net second takes 4 "
+             "(x, y, z, intensity); networks that take at most 3: basic", xyz_path);
+    spconv_tool_expect_usage_error(f, (const char *[]){"run", xyz_path, "--out", out, NULL}, line);
     /* No SCAN and the sample named by SPCONV_SAMPLE_SCAN is missing. */
     f->extra_env = "SPCONV_SAMPLE_SCAN=/nonexistent/sample.bin";
     spconv_tool_expect_usage_error(f, (const char *[]){"run", "--out", out, NULL},
@@ -519,8 +556,129 @@ static void test_bench_errors(void **state) {
     spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--repeat", "0", NULL}, "--repeat");
     spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "x", NULL}, "--net");
     spconv_test_join(empty, "no/such/folder.json", json, PATH_CAP);
-    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL},
-                                   "folder.json");
+    char line[3 * PATH_CAP], folder[PATH_CAP];
+    snprintf(line, sizeof line, "spconv bench: --json '%s': folder '%s' does not exist", json,
+             spconv_test_join(empty, "no/such", folder, PATH_CAP));
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL}, line);
+    /* A file where the folder should be: refused before the timing, no temporary named. */
+    spconv_test_join(feat, "x.json", json, PATH_CAP);
+    snprintf(line, sizeof line, "spconv bench: --json '%s': '%s' is a file, not a folder", json,
+             feat);
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--json", json, NULL}, line);
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"bench", "--json", "/proc/bench.json", NULL},
+        "spconv bench: --json '/proc/bench.json': cannot write in folder '/proc': ");
+}
+
+/* .npy voxel files: what the file holds, and which network takes it. */
+static void test_bench_npy_input_errors(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    enum { N = 4 };
+    char dir[PATH_CAP], path[PATH_CAP], line[3 * PATH_CAP], raw[PATH_CAP];
+    assert_int_equal(mkdir(in_dir(f, "npy", dir), 0777), 0);
+    int32_t rows[4 * N] = {0, 1, 1, 1, 0, 2, 2, 2, 0, 3, 3, 3, 0, 4, 4, 4};
+    float features[4 * N] = {0};
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2,
+                                             (const int64_t[]){N, 4}, rows, &t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
+    spconv_tensor_release(t);
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, 2,
+                                             (const int64_t[]){N, 2}, features, &t));
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "features.npy", path, PATH_CAP), t));
+    snprintf(line, sizeof line, "spconv bench: --input: '%s' is f32 [4, 2]; --net basic takes "
+             "floating [4, 3] (a row per index row, 3 channels)", path);
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "basic", "--input", dir,
+                                                       NULL}, line);
+    /* The features as indices: the dtype and shape are named. */
+    SPCONV_ASSERT_OK(
+        spconv_npy_write(NULL, spconv_test_join(dir, "indices.npy", path, PATH_CAP), t));
+    spconv_tensor_release(t);
+    snprintf(line, sizeof line, "spconv bench: --input: '%s' is f32 [4, 2]; it must be int32 or "
+             "int64 [N, 4]", path);
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "basic", "--input", dir,
+                                                       NULL}, line);
+    /* Raw files with 4 channels per row, given to basic (3): said in channels, with the networks
+     * that take 4. */
+    assert_int_equal(mkdir(in_dir(f, "raw", raw), 0777), 0);
+    spconv_test_join(raw, "spconv_test_indices.i32", path, PATH_CAP);
+    assert_int_equal(spconv_test_write_bytes(path, rows, sizeof rows), 0);
+    spconv_test_join(raw, "spconv_test_features.f32", path, PATH_CAP);
+    assert_int_equal(spconv_test_write_bytes(path, features, sizeof features), 0);
+    snprintf(line, sizeof line, "spconv bench: --input: '%s' holds 4 float32 channels for each of "
+             "the 4 rows; --net basic takes 3; networks that take 4: ", path);
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--net", "basic", "--input", raw,
+                                                       NULL}, line);
+    assert_non_null(strstr(f->err_text, "second"));
+}
+
+/* ---- interrupted runs leave nothing ----------------------------------------------------------- */
+
+/* Start the tool with @p args, its stderr on a pipe (*err_fd); returns the pid. */
+static pid_t start_tool(const fixture *f, const char *const *args, int *err_fd) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], STDERR_FILENO);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, STDOUT_FILENO);
+        close(fds[0]);
+        const char *argv[32] = {f->tool};
+        for (int i = 0; args[i] != NULL && i < 30; ++i) argv[i + 1] = args[i];
+        execv(f->tool, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    *err_fd = fds[0];
+    return pid;
+}
+
+/* Interrupt @p pid and reap it; it must have died of the signal, not finished. */
+static void interrupt(pid_t pid, int err_fd) {
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT);
+    close(err_fd);
+}
+
+/* The output folder of run and the JSON temporary of bench are made only once the work is done:
+ * interrupted in the middle, neither leaves anything behind. */
+static void test_interrupted_leaves_nothing(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char scan[PATH_CAP], out[PATH_CAP], json[PATH_CAP];
+    small_scan(f, 5000, scan);
+    in_dir(f, "interrupted", out);
+    int err_fd;
+    /* Wait for the first layer's progress line: the network is running. */
+    pid_t pid = start_tool(f, (const char *[]){"run", scan, "--net", "unet", "--progress", "--out",
+                                               out, NULL}, &err_fd);
+    char text[4096] = "";
+    size_t used = 0;
+    while (strstr(text, "progress: layer 1/") == NULL && used + 1 < sizeof text) {
+        ssize_t n = read(err_fd, text + used, sizeof text - 1 - used);
+        assert_true(n > 0);
+        used += (size_t)n;
+        text[used] = '\0';
+    }
+    assert_false(spconv_test_exists(out));
+    interrupt(pid, err_fd);
+    assert_false(spconv_test_exists(out));
+    /* bench with far more passes than it can do before the signal. */
+    const int entries = spconv_test_count_entries(f->dir);
+    pid = start_tool(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat",
+                                         "100000", "--peak-size", "0", "--json",
+                                         in_dir(f, "bench.json", json), NULL}, &err_fd);
+    const struct timespec pause = {0, 500 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    assert_int_equal(waitpid(pid, NULL, WNOHANG), 0); /* still timing */
+    assert_int_equal(spconv_test_count_entries(f->dir), entries);
+    interrupt(pid, err_fd);
+    assert_int_equal(spconv_test_count_entries(f->dir), entries);
 }
 
 /* The JSON checker the bench tests rely on tells valid from invalid text. */
@@ -550,6 +708,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_bench_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_voxel_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_npy_input_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_interrupted_leaves_nothing, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

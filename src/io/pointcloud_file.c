@@ -149,6 +149,27 @@ static spconv_status check_target(const char *func, const char *path) {
     return SPCONV_OK;
 }
 
+/* Why the temporary beside @p path could not be made, in terms of @p path (the name the caller
+ * knows; the temporary is an implementation detail) and, where the cause lies there, of the
+ * folder it goes in. */
+static spconv_status creation_error(const char *func, const char *path, int err) {
+    const char *slash = strrchr(path, '/');
+    char folder[512];
+    if (slash == NULL) snprintf(folder, sizeof folder, ".");
+    else if (slash == path) snprintf(folder, sizeof folder, "/");
+    else snprintf(folder, sizeof folder, "%.*s", (int)(slash - path), path);
+    if (err == ENOENT)
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s': folder '%s' does not exist "
+                            "(%s)", func, path, folder, strerror(err));
+    if (err == ENOTDIR)
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s': '%s' is not a folder (%s)",
+                            func, path, folder, strerror(err));
+    if (err == EACCES)
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s': cannot write in folder '%s' "
+                            "(%s)", func, path, folder, strerror(err));
+    SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create '%s' (%s)", func, path, strerror(err));
+}
+
 spconv_status spconv__file_writer_open(const char *func, const char *path,
                                        spconv__file_writer *w) {
     memset(w, 0, sizeof *w);
@@ -176,15 +197,14 @@ spconv_status spconv__file_writer_open(const char *func, const char *path,
         free(w->temp_path);
         w->temp_path = NULL;
         spconv__file_writer_abort(w);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot create a file beside '%s' (%s)", func, path,
-                            strerror(err));
+        return creation_error(func, path, err);
     }
     w->file = fdopen(fd, "wb");
     if (w->file == NULL) {
         err = errno;
         close(fd);
         spconv__file_writer_abort(w);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot open a stream beside '%s' (%s)", func, path,
+        SPCONV_RETURN_ERROR(SPCONV_ERR_IO, "%s: cannot write '%s' (%s)", func, path,
                             strerror(err));
     }
     return SPCONV_OK;

@@ -164,6 +164,40 @@ static int weight_layout_of(const spconv_tensor *t, const spconv__net_layer *lay
     return -1;
 }
 
+/* The shapes a conv weight file may have in the layout asked for, and only those: naming a
+ * layout the user did not choose would send them to the wrong fix. */
+static spconv_status weight_shape_error(const char *func, const spconv__net_param *param,
+                                        const spconv__net_layer *layer, const spconv_tensor *file,
+                                        spconv_net_layout layout) {
+    const spconv_layer_desc *d = &layer->desc;
+    const int64_t *k = layer->params.kernel, ci = d->in_channels, co = d->out_channels;
+    char rsck5[128], krsc[128], oidhw[128];
+    snprintf(rsck5, sizeof rsck5, "[KD, KH, KW, C_in, C_out] = [%" PRId64 ", %" PRId64 ", %" PRId64
+             ", %" PRId64 ", %" PRId64 "]", k[0], k[1], k[2], ci, co);
+    snprintf(krsc, sizeof krsc, "KRSC [C_out, KD, KH, KW, C_in] = [%" PRId64 ", %" PRId64 ", %"
+             PRId64 ", %" PRId64 ", %" PRId64 "]", co, k[0], k[1], k[2], ci);
+    snprintf(oidhw, sizeof oidhw, "OIDHW [C_out, C_in, KD, KH, KW] = [%" PRId64 ", %" PRId64 ", %"
+             PRId64 ", %" PRId64 ", %" PRId64 "]", co, ci, k[0], k[1], k[2]);
+    /* Kept whole: .text of the returned temporary would not outlive this statement. */
+    const spconv__conv_text rsck3 = spconv__shape_text(param->value);
+    char needs[512];
+    switch (layout) {
+    case SPCONV_NET_LAYOUT_RSCK:
+        snprintf(needs, sizeof needs, "RSCK %s or %s (the layout asked for)", rsck3.text, rsck5);
+        break;
+    case SPCONV_NET_LAYOUT_KRSC:
+        snprintf(needs, sizeof needs, "%s (the layout asked for)", krsc);
+        break;
+    case SPCONV_NET_LAYOUT_OIDHW:
+        snprintf(needs, sizeof needs, "%s (the layout asked for)", oidhw);
+        break;
+    default: snprintf(needs, sizeof needs, "RSCK %s or %s, or %s", rsck3.text, rsck5, krsc); break;
+    }
+    SPCONV_RETURN_ERROR(SPCONV_ERR_SHAPE_MISMATCH,
+                        "%s: parameter '%s' has shape %s, but layer '%s' needs %s", func,
+                        param->name, spconv__shape_text(file).text, d->name, needs);
+}
+
 /* A conv weight file in RSCK [KV, C_in, C_out] (*out: a new reference). */
 static spconv_status conv_weight_to_rsck(spconv_context *ctx, const char *func,
                                          const spconv__net_param *param,
@@ -182,15 +216,7 @@ static spconv_status conv_weight_to_rsck(spconv_context *ctx, const char *func,
         spconv_status st = spconv_weight_to_rsck(ctx, file, (spconv_weight_layout)found, NULL, out);
         return st == SPCONV_OK ? st : param_error(st, func, param->name);
     }
-    const spconv_layer_desc *d = &layer->desc;
-    const int64_t *k = layer->params.kernel;
-    SPCONV_RETURN_ERROR(SPCONV_ERR_SHAPE_MISMATCH,
-                        "%s: parameter '%s' has shape %s, but layer '%s' needs RSCK %s or KRSC "
-                        "[%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]%s",
-                        func, param->name, spconv__shape_text(file).text, d->name,
-                        spconv__shape_text(param->value).text, d->out_channels, k[0], k[1], k[2],
-                        d->in_channels,
-                        layout == SPCONV_NET_LAYOUT_AUTO ? "" : " in the layout asked for");
+    return weight_shape_error(func, param, layer, file, layout);
 }
 
 /* Read one parameter's file, check it and convert it to the network's dtype and layout. */

@@ -318,6 +318,14 @@ void cli_print_help(const cli_spec *spec, FILE *stream) {
 
 /* ---- .npy files ------------------------------------------------------------------------------ */
 
+void cli_describe_tensor(const spconv_tensor *t, char *buf, size_t cap) {
+    size_t used = (size_t)snprintf(buf, cap, "%s [", spconv_dtype_name(spconv_tensor_dtype(t)));
+    for (int i = 0; i < spconv_tensor_ndim(t) && used < cap; ++i)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "",
+                                 (long long)spconv_tensor_size(t, i));
+    if (used < cap) snprintf(buf + used, cap - used, "]");
+}
+
 int cli_read_npy(const char *cmd, const char *flag, const char *path, spconv_tensor **out) {
     spconv_status st = spconv_npy_read(path, out);
     return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, flag);
@@ -332,12 +340,136 @@ static char *copy_string(const char *text) {
     return copy;
 }
 
-int cli_outdir_check(const char *cmd, const char *dir) {
-    struct stat info;
+/* "'P' is a file, not a folder" (or "is not a folder" for a device, a socket ...). */
+static int not_a_folder(const char *cmd, const char *flag, const char *path, const char *prefix,
+                        const struct stat *info) {
+    return cli_error(cmd, "%s '%s': '%s' %s", flag, path, prefix,
+                     S_ISREG(info->st_mode) ? "is a file, not a folder" : "is not a folder");
+}
+
+/* Can this process make entries in folder @p dir? access() answers from the permission bits,
+ * which root bypasses, and knows nothing of file systems that refuse every new entry (/sys,
+ * /proc): so a probe folder is made and removed too. 0, or the errno that says why not. */
+static int folder_writable(const char *dir) {
+    if (access(dir, W_OK | X_OK) != 0) return errno;
+    size_t size = strlen(dir) + 64;
+    char *probe = malloc(size);
+    if (probe == NULL) return ENOMEM;
+    int err = 0;
+    for (unsigned attempt = 0; attempt < 100; ++attempt) {
+        snprintf(probe, size, "%s/.spconv-probe.%ld.%u", dir, (long)getpid(), attempt);
+        if (mkdir(probe, 0700) == 0) {
+            rmdir(probe);
+            err = 0;
+            break;
+        }
+        err = errno;
+        if (err != EEXIST) break;
+    }
+    free(probe);
+    return err;
+}
+
+/* What folder_writable's errno means for the user: a folder that exists but answers ENOENT to a
+ * new entry (/proc) is one that takes none. */
+static const char *why_not_writable(int err) {
+    return err == ENOENT ? "it takes no new entries" : strerror(err);
+}
+
+/* Walk @p path from its first component down: every part that exists must be a folder. The
+ * deepest existing one goes to *ancestor (malloc'd; "." or "/" when none does); *whole says
+ * whether @p path itself exists. Messages name "@p flag '@p shown'". */
+static int nearest_folder(const char *cmd, const char *flag, const char *shown, const char *path,
+                          char **ancestor, int *whole) {
+    *ancestor = NULL;
+    *whole = 0;
+    char *buf = copy_string(path);
+    char *found = copy_string(path[0] == '/' ? "/" : ".");
+    if (buf == NULL || found == NULL) {
+        free(buf);
+        free(found);
+        return cli_error(cmd, "out of memory");
+    }
+    int rc = 0;
+    size_t len = strlen(buf);
+    for (size_t end = 1; end <= len; ++end) {
+        if (end < len && (buf[end] != '/' || buf[end - 1] == '/')) continue;
+        char saved = buf[end];
+        buf[end] = '\0';
+        struct stat info;
+        int exists = stat(buf, &info) == 0, err = errno;
+        if (exists && !S_ISDIR(info.st_mode)) rc = not_a_folder(cmd, flag, shown, buf, &info);
+        else if (!exists && err != ENOENT)
+            rc = cli_error(cmd, "%s '%s': cannot look at '%s': %s", flag, shown, buf,
+                           strerror(err));
+        if (exists && rc == 0) {
+            free(found);
+            found = copy_string(buf);
+            if (found == NULL) rc = cli_error(cmd, "out of memory");
+            *whole = end == len;
+        }
+        buf[end] = saved;
+        /* Below a missing part nothing exists: the rest is what would be created. */
+        if (rc != 0 || !exists) break;
+    }
+    free(buf);
+    if (rc != 0) free(found);
+    else *ancestor = found;
+    return rc;
+}
+
+int cli_outdir_check(const char *cmd, const char *dir, const char *const *names) {
     if (dir[0] == '\0') return cli_error(cmd, "--out: the path is empty");
-    if (stat(dir, &info) == 0 && !S_ISDIR(info.st_mode))
-        return cli_error(cmd, "--out '%s': exists and is not a folder", dir);
-    return 0;
+    char *ancestor;
+    int whole;
+    int rc = nearest_folder(cmd, "--out", dir, dir, &ancestor, &whole);
+    if (rc != 0) return rc;
+    int err = folder_writable(ancestor);
+    if (err != 0 && whole)
+        rc = cli_error(cmd, "--out '%s': cannot write in this folder: %s", dir,
+                       why_not_writable(err));
+    else if (err != 0)
+        rc = cli_error(cmd, "--out '%s': cannot create it in '%s': %s", dir, ancestor,
+                       why_not_writable(err));
+    free(ancestor);
+    /* A final name that is a folder would fail only at the commit, after all the work. */
+    for (int i = 0; rc == 0 && whole && names != NULL && names[i] != NULL; ++i) {
+        size_t size = strlen(dir) + strlen(names[i]) + 2;
+        char *path = malloc(size);
+        if (path == NULL) return cli_error(cmd, "out of memory");
+        snprintf(path, size, "%s/%s", dir, names[i]);
+        struct stat info;
+        if (lstat(path, &info) == 0 && S_ISDIR(info.st_mode))
+            rc = cli_error(cmd, "--out '%s': '%s' is a folder", dir, path);
+        free(path);
+    }
+    return rc;
+}
+
+int cli_outfile_check(const char *cmd, const char *flag, const char *path) {
+    if (path[0] == '\0') return cli_error(cmd, "%s: the path is empty", flag);
+    struct stat info;
+    if (stat(path, &info) == 0 && S_ISDIR(info.st_mode))
+        return cli_error(cmd, "%s '%s': it is a folder", flag, path);
+    /* The folder the file goes in: everything before the last '/' ("/" or "." if none). */
+    const char *slash = strrchr(path, '/');
+    size_t len = slash == NULL ? 1 : slash == path ? 1 : (size_t)(slash - path);
+    char *parent = malloc(len + 1);
+    if (parent == NULL) return cli_error(cmd, "out of memory");
+    memcpy(parent, slash == NULL ? "." : path, len);
+    parent[len] = '\0';
+    char *ancestor;
+    int whole;
+    int rc = nearest_folder(cmd, flag, path, parent, &ancestor, &whole);
+    if (rc == 0 && !whole)
+        rc = cli_error(cmd, "%s '%s': folder '%s' does not exist", flag, path, parent);
+    int err = rc == 0 ? folder_writable(parent) : 0;
+    if (err != 0)
+        rc = cli_error(cmd, "%s '%s': cannot write in folder '%s': %s", flag, path, parent,
+                       why_not_writable(err));
+    free(ancestor);
+    free(parent);
+    return rc;
 }
 
 /* mkdir one level of the path; record it when it is new. */
@@ -358,7 +490,7 @@ static int make_one_dir(cli_outdir *od, const char *path) {
 int cli_outdir_open(cli_outdir *od, const char *cmd, const char *dir) {
     memset(od, 0, sizeof *od);
     od->cmd = cmd;
-    int rc = cli_outdir_check(cmd, dir);
+    int rc = cli_outdir_check(cmd, dir, NULL);
     if (rc != 0) return rc;
     od->dir = copy_string(dir);
     size_t levels = 1;
@@ -398,16 +530,43 @@ int cli_outdir_path(cli_outdir *od, const char *name, const char **path) {
     return 0;
 }
 
+/* @p text with every occurrence of @p from replaced by @p to, cut to @p cap bytes. */
+static void replace_all(const char *text, const char *from, const char *to, char *out,
+                        size_t cap) {
+    size_t used = 0, from_len = strlen(from), to_len = strlen(to);
+    while (*text != '\0' && used + 1 < cap) {
+        const char *piece = strncmp(text, from, from_len) == 0 ? to : text;
+        size_t piece_len = piece == to ? to_len : 1;
+        if (used + piece_len >= cap) break;
+        memcpy(out + used, piece, piece_len);
+        used += piece_len;
+        text += piece == to ? from_len : 1;
+    }
+    out[used] = '\0';
+}
+
+int cli_outdir_write_error(const cli_outdir *od, const char *path, spconv_status status,
+                           const char *name) {
+    const char *detail = spconv_last_error();
+    if (detail[0] == '\0') detail = spconv_status_string(status);
+    char message[1024];
+    snprintf(message, sizeof message, "%s", detail);
+    /* The library names the hidden temporary it was handed; the user asked for the final name. */
+    for (int i = 0; i < od->num_files; ++i)
+        if (strcmp(od->temp_paths[i], path) == 0)
+            replace_all(detail, od->temp_paths[i], od->final_paths[i], message, sizeof message);
+    cli_error(od->cmd, "writing %s: %s", name, message);
+    int blames_input = (status >= 100 && status < 200) || (status >= 300 && status < 400);
+    return blames_input ? CLI_EXIT_USAGE : CLI_EXIT_FAILURE;
+}
+
 int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
                          const spconv_tensor *t) {
     const char *path;
     int rc = cli_outdir_path(od, name, &path);
     if (rc != 0) return rc;
     spconv_status st = spconv_npy_write(ctx, path, t);
-    if (st == SPCONV_OK) return 0;
-    char what[128];
-    snprintf(what, sizeof what, "writing %s", name);
-    return cli_status_error(od->cmd, st, what);
+    return st == SPCONV_OK ? 0 : cli_outdir_write_error(od, path, st, name);
 }
 
 /* Before any rename: no final name may be a folder (a rename over it fails half-way). */

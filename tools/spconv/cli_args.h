@@ -105,6 +105,9 @@ const cli_option *cli_find_option(const cli_spec *spec, const char *name);
 
 /* ---- .npy files ------------------------------------------------------------------------------ */
 
+/** "f32 [4, 2]": the dtype and shape of @p t, for messages. */
+void cli_describe_tensor(const spconv_tensor *t, char *buf, size_t cap);
+
 /** Read the .npy file @p path given by option @p flag into *out (a new reference). */
 int cli_read_npy(const char *cmd, const char *flag, const char *path, spconv_tensor **out);
 
@@ -129,9 +132,14 @@ typedef struct cli_outdir {
     int committed;
 } cli_outdir;
 
-/** Check that @p dir is a folder or can be one (without creating it): for an early error before
- *  a long computation. */
-int cli_outdir_check(const char *cmd, const char *dir);
+/** Check, before any work, that --out @p dir can receive the outputs: every part of the path
+ *  that exists is a folder, the nearest existing one is writable, and (when @p dir exists) none
+ *  of the NULL-terminated final @p names (may be NULL) inside it is a folder. Creates nothing. */
+int cli_outdir_check(const char *cmd, const char *dir, const char *const *names);
+
+/** The same check for one output file given by option @p flag (bench --json): not a folder, and
+ *  its folder exists and is writable. */
+int cli_outfile_check(const char *cmd, const char *flag, const char *path);
 
 /** Create @p dir and any missing parents. *od must be closed with cli_outdir_close, even when
  *  this fails. */
@@ -143,6 +151,12 @@ int cli_outdir_path(cli_outdir *od, const char *name, const char **path);
 /** Write @p t as the .npy output @p name. */
 int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
                          const spconv_tensor *t);
+
+/** Report a failed library write to @p path (a temporary from cli_outdir_path) of output
+ *  @p name, naming the final path wherever the library's message names the temporary. Returns
+ *  the exit status as cli_status_error does. */
+int cli_outdir_write_error(const cli_outdir *od, const char *path, spconv_status status,
+                           const char *name);
 
 /** Give every output its final name. Refuses (before renaming anything) when a final name is a
  *  folder. If a rename fails, every final name gets back what it held before: a file that was

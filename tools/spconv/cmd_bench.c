@@ -42,7 +42,7 @@ typedef struct bench_job {
     spconv_net *net;
     net_input input;
     spconv_tensor *grad; /* the fixed output gradient of --backward */
-    spconv__file_writer json; /* the JSON's temporary, opened before the timing */
+    spconv__file_writer json; /* the JSON's temporary, opened after the timing */
 } bench_job;
 
 /* ---- one pass --------------------------------------------------------------------------------- */
@@ -106,27 +106,26 @@ static int read_input(bench_job *job) {
     job->run.input = path;
     job->run.input_is_voxels = net_input_is_voxels(path);
     if (job->run.input_is_voxels)
-        return net_input_from_voxels(job->cmd, job->ctx, &job->run.zin, path, &job->input);
-    return net_input_from_scan(job->cmd, job->ctx, &job->run.zin, path, &job->input);
+        return net_input_from_voxels(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
+                                     &job->input);
+    return net_input_from_scan(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
+                               &job->input);
 }
 
 /* The JSON goes through the library's one file writer: a temporary created exclusively beside
- * FILE, opened now so that a bad path (a folder, a missing parent) fails before the timing, and
- * renamed over FILE at the end. */
-static int open_json(bench_job *job) {
-    spconv_status st = spconv__file_writer_open("--json", job->args.json, &job->json);
-    return st == SPCONV_OK ? 0 : cli_error(job->cmd, "%s", spconv_last_error());
-}
-
+ * FILE and renamed over it. The path is checked before the timing (cli_outfile_check) but the
+ * temporary is made only at the end, so that an interrupted bench leaves no file behind. */
 static int finish_json(bench_job *job) {
+    spconv_status st = spconv__file_writer_open("--json", job->args.json, &job->json);
+    if (st != SPCONV_OK) return cli_error(job->cmd, "%s", spconv_last_error());
     bench_report_json(&job->run, job->json.file);
-    spconv_status st = spconv__file_writer_commit("--json", &job->json);
+    st = spconv__file_writer_commit("--json", &job->json);
     return st == SPCONV_OK ? 0 : cli_error(job->cmd, "%s", spconv_last_error());
 }
 
 static int setup(bench_job *job) {
     const bench_args *a = &job->args;
-    int rc = a->json != NULL ? open_json(job) : 0;
+    int rc = a->json != NULL ? cli_outfile_check(job->cmd, "--json", a->json) : 0;
     spconv_status st = SPCONV_OK;
     if (rc == 0) st = spconv_zoo_input(job->run.net_name, &job->run.zin);
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
@@ -164,7 +163,7 @@ static int bench_steps(bench_job *job) {
     if (bench_report_capture_layers(&job->run, job->net) != 0)
         return cli_error(job->cmd, "out of memory for the report");
     bench_report_print(&job->run, stdout);
-    return job->json.file != NULL ? finish_json(job) : 0;
+    return job->args.json != NULL ? finish_json(job) : 0;
 }
 
 static void bench_free(bench_job *job) {

@@ -16,6 +16,9 @@ typedef struct layer_args {
     int64_t spatial_shape[3];
     int64_t batch_size; /* 0 until given: then 1 + the largest batch index */
     int64_t kernel[3];
+    /* Where the kernel came from, for messages: "--kernel", "the default kernel" or "the
+     * --weight kernel". */
+    const char *kernel_source;
     int64_t stride[3];
     int64_t padding[3];
     int64_t dilation[3];
@@ -29,6 +32,7 @@ typedef struct layer_args {
 /* What every command holds while it runs; released by job_free. */
 typedef struct layer_job {
     const char *cmd;
+    const char *out_names[6]; /* the files --out receives, NULL-terminated */
     layer_args args;
     cli_spec spec;
     spconv_conv_params params;
@@ -46,6 +50,7 @@ static void layer_args_init(layer_args *a) {
         a->stride[i] = 1;
         a->dilation[i] = 1;
     }
+    a->kernel_source = "the default kernel";
 }
 
 #define COORD_MAX ((int64_t)INT32_MAX)
@@ -75,18 +80,32 @@ static cli_option grad_out_option(const char **path) {
                         .help = "gradient of the output: run backward too"};
 }
 
-/* Append the geometry and output options to opts[*n]; @p with_kind adds --subm, --transposed
- * and --output-padding (not for pooling, whose geometry is always the regular one). */
-static void add_geometry_options(layer_args *a, cli_option *opts, int *n, int with_kind) {
+/* Which command the geometry options are for: their help says only what that command has. */
+typedef enum geometry_for {
+    GEOMETRY_CONV,     /* conv: the kernel may come from a 5-d weight */
+    GEOMETRY_RULEBOOK, /* rulebook: --subm, --transposed, no weight */
+    GEOMETRY_POOL      /* maxpool: always the regular geometry */
+} geometry_for;
+
+#define KERNEL_MAX 255
+
+/* Append the geometry and output options of command @p cmd to opts[*n]: --subm, --transposed and
+ * --output-padding are not for pooling, whose geometry is always the regular one. */
+static void add_geometry_options(layer_args *a, cli_option *opts, int *n, geometry_for cmd) {
+    const int with_kind = cmd != GEOMETRY_POOL;
     opts[(*n)++] = (cli_option){.name = "--kernel", .kind = CLI_TRIPLE, .value = a->kernel,
-                                .metavar = "K|KD,KH,KW", .min = 1, .max = 255,
-                                .help = "kernel size (default 3, or the weight's)"};
+                                .metavar = "K|KD,KH,KW", .min = 1, .max = KERNEL_MAX,
+                                .help = cmd == GEOMETRY_CONV
+                                            ? "kernel size (default 3, or the 5-d weight's)"
+                                            : "kernel size (default 3)"};
     opts[(*n)++] = (cli_option){.name = "--stride", .kind = CLI_TRIPLE, .value = a->stride,
                                 .metavar = "S|SD,SH,SW", .min = 1, .max = COORD_MAX,
                                 .help = "stride (default 1)"};
     opts[(*n)++] = (cli_option){.name = "--padding", .kind = CLI_TRIPLE, .value = a->padding,
                                 .metavar = "P|PD,PH,PW", .min = 0, .max = COORD_MAX,
-                                .help = "padding (default 0; --subm uses (K/2)*dilation)"};
+                                .help = with_kind
+                                            ? "padding (default 0; --subm uses (K/2)*dilation)"
+                                            : "padding (default 0)"};
     opts[(*n)++] = (cli_option){.name = "--dilation", .kind = CLI_TRIPLE, .value = a->dilation,
                                 .metavar = "D|DD,DH,DW", .min = 1, .max = COORD_MAX,
                                 .help = "dilation (default 1)"};
@@ -128,7 +147,7 @@ static int check_flag_combinations(const layer_job *job) {
     if (a->subm && !equal3(a->stride, one))
         return cli_error(job->cmd, "--stride %lld,%lld,%lld: a submanifold conv has stride 1",
                          (long long)a->stride[0], (long long)a->stride[1], (long long)a->stride[2]);
-    return cli_outdir_check(job->cmd, a->out_dir);
+    return 0;
 }
 
 /* Fill job->params from the arguments once the kernel is final (it may come from a weight). */
@@ -154,12 +173,53 @@ static int make_params(layer_job *job) {
     return 0;
 }
 
-static void describe(const spconv_tensor *t, char *buf, size_t cap) {
-    size_t used = (size_t)snprintf(buf, cap, "%s [", spconv_dtype_name(spconv_tensor_dtype(t)));
-    for (int i = 0; i < spconv_tensor_ndim(t) && used < cap; ++i)
-        used += (size_t)snprintf(buf + used, cap - used, "%s%lld", i ? ", " : "",
-                                 (long long)spconv_tensor_size(t, i));
-    if (used < cap) snprintf(buf + used, cap - used, "]");
+static const char axis_names[3] = {'z', 'y', 'x'};
+
+/* One axis's output extent, as the rulebook builder computes it. */
+static int64_t output_size(const spconv_conv_params *p, int axis, int64_t in) {
+    const int64_t k = p->kernel[axis], s = p->stride[axis], pad = p->padding[axis],
+                  d = p->dilation[axis];
+    if (p->kind == SPCONV_CONV_SUBM) return in;
+    if (p->kind == SPCONV_CONV_TRANSPOSED)
+        return (in - 1) * s - 2 * pad + d * (k - 1) + 1 + p->output_padding[axis];
+    const int64_t span = in + 2 * pad - d * (k - 1) - 1; /* floor division, as PyTorch */
+    return span < 0 ? 0 : span / s + 1;
+}
+
+/* The geometry rules of the rulebook builder, checked here so that the message names the option
+ * and the axis rather than a library parameter (kernel[0], output_padding[2]). */
+static int check_geometry(const layer_job *job) {
+    const layer_args *a = &job->args;
+    const spconv_conv_params *p = &job->params;
+    for (int axis = 0; axis < 3; ++axis) {
+        const char name = axis_names[axis];
+        if (a->subm && p->kernel[axis] % 2 == 0)
+            return cli_error(job->cmd, "%s %lld,%lld,%lld: %c = %lld is even; --subm needs odd "
+                             "kernel sizes", a->kernel_source, (long long)p->kernel[0],
+                             (long long)p->kernel[1], (long long)p->kernel[2], name,
+                             (long long)p->kernel[axis]);
+        const int64_t limit = p->stride[axis] > p->dilation[axis] ? p->stride[axis]
+                                                                  : p->dilation[axis];
+        if (a->transposed && p->output_padding[axis] >= limit)
+            return cli_error(job->cmd, "--output-padding %lld,%lld,%lld: %c = %lld must be less "
+                             "than max(--stride %lld, --dilation %lld) = %lld",
+                             (long long)p->output_padding[0], (long long)p->output_padding[1],
+                             (long long)p->output_padding[2], name,
+                             (long long)p->output_padding[axis], (long long)p->stride[axis],
+                             (long long)p->dilation[axis], (long long)limit);
+        const int64_t size = output_size(p, axis, a->spatial_shape[axis]);
+        if (size <= 0 || size > COORD_MAX)
+            return cli_error(job->cmd, "--spatial-shape %lld,%lld,%lld: on %c, input %lld with "
+                             "kernel %lld (%s), stride %lld, padding %lld, dilation %lld gives an "
+                             "output of %lld, %s", (long long)a->spatial_shape[0],
+                             (long long)a->spatial_shape[1], (long long)a->spatial_shape[2], name,
+                             (long long)a->spatial_shape[axis], (long long)p->kernel[axis],
+                             a->kernel_source, (long long)p->stride[axis],
+                             (long long)p->padding[axis], (long long)p->dilation[axis],
+                             (long long)size,
+                             size <= 0 ? "which is empty" : "beyond int32 coordinates");
+    }
+    return 0;
 }
 
 /* A tensor must have @p ndim dims of @p sizes (entries < 0 match any size) and @p dtype (< 0:
@@ -172,8 +232,18 @@ static int require_tensor(const char *cmd, const char *flag, const spconv_tensor
     for (int i = 0; ok && i < ndim; ++i) ok = sizes[i] < 0 || sizes[i] == spconv_tensor_size(t, i);
     if (ok) return 0;
     char got[160];
-    describe(t, got, sizeof got);
+    cli_describe_tensor(t, got, sizeof got);
     return cli_error(cmd, "%s: expected %s, got %s", flag, expected, got);
+}
+
+/* --features: floating [N, C] with a row per --indices row. */
+static int require_features(const layer_job *job, const spconv_tensor *features) {
+    const int64_t n = spconv_tensor_size(job->indices, 0);
+    char expected[96];
+    snprintf(expected, sizeof expected, "f32 or f64 [N, C] with N = %lld (the --indices rows)",
+             (long long)n);
+    return require_tensor(job->cmd, "--features", features, -1, 2, (const int64_t[2]){n, -1},
+                          expected);
 }
 
 /* Read --indices, default the batch size, and make the context. */
@@ -199,9 +269,20 @@ static int load_sites(layer_job *job) {
 }
 
 static int build_rulebook(layer_job *job) {
+    int rc = check_geometry(job);
+    if (rc != 0) return rc;
     spconv_status st = spconv_rulebook_build(job->ctx, job->indices, job->args.spatial_shape,
                                              job->args.batch_size, &job->params, &job->rb);
-    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "building the rulebook");
+    if (st == SPCONV_OK) return 0;
+    if (st < 100 || st >= 200) return cli_status_error(job->cmd, st, "building the rulebook");
+    /* The geometry was checked above: what the builder still refuses is a row of --indices
+     * (outside the shape or the batch size, repeated). Its function name says nothing here. */
+    const char *detail = spconv_last_error();
+    static const char func[] = "spconv_rulebook_build: ";
+    if (strncmp(detail, func, sizeof func - 1) == 0) detail += sizeof func - 1;
+    cli_error(job->cmd, "--indices '%s': %s", job->args.indices_path,
+              detail[0] != '\0' ? detail : spconv_status_string(st));
+    return CLI_EXIT_USAGE;
 }
 
 static void job_free(layer_job *job) {
@@ -216,17 +297,22 @@ static int parse_job(layer_job *job, cli_option *opts, int num_opts, const char 
     job->spec = (cli_spec){.command = job->cmd, .summary = summary, .options = opts,
                            .num_options = num_opts, .epilog = epilog};
     if (!cli_parse(&job->spec, argc, argv, exit_status)) return 0;
+    if (given(job, "--kernel")) job->args.kernel_source = "--kernel";
     *exit_status = check_flag_combinations(job);
     return *exit_status == 0;
 }
 
-/* Write the outputs listed in names/tensors into --out, all or none. */
-static int write_outputs(const layer_job *job, int count, const char *const *names,
-                         spconv_tensor *const *tensors) {
+/* Before any file is read: --out can take job->out_names. */
+static int check_out(const layer_job *job) {
+    return cli_outdir_check(job->cmd, job->args.out_dir, job->out_names);
+}
+
+/* Write job->out_names[i] = tensors[i] into --out, all or none. */
+static int write_outputs(const layer_job *job, spconv_tensor *const *tensors) {
     cli_outdir od;
     int rc = cli_outdir_open(&od, job->cmd, job->args.out_dir);
-    for (int i = 0; rc == 0 && i < count; ++i)
-        rc = cli_outdir_write_npy(&od, job->ctx, names[i], tensors[i]);
+    for (int i = 0; rc == 0 && job->out_names[i] != NULL; ++i)
+        rc = cli_outdir_write_npy(&od, job->ctx, job->out_names[i], tensors[i]);
     if (rc == 0) rc = cli_outdir_commit(&od);
     cli_outdir_close(&od);
     return rc;
@@ -263,13 +349,18 @@ static int weight_to_rsck(conv_job *j) {
     const spconv_tensor *w = j->weight_given;
     spconv_weight_layout layout = layouts[j->layout];
     j->weight_ndim = spconv_tensor_ndim(w);
+    const int64_t *k = job->args.kernel;
     if (layout == SPCONV_WEIGHT_RSCK && j->weight_ndim == 3) {
-        int64_t kv = job->args.kernel[0] * job->args.kernel[1] * job->args.kernel[2];
+        int64_t kv = k[0] * k[1] * k[2];
         const int64_t sizes[3] = {kv, -1, -1};
         spconv_tensor_retain(j->weight_given);
         j->weight = j->weight_given;
+        char expected[160];
+        snprintf(expected, sizeof expected, "[KV, C_in, C_out] with KV = %lld, the volume of %s "
+                 "%lld,%lld,%lld (or a 5-d weight)", (long long)kv, job->args.kernel_source,
+                 (long long)k[0], (long long)k[1], (long long)k[2]);
         return require_tensor(job->cmd, "--weight", w, spconv_tensor_dtype(w), 3, sizes,
-                              "[KV, C_in, C_out] with KV = the --kernel volume (or 5-d)");
+                              expected);
     }
     if (j->weight_ndim != 5) {
         const char *expected = "5-d OIDHW [C_out, C_in, KD, KH, KW]";
@@ -277,6 +368,18 @@ static int weight_to_rsck(conv_job *j) {
         if (layout == SPCONV_WEIGHT_KRSC) expected = "5-d KRSC [C_out, KD, KH, KW, C_in]";
         return require_tensor(job->cmd, "--weight", w, spconv_tensor_dtype(w), 5,
                               (const int64_t[5]){-1, -1, -1, -1, -1}, expected);
+    }
+    /* Where the kernel sits in each layout's shape: RSCK [KD, KH, KW, ..], KRSC [C_out, KD, ..],
+     * OIDHW [C_out, C_in, KD, ..]. Checked here, as --kernel is, before the library sees it. */
+    const int first = layout == SPCONV_WEIGHT_RSCK ? 0 : layout == SPCONV_WEIGHT_KRSC ? 1 : 2;
+    const int64_t *shape = spconv_tensor_sizes(w);
+    for (int axis = 0; axis < 3; ++axis) {
+        if (shape[first + axis] >= 1 && shape[first + axis] <= KERNEL_MAX) continue;
+        return cli_error(job->cmd, "--weight shape [%lld, %lld, %lld, %lld, %lld] gives kernel "
+                         "%lld,%lld,%lld; each kernel size must be in [1, %d]",
+                         (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                         (long long)shape[3], (long long)shape[4], (long long)shape[first],
+                         (long long)shape[first + 1], (long long)shape[first + 2], KERNEL_MAX);
     }
     int64_t kernel[3];
     spconv_status st = spconv_weight_to_rsck(job->ctx, w, layout, kernel, &j->weight);
@@ -287,17 +390,15 @@ static int weight_to_rsck(conv_job *j) {
                          (long long)job->args.kernel[1], (long long)job->args.kernel[2],
                          (long long)kernel[0], (long long)kernel[1], (long long)kernel[2]);
     memcpy(job->args.kernel, kernel, sizeof kernel);
+    job->args.kernel_source = "the --weight kernel";
     return 0;
 }
 
 /* Features, weight and bias: read, shapes and dtypes checked against each other. */
 static int conv_load(conv_job *j) {
     layer_job *job = &j->base;
-    int64_t n = spconv_tensor_size(job->indices, 0);
     int rc = cli_read_npy(job->cmd, "--features", j->features_path, &j->features);
-    if (rc == 0)
-        rc = require_tensor(job->cmd, "--features", j->features, -1, 2, (const int64_t[2]){n, -1},
-                            "f32 or f64 [N, C] with N = the --indices rows");
+    if (rc == 0) rc = require_features(job, j->features);
     if (rc == 0) rc = cli_read_npy(job->cmd, "--weight", j->weight_path, &j->weight_given);
     if (rc != 0) return rc;
     spconv_dtype dtype = spconv_tensor_dtype(j->features);
@@ -375,18 +476,28 @@ static int conv_run(conv_job *j) {
     spconv_status st = spconv_conv_forward(job->ctx, job->rb, j->features, j->weight, j->bias,
                                            &j->out);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "forward");
-    const char *names[5] = {"indices.npy", "features.npy", "grad_features.npy",
-                            "grad_weight.npy", "grad_bias.npy"};
-    spconv_tensor *outputs[5] = {spconv_rulebook_out_indices(job->rb), j->out};
-    int count = 2;
     if (j->grad_out_path != NULL) {
         rc = conv_backward(j);
         if (rc != 0) return rc;
-        outputs[count++] = j->grad_features;
-        outputs[count++] = j->grad_weight;
-        if (j->grad_bias != NULL) outputs[count++] = j->grad_bias;
     }
-    return write_outputs(job, count, names, outputs);
+    /* In the order of conv_output_names. */
+    spconv_tensor *outputs[5] = {spconv_rulebook_out_indices(job->rb), j->out, j->grad_features,
+                                 j->grad_weight, j->grad_bias};
+    return write_outputs(job, outputs);
+}
+
+/* What conv writes: backward adds the gradients, a bias adds its gradient. */
+static void conv_output_names(conv_job *j) {
+    const char **names = j->base.out_names;
+    int n = 0;
+    names[n++] = "indices.npy";
+    names[n++] = "features.npy";
+    if (j->grad_out_path != NULL) {
+        names[n++] = "grad_features.npy";
+        names[n++] = "grad_weight.npy";
+        if (j->bias_path != NULL) names[n++] = "grad_bias.npy";
+    }
+    names[n] = NULL;
 }
 
 int spconv_cmd_conv(int argc, char **argv) {
@@ -405,14 +516,17 @@ int spconv_cmd_conv(int argc, char **argv) {
     opts[n++] = (cli_option){.name = "--bias", .kind = CLI_PATH, .value = &j.bias_path,
                              .metavar = "BIAS.npy", .help = "bias [C_out]"};
     opts[n++] = grad_out_option(&j.grad_out_path);
-    add_geometry_options(&j.base.args, opts, &n, 1);
+    add_geometry_options(&j.base.args, opts, &n, GEOMETRY_CONV);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D convolution: regular, --subm or --transposed.",
                   "writes DIR/indices.npy (int32 [N_out, 4]), DIR/features.npy ([N_out, C_out]);\n"
                   "with --grad-out also DIR/grad_features.npy, DIR/grad_weight.npy (the weight's\n"
                   "layout) and, with --bias, DIR/grad_bias.npy.",
-                  argc, argv, &status))
-        status = conv_run(&j);
+                  argc, argv, &status)) {
+        conv_output_names(&j);
+        status = check_out(&j.base);
+        if (status == 0) status = conv_run(&j);
+    }
     conv_job_free(&j);
     return status;
 }
@@ -438,24 +552,19 @@ static int pool_run(pool_job *j) {
     layer_job *job = &j->base;
     int rc = load_sites(job);
     if (rc == 0) rc = cli_read_npy(job->cmd, "--features", j->features_path, &j->features);
-    if (rc == 0)
-        rc = require_tensor(job->cmd, "--features", j->features, -1, 2,
-                            (const int64_t[2]){spconv_tensor_size(job->indices, 0), -1},
-                            "f32 or f64 [N, C] with N = the --indices rows");
+    if (rc == 0) rc = require_features(job, j->features);
     if (rc == 0) rc = make_params(job);
     if (rc == 0) rc = build_rulebook(job);
     if (rc != 0) return rc;
     spconv_status st = spconv_maxpool_forward(job->ctx, job->rb, j->features, &j->out,
                                               j->grad_out_path ? &j->argmax : NULL);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "forward");
-    const char *names[3] = {"indices.npy", "features.npy", "grad_features.npy"};
-    spconv_tensor *outputs[3] = {spconv_rulebook_out_indices(job->rb), j->out, NULL};
     if (j->grad_out_path != NULL) {
         rc = pool_backward(j);
         if (rc != 0) return rc;
-        outputs[2] = j->grad_features;
     }
-    return write_outputs(job, j->grad_out_path ? 3 : 2, names, outputs);
+    spconv_tensor *outputs[3] = {spconv_rulebook_out_indices(job->rb), j->out, j->grad_features};
+    return write_outputs(job, outputs);
 }
 
 int spconv_cmd_maxpool(int argc, char **argv) {
@@ -466,13 +575,19 @@ int spconv_cmd_maxpool(int argc, char **argv) {
     add_site_options(&j.base.args, opts, &n);
     opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C]");
     opts[n++] = grad_out_option(&j.grad_out_path);
-    add_geometry_options(&j.base.args, opts, &n, 0);
+    add_geometry_options(&j.base.args, opts, &n, GEOMETRY_POOL);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D max pooling (the regular conv geometry).",
                   "writes DIR/indices.npy (int32 [N_out, 4]), DIR/features.npy ([N_out, C]);\n"
                   "with --grad-out also DIR/grad_features.npy ([N, C]).",
-                  argc, argv, &status))
-        status = pool_run(&j);
+                  argc, argv, &status)) {
+        const char **names = j.base.out_names;
+        names[0] = "indices.npy";
+        names[1] = "features.npy";
+        names[2] = j.grad_out_path != NULL ? "grad_features.npy" : NULL;
+        status = check_out(&j.base);
+        if (status == 0) status = pool_run(&j);
+    }
     spconv_tensor *tensors[] = {j.features, j.out, j.argmax, j.grad_out, j.grad_features};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
         spconv_tensor_release(tensors[i]);
@@ -520,9 +635,8 @@ static int rulebook_run(layer_job *job, spconv_tensor **counts, spconv_tensor **
     if (rc == 0) rc = build_rulebook(job);
     if (rc == 0) rc = rulebook_tables(job, counts, pairs);
     if (rc != 0) return rc;
-    const char *names[3] = {"out_indices.npy", "counts.npy", "pairs.npy"};
     spconv_tensor *outputs[3] = {spconv_rulebook_out_indices(job->rb), *counts, *pairs};
-    return write_outputs(job, 3, names, outputs);
+    return write_outputs(job, outputs);
 }
 
 int spconv_cmd_rulebook(int argc, char **argv) {
@@ -531,15 +645,19 @@ int spconv_cmd_rulebook(int argc, char **argv) {
     cli_option opts[MAX_LAYER_OPTIONS];
     int n = 0;
     add_site_options(&job.args, opts, &n);
-    add_geometry_options(&job.args, opts, &n, 1);
+    add_geometry_options(&job.args, opts, &n, GEOMETRY_RULEBOOK);
     spconv_tensor *counts = NULL, *pairs = NULL;
     int status;
     if (parse_job(&job, opts, n, "The rulebook of a sparse conv: which input row feeds which "
                   "output row through each kernel offset.",
                   "writes DIR/out_indices.npy (int32 [N_out, 4]), DIR/counts.npy (int64 [KV]) and\n"
                   "DIR/pairs.npy (int64 [M, 3] rows (offset, in_row, out_row), grouped by offset).",
-                  argc, argv, &status))
-        status = rulebook_run(&job, &counts, &pairs);
+                  argc, argv, &status)) {
+        const char *names[] = {"out_indices.npy", "counts.npy", "pairs.npy", NULL};
+        memcpy(job.out_names, names, sizeof names);
+        status = check_out(&job);
+        if (status == 0) status = rulebook_run(&job, &counts, &pairs);
+    }
     spconv_tensor_release(counts);
     spconv_tensor_release(pairs);
     job_free(&job);

@@ -1,12 +1,15 @@
 /* `spconv voxelize` and `spconv info`: from a LiDAR file (.bin, .pcd, .ply) to voxels in .npy
  * files, and what a file holds. See each command's --help. */
 #define _POSIX_C_SOURCE 199309L
+#define _DEFAULT_SOURCE /* sysinfo */
 
 #include <float.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/sysinfo.h>
 #include <time.h>
 
 #include "cli_args.h"
@@ -19,7 +22,20 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+static int ends_with(const char *text, const char *suffix) {
+    size_t n = strlen(text), m = strlen(suffix);
+    return n >= m && strcmp(text + n - m, suffix) == 0;
+}
+
 static int read_scan(const char *cmd, const char *path, int64_t columns, spconv_point_cloud **pc) {
+    /* The reader tells formats by name (.bin, .pcd, .ply) and only .bin has a column count: say
+     * so in the option's words before the library names its parameter. */
+    if (columns > 0 && !ends_with(path, ".bin"))
+        return cli_error(cmd, "--columns %lld: only a .bin file takes a column count; '%s' is %s",
+                         (long long)columns, path,
+                         ends_with(path, ".pcd")   ? "a PCD file"
+                         : ends_with(path, ".ply") ? "a PLY file"
+                                                   : "not named .bin");
     spconv_status st = spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, (int)columns, pc);
     return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "reading the scan");
 }
@@ -146,7 +162,7 @@ static int write_centres(cli_outdir *od, const spconv_voxels *v, const spconv_vo
     spconv_status st = SPCONV_OK;
     if (rc == 0) st = centres_cloud(v, vp, pc, &centres);
     if (rc == 0 && st == SPCONV_OK) st = spconv_pcd_write(NULL, path, centres, (const char *const *)names);
-    if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(od->cmd, st, "writing centres.pcd");
+    if (rc == 0 && st != SPCONV_OK) rc = cli_outdir_write_error(od, path, st, "centres.pcd");
     for (int f = 0; names != NULL && f < F + 4; ++f) free(names[f]);
     free(names);
     spconv_tensor_release(centres);
@@ -216,8 +232,27 @@ static void voxelize_options(voxelize_args *a, cli_option *opts, int *n) {
                                 .help = "output folder (created; files appear only on success)"};
 }
 
-/* Parameters from the arguments; a bad combination is reported by the library's check. */
+/* Each axis of --voxel-size and --range on its own, so that the message names the option at
+ * fault; what only the two together decide (the grid's size) is left to the library's check. */
+static int check_grid_options(const char *cmd, const voxelize_args *a) {
+    static const char axes[3] = {'x', 'y', 'z'};
+    for (int i = 0; i < 3; ++i)
+        if (!((float)a->voxel_size[i] > 0.0f))
+            return cli_error(cmd, "--voxel-size: %c = %g must be positive", axes[i],
+                             a->voxel_size[i]);
+    const double *r = a->range;
+    for (int i = 0; i < 3; ++i)
+        if (!((float)r[i] < (float)r[i + 3]))
+            return cli_error(cmd, "--range '%g,%g,%g,%g,%g,%g': %cMIN %g must be less than %cMAX "
+                             "%g", r[0], r[1], r[2], r[3], r[4], r[5], axes[i] - 32, r[i],
+                             axes[i] - 32, r[i + 3]);
+    return 0;
+}
+
+/* Parameters from the arguments. */
 static int make_params(const char *cmd, const voxelize_args *a, spconv_voxelize_params *vp) {
+    int rc = check_grid_options(cmd, a);
+    if (rc != 0) return rc;
     for (int i = 0; i < 3; ++i) vp->voxel_size[i] = (float)a->voxel_size[i];
     for (int i = 0; i < 6; ++i) vp->range[i] = (float)a->range[i];
     vp->max_points = a->max_points;
@@ -230,6 +265,47 @@ static int make_params(const char *cmd, const voxelize_args *a, spconv_voxelize_
     return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--voxel-size/--range");
 }
 
+/* The memory this process can have: the machine's, or less under an address-space limit. */
+static double memory_limit(const char **what) {
+    struct sysinfo info;
+    double bytes = sysinfo(&info) == 0 ? (double)info.totalram * info.mem_unit : 0.0;
+    *what = "this machine's memory";
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+        (bytes == 0.0 || (double)limit.rlim_cur < bytes)) {
+        bytes = (double)limit.rlim_cur;
+        *what = "this process's address-space limit";
+    }
+    return bytes;
+}
+
+/* voxels.npy is [M, --max-points, F] float32, M known only after voxelizing: a large --max-points
+ * can ask for far more than the machine has. When even M = every point could be too much, count
+ * the voxels first (without the voxels array) and refuse a size that cannot fit. */
+static int check_voxels_size(const char *cmd, const voxelize_args *a, spconv_context *ctx,
+                             const spconv_point_cloud *pc, const spconv_voxelize_params *vp) {
+    if (!(vp->outputs & SPCONV_VOXELIZE_VOXELS)) return 0;
+    const char *what;
+    const double limit = memory_limit(&what);
+    const int64_t points = spconv_point_cloud_num_points(pc);
+    const double row = (double)vp->max_points * spconv_point_cloud_num_fields(pc) * 4.0;
+    const double most = (double)(points < vp->max_voxels ? points : vp->max_voxels);
+    if (limit <= 0.0 || most * row <= limit) return 0;
+    spconv_voxelize_params counting = *vp;
+    counting.outputs = 0;
+    spconv_voxels v;
+    spconv_status st = spconv_voxelize(ctx, spconv_point_cloud_points(pc), &counting, &v);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "voxelizing");
+    const int64_t m = spconv_tensor_size(v.coords, 0);
+    spconv_voxels_release(&v);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    if ((double)m * row <= limit) return 0;
+    return cli_error(cmd, "--max-points %lld: voxels.npy would be [M = %lld, %lld, %d] float32 = "
+                     "%.0f GiB, more than %s (%.1f GiB)", (long long)a->max_points, (long long)m,
+                     (long long)vp->max_points, spconv_point_cloud_num_fields(pc),
+                     (double)m * row / gib, what, limit / gib);
+}
+
 static int run_voxelize(const char *cmd, const voxelize_args *a, spconv_context *ctx,
                         const spconv_voxelize_params *vp) {
     spconv_point_cloud *pc;
@@ -237,6 +313,11 @@ static int run_voxelize(const char *cmd, const voxelize_args *a, spconv_context 
     int rc = read_scan(cmd, a->scan, a->columns, &pc);
     if (rc != 0) return rc;
     ms[0] = now_ms() - t0;
+    rc = check_voxels_size(cmd, a, ctx, pc, vp);
+    if (rc != 0) {
+        spconv_point_cloud_destroy(pc);
+        return rc;
+    }
     spconv_voxels v;
     t0 = now_ms();
     spconv_status st = spconv_voxelize(ctx, spconv_point_cloud_points(pc), vp, &v);
@@ -274,7 +355,9 @@ int spconv_cmd_voxelize(int argc, char **argv) {
     if (!cli_parse(&spec, argc, argv, &status)) return status;
     spconv_voxelize_params vp;
     int rc = make_params(cmd, &a, &vp);
-    if (rc == 0 && a.out_dir != NULL) rc = cli_outdir_check(cmd, a.out_dir);
+    static const char *const out_names[] = {"coords.npy",     "features.npy", "voxels.npy",
+                                            "num_points.npy", "centres.pcd",  NULL};
+    if (rc == 0 && a.out_dir != NULL) rc = cli_outdir_check(cmd, a.out_dir, out_names);
     if (rc != 0) return rc;
     spconv_context *ctx;
     spconv_status st = spconv_context_create(spconv_cpu(), &ctx);

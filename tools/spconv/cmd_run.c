@@ -55,12 +55,13 @@ static void on_progress(void *user, const spconv_layer_stats *s, int num_layers,
     const progress_state *ps = user;
     const char *kind = spconv_layer_kind_name(s->kind);
     const double ms = backward ? s->backward.total : s->forward.total;
+    /* "progress:" tells these lines from the one-line errors that share stderr. */
     if (ps->tty)
-        fprintf(stderr, "\r\033[Kspconv %s: layer %d/%d %s (%s) %.1f ms", ps->cmd, s->index + 1,
-                num_layers, s->name, kind, ms);
+        fprintf(stderr, "\r\033[Kspconv %s: progress: layer %d/%d %s (%s) %.1f ms", ps->cmd,
+                s->index + 1, num_layers, s->name, kind, ms);
     else
-        fprintf(stderr, "spconv %s: layer %d/%d %s (%s) %.1f ms\n", ps->cmd, s->index + 1,
-                num_layers, s->name, kind, ms);
+        fprintf(stderr, "spconv %s: progress: layer %d/%d %s (%s) %.1f ms\n", ps->cmd,
+                s->index + 1, num_layers, s->name, kind, ms);
     fflush(stderr);
 }
 
@@ -144,13 +145,15 @@ static int write_picture(run_job *job, int64_t size[2]) {
     if (st == SPCONV_OK) st = spconv_png_write(path, image);
     if (st == SPCONV_OK) size[0] = image->width, size[1] = image->height;
     spconv_image_destroy(image);
-    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "writing picture.png");
+    return st == SPCONV_OK ? 0 : cli_outdir_write_error(&job->od, path, st, "picture.png");
 }
 
 static int write_outputs(run_job *job) {
     const int dense = spconv_tensor_ndim(job->output) == 4;
     int64_t size[2] = {0, 0};
-    int rc = cli_outdir_write_npy(&job->od, job->ctx, "output.npy", job->output);
+    /* The folder is made only now: a run stopped before this point leaves nothing behind. */
+    int rc = cli_outdir_open(&job->od, job->cmd, job->args.out_dir);
+    if (rc == 0) rc = cli_outdir_write_npy(&job->od, job->ctx, "output.npy", job->output);
     if (rc == 0 && !dense)
         rc = cli_outdir_write_npy(&job->od, job->ctx, "out_indices.npy",
                                   spconv_sparse_indices(job->out_sparse));
@@ -188,8 +191,10 @@ static int forward(run_job *job) {
 
 static int run_job_steps(run_job *job) {
     const run_args *a = &job->args;
-    int rc = a->scan == NULL ? net_sample_scan(job->cmd, &job->args.scan) : 0;
-    if (rc == 0) rc = cli_outdir_open(&job->od, job->cmd, a->out_dir);
+    /* Every name run may write; which of them it does depends on the network's output. */
+    static const char *const out_names[] = {"output.npy", "out_indices.npy", "picture.png", NULL};
+    int rc = cli_outdir_check(job->cmd, a->out_dir, out_names);
+    if (rc == 0 && a->scan == NULL) rc = net_sample_scan(job->cmd, &job->args.scan);
     spconv_status st = SPCONV_OK;
     if (rc == 0) st = spconv_zoo_input(job->net_name, &job->zin);
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
@@ -199,7 +204,8 @@ static int run_job_steps(run_job *job) {
         rc = net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
                        layouts[a->layout], &job->net);
     if (rc == 0)
-        rc = net_input_from_scan(job->cmd, job->ctx, &job->zin, a->scan, &job->input);
+        rc = net_input_from_scan(job->cmd, job->ctx, job->net_name, &job->zin, a->scan,
+                                 &job->input);
     if (rc == 0) rc = forward(job);
     if (rc == 0 && !a->quiet) print_layer_table(job->net);
     if (rc == 0) print_summary(job);

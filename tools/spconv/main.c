@@ -46,6 +46,21 @@ int main(int argc, char **argv) {
         print_usage(stderr);
         return 2;
     }
+    if (strcmp(argv[1], "help") == 0 && argc > 2) {
+        /* `spconv help conv` is `spconv conv --help`. */
+        if (argc > 3) {
+            fprintf(stderr, "spconv help: takes one command name, got %d\n", argc - 2);
+            return 2;
+        }
+        for (size_t i = 0; i < COMMAND_COUNT; ++i) {
+            if (strcmp(argv[2], commands[i].name) != 0) continue;
+            static char help_flag[] = "--help";
+            char *help_argv[] = {help_flag, NULL};
+            return commands[i].run(1, help_argv);
+        }
+        fprintf(stderr, "spconv help: unknown command '%s' (see `spconv help`)\n", argv[2]);
+        return 2;
+    }
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         print_usage(stdout);
         return 0;

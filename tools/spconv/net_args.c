@@ -51,6 +51,20 @@ int net_sample_scan(const char *cmd, const char **path) {
     return 0;
 }
 
+/* "unet, second": the zoo networks whose input has @p channels channels, or "none". */
+static void nets_taking(int64_t channels, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < spconv_zoo_count() && used < cap; ++i) {
+        spconv_net_input zin;
+        if (spconv_zoo_input(spconv_zoo_name(i), &zin) != SPCONV_OK || zin.channels != channels)
+            continue;
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? ", " : "",
+                                 spconv_zoo_name(i));
+    }
+    if (used == 0) snprintf(buf, cap, "none");
+}
+
 /* ---- from a scan ------------------------------------------------------------------------------ */
 
 /* Keep the input's features and indices and drop the tensor (and its rulebook cache). */
@@ -64,18 +78,24 @@ static void take_tensors(net_input *in, spconv_sparse_tensor *sp) {
     spconv_sparse_release(sp);
 }
 
-int net_input_from_scan(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
-                        const char *path, net_input *out) {
+int net_input_from_scan(const char *cmd, spconv_context *ctx, const char *net,
+                        const spconv_net_input *zin, const char *path, net_input *out) {
     memset(out, 0, sizeof *out);
     double start = net_now_ms();
     spconv_status st = spconv_point_cloud_read(path, SPCONV_CLOUD_AUTO, 0, &out->cloud);
     if (st != SPCONV_OK) return cli_status_error(cmd, st, "reading the scan");
     out->read_ms = net_now_ms() - start;
     const int fields = spconv_point_cloud_num_fields(out->cloud);
-    if (fields < zin->point_columns)
-        return cli_error(cmd, "'%s' has %d fields per point but the network takes %d (x, y, z%s)",
-                         path, fields, zin->point_columns,
-                         zin->point_columns > 3 ? ", intensity" : "");
+    if (fields < zin->point_columns) {
+        /* A network reads the first point_columns fields: one taking at most `fields` would do. */
+        char others[128] = "none";
+        for (int c = fields; c >= 3 && strcmp(others, "none") == 0; --c)
+            nets_taking(c, others, sizeof others);
+        return cli_error(cmd, "'%s' has %d fields per point; --net %s takes %d (x, y, z%s); "
+                         "networks that take at most %d: %s", path, fields, net,
+                         zin->point_columns, zin->point_columns > 3 ? ", intensity" : "", fields,
+                         others);
+    }
     spconv_sparse_tensor *sp = NULL;
     start = net_now_ms();
     st = spconv_net_input_from_points(ctx, zin, spconv_point_cloud_points(out->cloud), SPCONV_F32,
@@ -125,8 +145,9 @@ static void words_from_little_endian(void *data, size_t words) {
 }
 
 /* int32 [N, 4] rows and float32 [N, C] features from raw files. */
-static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *indices_path,
-                         const char *features_path, int64_t channels, net_input *out) {
+static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *net,
+                         const char *indices_path, const char *features_path, int64_t channels,
+                         net_input *out) {
     void *rows = NULL, *values = NULL;
     size_t row_bytes = 0, value_bytes = 0;
     int rc = read_whole(cmd, indices_path, &rows, &row_bytes);
@@ -135,10 +156,24 @@ static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *indic
     if (rc == 0 && row_bytes % 16 != 0)
         rc = cli_error(cmd, "--input: '%s' has %zu bytes, not a whole number of int32 [N, 4] rows",
                        indices_path, row_bytes);
-    if (rc == 0 && value_bytes != (size_t)n * (size_t)channels * 4)
-        rc = cli_error(cmd, "--input: '%s' has %zu bytes but %lld rows of %lld float32 channels "
-                       "(what the network takes) need %lld", features_path, value_bytes,
-                       (long long)n, (long long)channels, (long long)(n * channels * 4));
+    if (rc == 0 && value_bytes != (size_t)n * (size_t)channels * 4) {
+        /* Say it in channels, the unit the user chose the network by, when the bytes allow. */
+        const size_t row = (size_t)n * 4;
+        if (n > 0 && value_bytes % row == 0) {
+            const int64_t held = (int64_t)(value_bytes / row);
+            char others[128];
+            nets_taking(held, others, sizeof others);
+            rc = cli_error(cmd, "--input: '%s' holds %lld float32 channels for each of the %lld "
+                           "rows; --net %s takes %lld; networks that take %lld: %s",
+                           features_path, (long long)held, (long long)n, net,
+                           (long long)channels, (long long)held, others);
+        } else {
+            rc = cli_error(cmd, "--input: '%s' has %zu bytes, not a whole number of float32 "
+                           "channels for each of the %lld rows; --net %s takes %lld channels "
+                           "(%lld bytes)", features_path, value_bytes, (long long)n, net,
+                           (long long)channels, (long long)(n * channels * 4));
+        }
+    }
     if (rc == 0) {
         words_from_little_endian(rows, row_bytes / 4);
         words_from_little_endian(values, value_bytes / 4);
@@ -159,8 +194,12 @@ static int indices_as_int32(const char *cmd, spconv_context *ctx, const char *pa
                             spconv_tensor *t, spconv_tensor **out) {
     spconv_dtype dtype = spconv_tensor_dtype(t);
     if (spconv_tensor_ndim(t) != 2 || spconv_tensor_size(t, 1) != 4 ||
-        (dtype != SPCONV_I32 && dtype != SPCONV_I64))
-        return cli_error(cmd, "--input: '%s' must be int32 or int64 [N, 4] (batch, z, y, x)", path);
+        (dtype != SPCONV_I32 && dtype != SPCONV_I64)) {
+        char held[160];
+        cli_describe_tensor(t, held, sizeof held);
+        return cli_error(cmd, "--input: '%s' is %s; it must be int32 or int64 [N, 4] (batch, z, "
+                         "y, x)", path, held);
+    }
     if (dtype == SPCONV_I64) {
         const int64_t *v = spconv_tensor_data(t);
         for (int64_t i = 0; i < spconv_tensor_numel(t); ++i)
@@ -172,8 +211,9 @@ static int indices_as_int32(const char *cmd, spconv_context *ctx, const char *pa
     return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--input");
 }
 
-static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *indices_path,
-                         const char *features_path, int64_t channels, net_input *out) {
+static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *net,
+                         const char *indices_path, const char *features_path, int64_t channels,
+                         net_input *out) {
     spconv_tensor *indices = NULL, *features = NULL;
     int rc = cli_read_npy(cmd, "--input", indices_path, &indices);
     if (rc == 0) rc = cli_read_npy(cmd, "--input", features_path, &features);
@@ -181,10 +221,14 @@ static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *indic
     if (rc == 0 && (spconv_tensor_ndim(features) != 2 ||
                     !spconv_dtype_is_floating(spconv_tensor_dtype(features)) ||
                     spconv_tensor_size(features, 0) != spconv_tensor_size(indices, 0) ||
-                    spconv_tensor_size(features, 1) != channels))
-        rc = cli_error(cmd, "--input: '%s' must be floating [%lld, %lld] (a row per index row, "
-                       "the network's channels)", features_path,
-                       (long long)spconv_tensor_size(indices, 0), (long long)channels);
+                    spconv_tensor_size(features, 1) != channels)) {
+        char held[160];
+        cli_describe_tensor(features, held, sizeof held);
+        rc = cli_error(cmd, "--input: '%s' is %s; --net %s takes floating [%lld, %lld] (a row "
+                       "per index row, %lld channels)", features_path, held, net,
+                       (long long)spconv_tensor_size(indices, 0), (long long)channels,
+                       (long long)channels);
+    }
     if (rc == 0) {
         spconv_status st = spconv_tensor_to_dtype(ctx, features, SPCONV_F32, &out->features);
         if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "--input");
@@ -195,29 +239,31 @@ static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *indic
 }
 
 /* Find the two files that @p path stands for and read them. */
-static int read_voxel_files(const char *cmd, spconv_context *ctx, const char *path,
-                            int64_t channels, net_input *out) {
+static int read_voxel_files(const char *cmd, spconv_context *ctx, const char *net,
+                            const char *path, int64_t channels, net_input *out) {
     char indices[4096], features[4096];
     if (is_dir(path)) {
         snprintf(indices, sizeof indices, "%s/spconv_test_indices.i32", path);
         snprintf(features, sizeof features, "%s/spconv_test_features.f32", path);
-        if (is_file(indices)) return read_raw_pair(cmd, ctx, indices, features, channels, out);
+        if (is_file(indices))
+            return read_raw_pair(cmd, ctx, net, indices, features, channels, out);
         snprintf(indices, sizeof indices, "%s/indices.npy", path);
         snprintf(features, sizeof features, "%s/features.npy", path);
-        if (is_file(indices)) return read_npy_pair(cmd, ctx, indices, features, channels, out);
+        if (is_file(indices))
+            return read_npy_pair(cmd, ctx, net, indices, features, channels, out);
         return cli_error(cmd, "--input: folder '%s' has neither spconv_test_indices.i32 + "
                          "spconv_test_features.f32 nor indices.npy + features.npy", path);
     }
     snprintf(indices, sizeof indices, "%s_indices.i32", path);
     snprintf(features, sizeof features, "%s_features.f32", path);
-    return read_raw_pair(cmd, ctx, indices, features, channels, out);
+    return read_raw_pair(cmd, ctx, net, indices, features, channels, out);
 }
 
-int net_input_from_voxels(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
-                          const char *path, net_input *out) {
+int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
+                          const spconv_net_input *zin, const char *path, net_input *out) {
     memset(out, 0, sizeof *out);
     const double start = net_now_ms();
-    int rc = read_voxel_files(cmd, ctx, path, zin->channels, out);
+    int rc = read_voxel_files(cmd, ctx, net, path, zin->channels, out);
     if (rc != 0) return rc;
     out->read_ms = net_now_ms() - start;
     memcpy(out->spatial_shape, zin->spatial_shape, sizeof out->spatial_shape);

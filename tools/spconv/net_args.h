@@ -32,9 +32,10 @@ typedef struct net_input {
     double voxelize_ms;
 } net_input;
 
-/** Read the scan @p path (.bin, .pcd, .ply) and voxelize it as @p zin says. */
-int net_input_from_scan(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
-                        const char *path, net_input *out);
+/** Read the scan @p path (.bin, .pcd, .ply) and voxelize it as @p zin (of zoo network @p net,
+ *  named in messages) says. */
+int net_input_from_scan(const char *cmd, spconv_context *ctx, const char *net,
+                        const spconv_net_input *zin, const char *path, net_input *out);
 
 /** 1 when @p path names voxel files rather than a scan: a folder, or a prefix P with
  *  P_indices.i32 beside it. */
@@ -48,8 +49,8 @@ int net_input_is_voxels(const char *path);
  *  - a prefix P with P_indices.i32 + P_features.f32.
  * Every row is checked (in range, unique) before use.
  */
-int net_input_from_voxels(const char *cmd, spconv_context *ctx, const spconv_net_input *zin,
-                          const char *path, net_input *out);
+int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
+                          const spconv_net_input *zin, const char *path, net_input *out);
 
 /** A new sparse tensor over the input's features and indices, with an empty rulebook cache. */
 int net_input_sparse(const char *cmd, const net_input *in, spconv_sparse_tensor **out);
