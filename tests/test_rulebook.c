@@ -1,13 +1,18 @@
 /* Rulebooks: the coordinate hash table, conv geometry, the fast builder against the brute-force
  * reference on random inputs, invariants, determinism across thread counts, inverse rulebooks,
- * every bad input, and the real scan of ../shared/data when present. */
+ * every bad input, hash flooding and seeds, and the real scan of ../shared/data when present. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash_flood.h"
 #include "common/rulebook_testing.h"
 #include "common/test_util.h"
+#include "core/parallel.h"
 #include "rulebook/hash.h"
+#include "rulebook/sites.h"
 #include "rulebook/rulebook_impl.h"
 #include "rulebook/rulebook_ref.h"
 
@@ -97,14 +102,17 @@ static void test_key_packing_roundtrip_and_order(void **state) {
     assert_int_equal(layout.total_bits, 64);
 }
 
-static spconv__hash_slot *empty_slots(uint64_t capacity) {
-    spconv__hash_slot *slots = malloc(capacity * sizeof *slots);
-    assert_non_null(slots);
+/* An empty table of @p capacity slots with a freshly drawn seed; free table.slots. */
+static spconv__hash_table empty_table(uint64_t capacity) {
+    spconv__hash_table table = {malloc(capacity * sizeof *table.slots), capacity,
+                                spconv__hash_bits_for(capacity), {0, 1}};
+    assert_non_null(table.slots);
+    spconv__hash_seed_draw(&table.seed);
     for (uint64_t s = 0; s < capacity; ++s) {
-        slots[s].key = SPCONV_HASH_EMPTY;
-        slots[s].value = INT32_MAX;
+        table.slots[s].key = SPCONV_HASH_EMPTY;
+        table.slots[s].value = INT32_MAX;
     }
-    return slots;
+    return table;
 }
 
 static void test_hash_insert_find(void **state) {
@@ -112,47 +120,193 @@ static void test_hash_insert_find(void **state) {
     const int64_t n = 5000;
     const uint64_t capacity = spconv__hash_capacity_for(n);
     assert_true(capacity >= 2 * (uint64_t)n && (capacity & (capacity - 1)) == 0);
-    spconv__hash_slot *slots = empty_slots(capacity);
+    spconv__hash_table table = empty_table(capacity);
     uint64_t *keys = malloc((size_t)n * sizeof *keys);
     assert_non_null(keys);
     int64_t added = 0;
     for (int64_t i = 0; i < n; ++i) {
         keys[i] = spconv_test_rand_u64() >> 2 & ~UINT64_C(1); /* even keys; odd ones stay absent */
-        const int outcome = spconv__hash_insert(slots, capacity, keys[i], (int32_t)i);
+        const int outcome = spconv__hash_insert(&table, keys[i], (int32_t)i);
         assert_true(outcome == SPCONV_HASH_ADDED || outcome == SPCONV_HASH_REPEATED);
         added += outcome == SPCONV_HASH_ADDED;
     }
     for (int64_t i = n - 1; i >= 0; --i) /* repeats keep the smallest row */
-        assert_int_equal(spconv__hash_insert(slots, capacity, keys[i], (int32_t)(i + n)),
+        assert_int_equal(spconv__hash_insert(&table, keys[i], (int32_t)(i + n)),
                          SPCONV_HASH_REPEATED);
     int64_t occupied = 0;
     for (uint64_t slot = 0; slot < capacity; ++slot)
-        occupied += slots[slot].key != SPCONV_HASH_EMPTY;
+        occupied += table.slots[slot].key != SPCONV_HASH_EMPTY;
     assert_int_equal(occupied, added);
     for (int64_t i = 0; i < n; ++i) {
-        const int32_t found = spconv__hash_find(slots, capacity, keys[i]);
+        const int32_t found = spconv__hash_find(&table, keys[i]);
         assert_true(found >= 0 && keys[found] == keys[i] && found <= i);
-        assert_int_equal(spconv__hash_find(slots, capacity, keys[i] | 1), -1);
+        assert_int_equal(spconv__hash_find(&table, keys[i] | 1), -1);
     }
     free(keys);
-    free(slots);
+    free(table.slots);
 }
 
 static void test_hash_full_table_is_bounded(void **state) {
     (void)state;
     const uint64_t capacity = SPCONV_HASH_MIN_CAPACITY;
-    spconv__hash_slot *slots = empty_slots(capacity);
+    spconv__hash_table table = empty_table(capacity);
     for (uint64_t key = 0; key < capacity; ++key)
-        assert_int_equal(spconv__hash_insert(slots, capacity, key * 7, (int32_t)key),
+        assert_int_equal(spconv__hash_insert(&table, key * 7, (int32_t)key),
                          SPCONV_HASH_ADDED);
     /* No free slot is left: a new key is refused and a missing key is not found, both after
      * visiting each slot once instead of probing forever; a present key is still found. */
-    assert_int_equal(spconv__hash_insert(slots, capacity, 5, 99), SPCONV_HASH_FULL);
-    assert_int_equal(spconv__hash_insert(slots, capacity, 21, 1), SPCONV_HASH_REPEATED);
-    assert_int_equal(spconv__hash_find(slots, capacity, 5), -1);
-    assert_int_equal(spconv__hash_find(slots, capacity, 14), 2);
-    assert_int_equal(spconv__hash_find(slots, capacity, 21), 1);
-    free(slots);
+    assert_int_equal(spconv__hash_insert(&table, 5, 99), SPCONV_HASH_FULL);
+    assert_int_equal(spconv__hash_insert(&table, 21, 1), SPCONV_HASH_REPEATED);
+    assert_int_equal(spconv__hash_find(&table, 5), -1);
+    assert_int_equal(spconv__hash_find(&table, 14), 2);
+    assert_int_equal(spconv__hash_find(&table, 21), 1);
+    free(table.slots);
+}
+
+/* ---- hash flooding ------------------------------------------------------------------------- */
+
+/* Sites crafted against the old fixed mix (tests/common/hash_flood.c): 16,384 of them in a
+ * 10.7M-cell grid all started probing in one ~200-slot window of the old table. */
+#define FLOOD_SITES 16384
+static const int64_t FLOOD_SHAPE[3] = {41, 512, 512};
+
+static int32_t *flood_sites(void) {
+    int32_t *rows = malloc((size_t)FLOOD_SITES * 4 * sizeof *rows);
+    assert_non_null(rows);
+    assert_int_equal(spconv_flood_rulebook_sites(FLOOD_SITES, FLOOD_SHAPE, rows), FLOOD_SITES);
+    return rows;
+}
+
+/* Sum over the stored keys of how far each sits from its home slot: the extra slots that every
+ * insert and every successful lookup of the table walks. */
+static uint64_t total_displacement(const spconv__hash_table *hash) {
+    uint64_t total = 0;
+    for (uint64_t slot = 0; slot < hash->capacity; ++slot)
+        if (hash->slots[slot].key != SPCONV_HASH_EMPTY)
+            total += (slot - spconv__hash_home(hash, hash->slots[slot].key)) & (hash->capacity - 1);
+    return total;
+}
+
+/* The probe work of a site table is linear for crafted sites. At load <= 1/4 linear probing
+ * leaves a key about 1/6 slot from home on average (Knuth: (1/(1-a) - 1) / 2), so 2 per key is a
+ * bound a working seeded table exceeds with negligible probability, while the old fixed mix put
+ * these sites about n/2 = 8,192 slots from home each. */
+static void test_crafted_sites_stay_near_home(void **state) {
+    (void)state;
+    int32_t *crafted = flood_sites();
+    int32_t *random = malloc((size_t)FLOOD_SITES * 4 * sizeof *random);
+    assert_non_null(random);
+    spconv_flood_random_sites(FLOOD_SITES, FLOOD_SHAPE, 7, random);
+    const int32_t *inputs[2] = {crafted, random};
+    for (int which = 0; which < 2; ++which) {
+        spconv__site_table sites;
+        SPCONV_ASSERT_OK(spconv__site_table_build("test", 2, inputs[which], FLOOD_SITES,
+                                                  FLOOD_SHAPE, 1, &sites));
+        const uint64_t displacement = total_displacement(&sites.hash);
+        if (displacement > 2 * (uint64_t)FLOOD_SITES)
+            fail_msg("%s sites: total displacement %llu for %d keys (bound %d)",
+                     which == 0 ? "crafted" : "random", (unsigned long long)displacement,
+                     FLOOD_SITES, 2 * FLOOD_SITES);
+        spconv__site_table_free(&sites);
+    }
+    free(random);
+    free(crafted);
+}
+
+/* Fastest of three submanifold builds after a warm-up, in seconds. */
+static double fastest_subm_build(spconv_context *ctx, const spconv_tensor *indices,
+                                 const int64_t shape[3]) {
+    const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    double best = 1e30;
+    for (int run = 0; run < 4; ++run) {
+        spconv_rulebook *rb = NULL;
+        const double t0 = spconv__now_s();
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 1, &p, &rb));
+        const double t = spconv__now_s() - t0;
+        if (run > 0 && t < best) best = t;
+        spconv_rulebook_release(rb);
+    }
+    return best;
+}
+
+/* End to end through the public API: crafted sites build about as fast as random ones. The old
+ * fixed mix made this ~100-300x slower (quadratic probing); 20x plus 20 ms leaves room for a
+ * loaded machine and sanitizers and still fails the quadratic case. A timing bound, so a
+ * generous one; test_crafted_sites_stay_near_home is the exact measure. */
+static void test_crafted_sites_build_in_linear_time(void **state) {
+    (void)state;
+    int32_t *crafted = flood_sites();
+    int32_t *random = malloc((size_t)FLOOD_SITES * 4 * sizeof *random);
+    assert_non_null(random);
+    spconv_flood_random_sites(FLOOD_SITES, FLOOD_SHAPE, 7, random);
+    spconv_tensor *crafted_t = spconv_test_indices_tensor(crafted, FLOOD_SITES);
+    spconv_tensor *random_t = spconv_test_indices_tensor(random, FLOOD_SITES);
+    spconv_context *ctx = context_with_threads(2);
+    const double random_s = fastest_subm_build(ctx, random_t, FLOOD_SHAPE);
+    const double crafted_s = fastest_subm_build(ctx, crafted_t, FLOOD_SHAPE);
+    if (crafted_s > 20.0 * random_s + 0.020)
+        fail_msg("crafted sites took %.1f ms, random ones %.1f ms", crafted_s * 1e3,
+                 random_s * 1e3);
+    spconv_context_destroy(ctx);
+    spconv_tensor_release(random_t);
+    spconv_tensor_release(crafted_t);
+    free(random);
+    free(crafted);
+}
+
+static void set_hash_seed(const char *seed) { assert_int_equal(setenv("SPCONV_HASH_SEED", seed, 1), 0); }
+
+/* Rulebooks and error messages are the same whatever seed the site table drew (SPCONV_HASH_SEED
+ * forces one, for this test), and the seed does move the keys, so the comparison means something. */
+static void test_hash_seed_does_not_change_rulebooks(void **state) {
+    (void)state;
+    const int64_t shape[3] = {40, 60, 50};
+    int32_t *rows = spconv_test_random_sites(2, shape, 15000);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 30000);
+    spconv_context *ctx = context_with_threads(2);
+    const spconv_conv_params cases[4] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                         make_params(SPCONV_CONV_TRANSPOSED, 2, 2, 0, 1),
+                                         make_params(SPCONV_CONV_SUBM, 5, 1, 0, 2)};
+    for (int c = 0; c < 4; ++c) {
+        spconv_rulebook *first = NULL, *second = NULL;
+        set_hash_seed("1");
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 2, &cases[c], &first));
+        set_hash_seed("0x9e3779b97f4a7c15");
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 2, &cases[c], &second));
+        spconv_test_assert_rulebooks_equal(first, second);
+        spconv_rulebook_release(first);
+        spconv_rulebook_release(second);
+    }
+    uint64_t first_slot_key[2];
+    for (int s = 0; s < 2; ++s) {
+        set_hash_seed(s == 0 ? "1" : "0x9e3779b97f4a7c15");
+        spconv__site_table sites;
+        SPCONV_ASSERT_OK(spconv__site_table_build("test", 2, rows, 30000, shape, 2, &sites));
+        uint64_t slot = 0;
+        while (sites.hash.slots[slot].key == SPCONV_HASH_EMPTY) ++slot;
+        first_slot_key[s] = sites.hash.slots[slot].key;
+        spconv__site_table_free(&sites);
+    }
+    assert_true(first_slot_key[0] != first_slot_key[1]);
+    /* A repeated row is reported as the same pair of rows under any seed. */
+    memcpy(rows + 4 * 20000, rows + 4 * 123, 4 * sizeof *rows);
+    spconv_tensor *repeated = spconv_test_indices_tensor(rows, 30000);
+    char messages[2][256];
+    for (int s = 0; s < 2; ++s) {
+        set_hash_seed(s == 0 ? "1" : "2");
+        spconv_rulebook *rb = NULL;
+        SPCONV_ASSERT_STATUS(spconv_rulebook_build(ctx, repeated, shape, 2, &cases[0], &rb),
+                             SPCONV_ERR_DUPLICATE_INDEX);
+        snprintf(messages[s], sizeof messages[s], "%s", spconv_last_error());
+    }
+    assert_string_equal(messages[0], messages[1]);
+    assert_non_null(strstr(messages[0], "row 20000"));
+    assert_int_equal(unsetenv("SPCONV_HASH_SEED"), 0);
+    spconv_tensor_release(repeated);
+    spconv_context_destroy(ctx);
+    spconv_tensor_release(indices);
+    free(rows);
 }
 
 /* ---- geometry ------------------------------------------------------------------------------ */
@@ -868,6 +1022,9 @@ int main(void) {
         cmocka_unit_test(test_key_packing_roundtrip_and_order),
         cmocka_unit_test(test_hash_insert_find),
         cmocka_unit_test(test_hash_full_table_is_bounded),
+        cmocka_unit_test(test_crafted_sites_stay_near_home),
+        cmocka_unit_test(test_crafted_sites_build_in_linear_time),
+        cmocka_unit_test(test_hash_seed_does_not_change_rulebooks),
         cmocka_unit_test(test_params_default_and_kernel_volume),
         cmocka_unit_test(test_output_shape_regular_and_transposed),
         cmocka_unit_test(test_output_shape_errors),

@@ -64,7 +64,7 @@ static void prefetch_probes(const subm_plan *plan, int64_t o) {
         const int64_t *step = plan->displacements + 3 * k;
         const uint64_t key = spconv__key_pack(&sites->layout, row[0], row[1] + step[0],
                                               row[2] + step[1], row[3] + step[2]);
-        __builtin_prefetch(&sites->slots[spconv__hash_home(key, sites->capacity)]);
+        __builtin_prefetch(&sites->hash.slots[spconv__hash_home(&sites->hash, key)]);
     }
 }
 
@@ -82,8 +82,8 @@ static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64
             const int64_t z = row[1] + step[0], y = row[2] + step[1], x = row[3] + step[2];
             if (z < 0 || z >= shape[0] || y < 0 || y >= shape[1] || x < 0 || x >= shape[2])
                 continue;
-            const int32_t i = spconv__hash_find(sites->slots, sites->capacity,
-                                                spconv__key_pack(&sites->layout, row[0], z, y, x));
+            const int32_t i =
+                spconv__hash_find(&sites->hash, spconv__key_pack(&sites->layout, row[0], z, y, x));
             if (i < 0) continue;
             plan->nbr[k * n + o] = i;
             plan->nbr[(kv - 1 - k) * n + i] = (int32_t)o;
