@@ -1,11 +1,14 @@
 /* Rulebooks: the coordinate hash table, conv geometry, the fast builder against the brute-force
  * reference on random inputs, invariants, determinism across thread counts, inverse rulebooks,
  * every bad input, hash flooding and seeds, and the real scan of ../shared/data when present. */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, fork, execv */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/hash_flood.h"
 #include "common/rulebook_testing.h"
@@ -309,6 +312,115 @@ static void test_hash_seed_does_not_change_rulebooks(void **state) {
     free(rows);
 }
 
+/* ---- memory that follows the pairs, not the kernel ------------------------------------------ */
+
+#define MEMORY_CAP_FLAG "--memory-capped-builds"
+/* Address space of the capped child. The builds below need ~133 MB for the rulebook's own
+ * offsets (255^3 + 1 int64) and a few MB besides; the old builders asked for 4.2 GB (regular:
+ * per-chunk offset counters, 32 chunks at 8 threads) and 2.3 GB (subm: a 255^3 x 5 neighbour
+ * table plus per-chunk counters). */
+#define MEMORY_CAP (INT64_C(1) << 30)
+
+/* Five sites, each alone in its 255^3 block of [255, 1600, 1600]. */
+static const int32_t FEW_SITES[5][4] = {
+    {0, 3, 10, 20}, {0, 100, 400, 300}, {0, 200, 900, 1500}, {0, 254, 1400, 700}, {0, 128, 1200, 1100}};
+
+/* Runs in the capped child (a fresh exec of this program): kernel 255 rulebooks on 5 sites with 8
+ * threads, regular with stride 255 (one output per site) and submanifold (only the centre
+ * pairs), then a kernel whose offsets alone exceed the cap, which must fail with
+ * SPCONV_ERR_OUT_OF_MEMORY. Exit status 0 when all is as expected. */
+static int memory_capped_builds(void) {
+    const int64_t shape[3] = {255, 1600, 1600};
+    spconv_context *ctx = NULL;
+    spconv_tensor *indices = NULL;
+    if (spconv_context_create(spconv_cpu(), &ctx) != SPCONV_OK ||
+        spconv_context_set_num_threads(ctx, 8) != SPCONV_OK ||
+        spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, (const int64_t[]){5, 4},
+                                FEW_SITES, &indices) != SPCONV_OK) {
+        fprintf(stderr, "capped child: set-up failed: %s\n", spconv_last_error());
+        return 1;
+    }
+    const spconv_conv_params cases[2] = {make_params(SPCONV_CONV_REGULAR, 255, 255, 0, 1),
+                                         make_params(SPCONV_CONV_SUBM, 255, 1, 0, 1)};
+    for (int c = 0; c < 2; ++c) {
+        spconv_rulebook *rb = NULL;
+        if (spconv_rulebook_build(ctx, indices, shape, 1, &cases[c], &rb) != SPCONV_OK) {
+            fprintf(stderr, "capped child: kernel 255 %s build failed: %s\n",
+                    c == 0 ? "regular" : "subm", spconv_last_error());
+            return 1;
+        }
+        const int64_t *offsets = spconv_rulebook_offsets(rb);
+        const int64_t center = spconv_rulebook_kernel_volume(rb) / 2;
+        const int ok = spconv_rulebook_num_pairs(rb) == 5 && spconv_rulebook_num_out(rb) == 5 &&
+                       (c == 0 || offsets[center + 1] - offsets[center] == 5);
+        spconv_rulebook_release(rb);
+        if (!ok) {
+            fprintf(stderr, "capped child: kernel 255 %s rulebook is wrong\n",
+                    c == 0 ? "regular" : "subm");
+            return 1;
+        }
+    }
+    spconv_tensor_release(indices);
+    /* What does not fit is an error, not a crash: a 1001^3 kernel's offsets alone are 8 GB. */
+    int32_t rows[1000][4];
+    for (int r = 0; r < 1000; ++r) {
+        const int cell = 5 * r; /* distinct cells of GRID (19 x 18 x 17 = 5814) */
+        rows[r][0] = 0;
+        rows[r][1] = cell / (18 * 17);
+        rows[r][2] = cell / 17 % 18;
+        rows[r][3] = cell % 17;
+    }
+    const spconv_conv_params huge = make_params(SPCONV_CONV_SUBM, 1001, 1, 0, 1);
+    spconv_rulebook *rb = NULL;
+    if (spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, (const int64_t[]){1000, 4},
+                                rows, &indices) != SPCONV_OK ||
+        spconv_rulebook_build(ctx, indices, GRID, 1, &huge, &rb) != SPCONV_ERR_OUT_OF_MEMORY ||
+        rb != NULL || strstr(spconv_last_error(), "out of host memory") == NULL) {
+        fprintf(stderr, "capped child: a kernel of 1001^3 offsets was not refused for memory\n");
+        return 1;
+    }
+    spconv_tensor_release(indices);
+    spconv_context_destroy(ctx);
+    return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SPCONV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPCONV_TEST_ASAN 1
+#endif
+#endif
+
+/* Builders take memory for the pairs they make and the sites, not for kernel volume x threads:
+ * kernel 255 on 5 sites at 8 threads fits a 1 GiB address space (the old builders needed 4.2 GB).
+ * The limit is set in a fork and the builds run in a fresh exec of this program, so that no
+ * OpenMP state of this process crosses the fork. */
+static void test_large_kernel_few_sites_fits_memory_cap(void **state) {
+    (void)state;
+#ifdef SPCONV_TEST_ASAN
+    print_message("skip: AddressSanitizer reserves terabytes of address space, so RLIMIT_AS "
+                  "cannot cap this build\n");
+    skip();
+#else
+    fflush(NULL);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const struct rlimit cap = {(rlim_t)MEMORY_CAP, (rlim_t)MEMORY_CAP};
+        char *const args[] = {"test_rulebook", MEMORY_CAP_FLAG, NULL};
+        if (setrlimit(RLIMIT_AS, &cap) == 0) execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("kernel 255 builds on 5 sites failed under a %lld MiB address-space cap "
+                 "(status %d)",
+                 (long long)(MEMORY_CAP >> 20), status);
+#endif
+}
+
 /* ---- geometry ------------------------------------------------------------------------------ */
 
 static void test_params_default_and_kernel_volume(void **state) {
@@ -499,6 +611,17 @@ static void test_subm_matches_reference(void **state) {
                                 spconv_test_rand_int(0, 2), dilation);
                 random_case(ctx, batch, 400, &p);
             }
+    /* The builder's three ways, chosen by size: kernel 9 and 11 on 800 sites take several groups
+     * of probed offsets (2^19 column cells hold 327 offsets of 800 sites), kernel 9 on 300 sites
+     * checks every pair of sites (N <= KV/2), kernel 5 on 800 sites probes in one group. */
+    const int64_t sizes[4][2] = {{9, 800}, {11, 800}, {9, 300}, {5, 800}};
+    for (int c = 0; c < 4; ++c)
+        for (int64_t dilation = 1; dilation <= 2; ++dilation) {
+            const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, sizes[c][0], 1, 0, dilation);
+            int32_t *rows = spconv_test_random_sites(2, GRID, sizes[c][1] / 2);
+            check_against_reference(ctx, rows, sizes[c][1], GRID, 2, &p);
+            free(rows);
+        }
     spconv_context_destroy(ctx);
 }
 
@@ -838,18 +961,6 @@ static void test_bad_arguments(void **state) {
 }
 
 /* A kernel of 1001^3 offsets over 1000 sites needs a 4 TB neighbour table: refused cleanly. */
-static void test_out_of_memory(void **state) {
-    (void)state;
-    int32_t *rows = spconv_test_random_sites(1, GRID, 1000);
-    spconv_tensor *indices = spconv_test_indices_tensor(rows, 1000);
-    const spconv_conv_params huge = make_params(SPCONV_CONV_SUBM, 1001, 1, 0, 1);
-    spconv_rulebook *rb = NULL;
-    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &huge, &rb),
-                        SPCONV_ERR_OUT_OF_MEMORY, "out of host memory for a neighbour table");
-    assert_null(rb);
-    spconv_tensor_release(indices);
-    free(rows);
-}
 
 /* ---- real data ----------------------------------------------------------------------------- */
 
@@ -1016,7 +1127,8 @@ static void test_real_scan_stride2(void **state) {
     check_real_rulebook(&p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], MEMORY_CAP_FLAG) == 0) return memory_capped_builds();
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_packing_roundtrip_and_order),
@@ -1025,6 +1137,7 @@ int main(void) {
         cmocka_unit_test(test_crafted_sites_stay_near_home),
         cmocka_unit_test(test_crafted_sites_build_in_linear_time),
         cmocka_unit_test(test_hash_seed_does_not_change_rulebooks),
+        cmocka_unit_test(test_large_kernel_few_sites_fits_memory_cap),
         cmocka_unit_test(test_params_default_and_kernel_volume),
         cmocka_unit_test(test_output_shape_regular_and_transposed),
         cmocka_unit_test(test_output_shape_errors),
@@ -1040,7 +1153,6 @@ int main(void) {
         cmocka_unit_test(test_inverse_rulebook),
         cmocka_unit_test(test_bad_rows),
         cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_real_scan_subm),
         cmocka_unit_test(test_real_scan_stride2),
     };
