@@ -1,13 +1,21 @@
 /* Rulebooks: the coordinate hash table, conv geometry, the fast builder against the brute-force
  * reference on random inputs, invariants, determinism across thread counts, inverse rulebooks,
- * every bad input, and the real scan of ../shared/data when present. */
+ * every bad input, hash flooding and seeds, and the real scan of ../shared/data when present. */
+#define _POSIX_C_SOURCE 200809L /* setenv, fork, execv */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common/hash_flood.h"
 #include "common/rulebook_testing.h"
 #include "common/test_util.h"
+#include "core/parallel.h"
 #include "rulebook/hash.h"
+#include "rulebook/sites.h"
 #include "rulebook/rulebook_impl.h"
 #include "rulebook/rulebook_ref.h"
 
@@ -97,14 +105,17 @@ static void test_key_packing_roundtrip_and_order(void **state) {
     assert_int_equal(layout.total_bits, 64);
 }
 
-static spconv__hash_slot *empty_slots(uint64_t capacity) {
-    spconv__hash_slot *slots = malloc(capacity * sizeof *slots);
-    assert_non_null(slots);
+/* An empty table of @p capacity slots with a freshly drawn seed; free table.slots. */
+static spconv__hash_table empty_table(uint64_t capacity) {
+    spconv__hash_table table = {malloc(capacity * sizeof *table.slots), capacity,
+                                spconv__hash_bits_for(capacity), {0, 1}};
+    assert_non_null(table.slots);
+    spconv__hash_seed_draw(&table.seed);
     for (uint64_t s = 0; s < capacity; ++s) {
-        slots[s].key = SPCONV_HASH_EMPTY;
-        slots[s].value = INT32_MAX;
+        table.slots[s].key = SPCONV_HASH_EMPTY;
+        table.slots[s].value = INT32_MAX;
     }
-    return slots;
+    return table;
 }
 
 static void test_hash_insert_find(void **state) {
@@ -112,47 +123,302 @@ static void test_hash_insert_find(void **state) {
     const int64_t n = 5000;
     const uint64_t capacity = spconv__hash_capacity_for(n);
     assert_true(capacity >= 2 * (uint64_t)n && (capacity & (capacity - 1)) == 0);
-    spconv__hash_slot *slots = empty_slots(capacity);
+    spconv__hash_table table = empty_table(capacity);
     uint64_t *keys = malloc((size_t)n * sizeof *keys);
     assert_non_null(keys);
     int64_t added = 0;
     for (int64_t i = 0; i < n; ++i) {
         keys[i] = spconv_test_rand_u64() >> 2 & ~UINT64_C(1); /* even keys; odd ones stay absent */
-        const int outcome = spconv__hash_insert(slots, capacity, keys[i], (int32_t)i);
+        const int outcome = spconv__hash_insert(&table, keys[i], (int32_t)i);
         assert_true(outcome == SPCONV_HASH_ADDED || outcome == SPCONV_HASH_REPEATED);
         added += outcome == SPCONV_HASH_ADDED;
     }
     for (int64_t i = n - 1; i >= 0; --i) /* repeats keep the smallest row */
-        assert_int_equal(spconv__hash_insert(slots, capacity, keys[i], (int32_t)(i + n)),
+        assert_int_equal(spconv__hash_insert(&table, keys[i], (int32_t)(i + n)),
                          SPCONV_HASH_REPEATED);
     int64_t occupied = 0;
     for (uint64_t slot = 0; slot < capacity; ++slot)
-        occupied += slots[slot].key != SPCONV_HASH_EMPTY;
+        occupied += table.slots[slot].key != SPCONV_HASH_EMPTY;
     assert_int_equal(occupied, added);
     for (int64_t i = 0; i < n; ++i) {
-        const int32_t found = spconv__hash_find(slots, capacity, keys[i]);
+        const int32_t found = spconv__hash_find(&table, keys[i]);
         assert_true(found >= 0 && keys[found] == keys[i] && found <= i);
-        assert_int_equal(spconv__hash_find(slots, capacity, keys[i] | 1), -1);
+        assert_int_equal(spconv__hash_find(&table, keys[i] | 1), -1);
     }
     free(keys);
-    free(slots);
+    free(table.slots);
 }
 
 static void test_hash_full_table_is_bounded(void **state) {
     (void)state;
     const uint64_t capacity = SPCONV_HASH_MIN_CAPACITY;
-    spconv__hash_slot *slots = empty_slots(capacity);
+    spconv__hash_table table = empty_table(capacity);
     for (uint64_t key = 0; key < capacity; ++key)
-        assert_int_equal(spconv__hash_insert(slots, capacity, key * 7, (int32_t)key),
+        assert_int_equal(spconv__hash_insert(&table, key * 7, (int32_t)key),
                          SPCONV_HASH_ADDED);
     /* No free slot is left: a new key is refused and a missing key is not found, both after
      * visiting each slot once instead of probing forever; a present key is still found. */
-    assert_int_equal(spconv__hash_insert(slots, capacity, 5, 99), SPCONV_HASH_FULL);
-    assert_int_equal(spconv__hash_insert(slots, capacity, 21, 1), SPCONV_HASH_REPEATED);
-    assert_int_equal(spconv__hash_find(slots, capacity, 5), -1);
-    assert_int_equal(spconv__hash_find(slots, capacity, 14), 2);
-    assert_int_equal(spconv__hash_find(slots, capacity, 21), 1);
-    free(slots);
+    assert_int_equal(spconv__hash_insert(&table, 5, 99), SPCONV_HASH_FULL);
+    assert_int_equal(spconv__hash_insert(&table, 21, 1), SPCONV_HASH_REPEATED);
+    assert_int_equal(spconv__hash_find(&table, 5), -1);
+    assert_int_equal(spconv__hash_find(&table, 14), 2);
+    assert_int_equal(spconv__hash_find(&table, 21), 1);
+    free(table.slots);
+}
+
+/* ---- hash flooding ------------------------------------------------------------------------- */
+
+/* Sites crafted against the old fixed mix (tests/common/hash_flood.c): 16,384 of them in a
+ * 10.7M-cell grid all started probing in one ~200-slot window of the old table. */
+#define FLOOD_SITES 16384
+static const int64_t FLOOD_SHAPE[3] = {41, 512, 512};
+
+static int32_t *flood_sites(void) {
+    int32_t *rows = malloc((size_t)FLOOD_SITES * 4 * sizeof *rows);
+    assert_non_null(rows);
+    assert_int_equal(spconv_flood_rulebook_sites(FLOOD_SITES, FLOOD_SHAPE, rows), FLOOD_SITES);
+    return rows;
+}
+
+/* Sum over the stored keys of how far each sits from its home slot: the extra slots that every
+ * insert and every successful lookup of the table walks. */
+static uint64_t total_displacement(const spconv__hash_table *hash) {
+    uint64_t total = 0;
+    for (uint64_t slot = 0; slot < hash->capacity; ++slot)
+        if (hash->slots[slot].key != SPCONV_HASH_EMPTY)
+            total += (slot - spconv__hash_home(hash, hash->slots[slot].key)) & (hash->capacity - 1);
+    return total;
+}
+
+/* The probe work of a site table is linear for crafted sites. At load <= 1/4 linear probing
+ * leaves a key about 1/6 slot from home on average (Knuth: (1/(1-a) - 1) / 2), so 2 per key is a
+ * bound a working seeded table exceeds with negligible probability, while the old fixed mix put
+ * these sites about n/2 = 8,192 slots from home each. */
+static void test_crafted_sites_stay_near_home(void **state) {
+    (void)state;
+    int32_t *crafted = flood_sites();
+    int32_t *random = malloc((size_t)FLOOD_SITES * 4 * sizeof *random);
+    assert_non_null(random);
+    spconv_flood_random_sites(FLOOD_SITES, FLOOD_SHAPE, 7, random);
+    const int32_t *inputs[2] = {crafted, random};
+    for (int which = 0; which < 2; ++which) {
+        spconv__site_table sites;
+        SPCONV_ASSERT_OK(spconv__site_table_build("test", 2, inputs[which], FLOOD_SITES,
+                                                  FLOOD_SHAPE, 1, &sites));
+        const uint64_t displacement = total_displacement(&sites.hash);
+        if (displacement > 2 * (uint64_t)FLOOD_SITES)
+            fail_msg("%s sites: total displacement %llu for %d keys (bound %d)",
+                     which == 0 ? "crafted" : "random", (unsigned long long)displacement,
+                     FLOOD_SITES, 2 * FLOOD_SITES);
+        spconv__site_table_free(&sites);
+    }
+    free(random);
+    free(crafted);
+}
+
+/* Fastest of three submanifold builds after a warm-up, in seconds. */
+static double fastest_subm_build(spconv_context *ctx, const spconv_tensor *indices,
+                                 const int64_t shape[3]) {
+    const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    double best = 1e30;
+    for (int run = 0; run < 4; ++run) {
+        spconv_rulebook *rb = NULL;
+        const double t0 = spconv__now_s();
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 1, &p, &rb));
+        const double t = spconv__now_s() - t0;
+        if (run > 0 && t < best) best = t;
+        spconv_rulebook_release(rb);
+    }
+    return best;
+}
+
+/* End to end through the public API: crafted sites build about as fast as random ones. The old
+ * fixed mix made this ~100-300x slower (quadratic probing); 20x plus 20 ms leaves room for a
+ * loaded machine and sanitizers and still fails the quadratic case. A timing bound, so a
+ * generous one; test_crafted_sites_stay_near_home is the exact measure. */
+static void test_crafted_sites_build_in_linear_time(void **state) {
+    (void)state;
+    int32_t *crafted = flood_sites();
+    int32_t *random = malloc((size_t)FLOOD_SITES * 4 * sizeof *random);
+    assert_non_null(random);
+    spconv_flood_random_sites(FLOOD_SITES, FLOOD_SHAPE, 7, random);
+    spconv_tensor *crafted_t = spconv_test_indices_tensor(crafted, FLOOD_SITES);
+    spconv_tensor *random_t = spconv_test_indices_tensor(random, FLOOD_SITES);
+    spconv_context *ctx = context_with_threads(2);
+    const double random_s = fastest_subm_build(ctx, random_t, FLOOD_SHAPE);
+    const double crafted_s = fastest_subm_build(ctx, crafted_t, FLOOD_SHAPE);
+    if (crafted_s > 20.0 * random_s + 0.020)
+        fail_msg("crafted sites took %.1f ms, random ones %.1f ms", crafted_s * 1e3,
+                 random_s * 1e3);
+    spconv_context_destroy(ctx);
+    spconv_tensor_release(random_t);
+    spconv_tensor_release(crafted_t);
+    free(random);
+    free(crafted);
+}
+
+static void set_hash_seed(const char *seed) { assert_int_equal(setenv("SPCONV_HASH_SEED", seed, 1), 0); }
+
+/* Rulebooks and error messages are the same whatever seed the site table drew (SPCONV_HASH_SEED
+ * forces one, for this test), and the seed does move the keys, so the comparison means something. */
+static void test_hash_seed_does_not_change_rulebooks(void **state) {
+    (void)state;
+    const int64_t shape[3] = {40, 60, 50};
+    int32_t *rows = spconv_test_random_sites(2, shape, 15000);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 30000);
+    spconv_context *ctx = context_with_threads(2);
+    const spconv_conv_params cases[4] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                         make_params(SPCONV_CONV_TRANSPOSED, 2, 2, 0, 1),
+                                         make_params(SPCONV_CONV_SUBM, 5, 1, 0, 2)};
+    for (int c = 0; c < 4; ++c) {
+        spconv_rulebook *first = NULL, *second = NULL;
+        set_hash_seed("1");
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 2, &cases[c], &first));
+        set_hash_seed("0x9e3779b97f4a7c15");
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape, 2, &cases[c], &second));
+        spconv_test_assert_rulebooks_equal(first, second);
+        spconv_rulebook_release(first);
+        spconv_rulebook_release(second);
+    }
+    uint64_t first_slot_key[2];
+    for (int s = 0; s < 2; ++s) {
+        set_hash_seed(s == 0 ? "1" : "0x9e3779b97f4a7c15");
+        spconv__site_table sites;
+        SPCONV_ASSERT_OK(spconv__site_table_build("test", 2, rows, 30000, shape, 2, &sites));
+        uint64_t slot = 0;
+        while (sites.hash.slots[slot].key == SPCONV_HASH_EMPTY) ++slot;
+        first_slot_key[s] = sites.hash.slots[slot].key;
+        spconv__site_table_free(&sites);
+    }
+    assert_true(first_slot_key[0] != first_slot_key[1]);
+    /* A repeated row is reported as the same pair of rows under any seed. */
+    memcpy(rows + 4 * 20000, rows + 4 * 123, 4 * sizeof *rows);
+    spconv_tensor *repeated = spconv_test_indices_tensor(rows, 30000);
+    char messages[2][256];
+    for (int s = 0; s < 2; ++s) {
+        set_hash_seed(s == 0 ? "1" : "2");
+        spconv_rulebook *rb = NULL;
+        SPCONV_ASSERT_STATUS(spconv_rulebook_build(ctx, repeated, shape, 2, &cases[0], &rb),
+                             SPCONV_ERR_DUPLICATE_INDEX);
+        snprintf(messages[s], sizeof messages[s], "%s", spconv_last_error());
+    }
+    assert_string_equal(messages[0], messages[1]);
+    assert_non_null(strstr(messages[0], "row 20000"));
+    assert_int_equal(unsetenv("SPCONV_HASH_SEED"), 0);
+    spconv_tensor_release(repeated);
+    spconv_context_destroy(ctx);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
+/* ---- memory that follows the pairs, not the kernel ------------------------------------------ */
+
+#define MEMORY_CAP_FLAG "--memory-capped-builds"
+/* Address space of the capped child. The builds below need ~133 MB for the rulebook's own
+ * offsets (255^3 + 1 int64) and a few MB besides; the old builders asked for 4.2 GB (regular:
+ * per-chunk offset counters, 32 chunks at 8 threads) and 2.3 GB (subm: a 255^3 x 5 neighbour
+ * table plus per-chunk counters). */
+#define MEMORY_CAP (INT64_C(1) << 30)
+
+/* Five sites, each alone in its 255^3 block of [255, 1600, 1600]. */
+static const int32_t FEW_SITES[5][4] = {
+    {0, 3, 10, 20}, {0, 100, 400, 300}, {0, 200, 900, 1500}, {0, 254, 1400, 700}, {0, 128, 1200, 1100}};
+
+/* Runs in the capped child (a fresh exec of this program): kernel 255 rulebooks on 5 sites with 8
+ * threads, regular with stride 255 (one output per site) and submanifold (only the centre
+ * pairs), then a kernel whose offsets alone exceed the cap, which must fail with
+ * SPCONV_ERR_OUT_OF_MEMORY. Exit status 0 when all is as expected. */
+static int memory_capped_builds(void) {
+    const int64_t shape[3] = {255, 1600, 1600};
+    spconv_context *ctx = NULL;
+    spconv_tensor *indices = NULL;
+    if (spconv_context_create(spconv_cpu(), &ctx) != SPCONV_OK ||
+        spconv_context_set_num_threads(ctx, 8) != SPCONV_OK ||
+        spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, (const int64_t[]){5, 4},
+                                FEW_SITES, &indices) != SPCONV_OK) {
+        fprintf(stderr, "capped child: set-up failed: %s\n", spconv_last_error());
+        return 1;
+    }
+    const spconv_conv_params cases[2] = {make_params(SPCONV_CONV_REGULAR, 255, 255, 0, 1),
+                                         make_params(SPCONV_CONV_SUBM, 255, 1, 0, 1)};
+    for (int c = 0; c < 2; ++c) {
+        spconv_rulebook *rb = NULL;
+        if (spconv_rulebook_build(ctx, indices, shape, 1, &cases[c], &rb) != SPCONV_OK) {
+            fprintf(stderr, "capped child: kernel 255 %s build failed: %s\n",
+                    c == 0 ? "regular" : "subm", spconv_last_error());
+            return 1;
+        }
+        const int64_t *offsets = spconv_rulebook_offsets(rb);
+        const int64_t center = spconv_rulebook_kernel_volume(rb) / 2;
+        const int ok = spconv_rulebook_num_pairs(rb) == 5 && spconv_rulebook_num_out(rb) == 5 &&
+                       (c == 0 || offsets[center + 1] - offsets[center] == 5);
+        spconv_rulebook_release(rb);
+        if (!ok) {
+            fprintf(stderr, "capped child: kernel 255 %s rulebook is wrong\n",
+                    c == 0 ? "regular" : "subm");
+            return 1;
+        }
+    }
+    spconv_tensor_release(indices);
+    /* What does not fit is an error, not a crash: a 1001^3 kernel's offsets alone are 8 GB. */
+    int32_t rows[1000][4];
+    for (int r = 0; r < 1000; ++r) {
+        const int cell = 5 * r; /* distinct cells of GRID (19 x 18 x 17 = 5814) */
+        rows[r][0] = 0;
+        rows[r][1] = cell / (18 * 17);
+        rows[r][2] = cell / 17 % 18;
+        rows[r][3] = cell % 17;
+    }
+    const spconv_conv_params huge = make_params(SPCONV_CONV_SUBM, 1001, 1, 0, 1);
+    spconv_rulebook *rb = NULL;
+    if (spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_I32, 2, (const int64_t[]){1000, 4},
+                                rows, &indices) != SPCONV_OK ||
+        spconv_rulebook_build(ctx, indices, GRID, 1, &huge, &rb) != SPCONV_ERR_OUT_OF_MEMORY ||
+        rb != NULL || strstr(spconv_last_error(), "out of host memory") == NULL) {
+        fprintf(stderr, "capped child: a kernel of 1001^3 offsets was not refused for memory\n");
+        return 1;
+    }
+    spconv_tensor_release(indices);
+    spconv_context_destroy(ctx);
+    return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SPCONV_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SPCONV_TEST_ASAN 1
+#endif
+#endif
+
+/* Builders take memory for the pairs they make and the sites, not for kernel volume x threads:
+ * kernel 255 on 5 sites at 8 threads fits a 1 GiB address space (the old builders needed 4.2 GB).
+ * The limit is set in a fork and the builds run in a fresh exec of this program, so that no
+ * OpenMP state of this process crosses the fork. */
+static void test_large_kernel_few_sites_fits_memory_cap(void **state) {
+    (void)state;
+#ifdef SPCONV_TEST_ASAN
+    print_message("skip: AddressSanitizer reserves terabytes of address space, so RLIMIT_AS "
+                  "cannot cap this build\n");
+    skip();
+#else
+    fflush(NULL);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        const struct rlimit cap = {(rlim_t)MEMORY_CAP, (rlim_t)MEMORY_CAP};
+        char *const args[] = {"test_rulebook", MEMORY_CAP_FLAG, NULL};
+        if (setrlimit(RLIMIT_AS, &cap) == 0) execv("/proc/self/exe", args);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("kernel 255 builds on 5 sites failed under a %lld MiB address-space cap "
+                 "(status %d)",
+                 (long long)(MEMORY_CAP >> 20), status);
+#endif
 }
 
 /* ---- geometry ------------------------------------------------------------------------------ */
@@ -345,6 +611,17 @@ static void test_subm_matches_reference(void **state) {
                                 spconv_test_rand_int(0, 2), dilation);
                 random_case(ctx, batch, 400, &p);
             }
+    /* The builder's three ways, chosen by size: kernel 9 and 11 on 800 sites take several groups
+     * of probed offsets (2^19 column cells hold 327 offsets of 800 sites), kernel 9 on 300 sites
+     * checks every pair of sites (N <= KV/2), kernel 5 on 800 sites probes in one group. */
+    const int64_t sizes[4][2] = {{9, 800}, {11, 800}, {9, 300}, {5, 800}};
+    for (int c = 0; c < 4; ++c)
+        for (int64_t dilation = 1; dilation <= 2; ++dilation) {
+            const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, sizes[c][0], 1, 0, dilation);
+            int32_t *rows = spconv_test_random_sites(2, GRID, sizes[c][1] / 2);
+            check_against_reference(ctx, rows, sizes[c][1], GRID, 2, &p);
+            free(rows);
+        }
     spconv_context_destroy(ctx);
 }
 
@@ -684,18 +961,6 @@ static void test_bad_arguments(void **state) {
 }
 
 /* A kernel of 1001^3 offsets over 1000 sites needs a 4 TB neighbour table: refused cleanly. */
-static void test_out_of_memory(void **state) {
-    (void)state;
-    int32_t *rows = spconv_test_random_sites(1, GRID, 1000);
-    spconv_tensor *indices = spconv_test_indices_tensor(rows, 1000);
-    const spconv_conv_params huge = make_params(SPCONV_CONV_SUBM, 1001, 1, 0, 1);
-    spconv_rulebook *rb = NULL;
-    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &huge, &rb),
-                        SPCONV_ERR_OUT_OF_MEMORY, "out of host memory for a neighbour table");
-    assert_null(rb);
-    spconv_tensor_release(indices);
-    free(rows);
-}
 
 /* ---- real data ----------------------------------------------------------------------------- */
 
@@ -862,12 +1127,17 @@ static void test_real_scan_stride2(void **state) {
     check_real_rulebook(&p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], MEMORY_CAP_FLAG) == 0) return memory_capped_builds();
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_packing_roundtrip_and_order),
         cmocka_unit_test(test_hash_insert_find),
         cmocka_unit_test(test_hash_full_table_is_bounded),
+        cmocka_unit_test(test_crafted_sites_stay_near_home),
+        cmocka_unit_test(test_crafted_sites_build_in_linear_time),
+        cmocka_unit_test(test_hash_seed_does_not_change_rulebooks),
+        cmocka_unit_test(test_large_kernel_few_sites_fits_memory_cap),
         cmocka_unit_test(test_params_default_and_kernel_volume),
         cmocka_unit_test(test_output_shape_regular_and_transposed),
         cmocka_unit_test(test_output_shape_errors),
@@ -883,7 +1153,6 @@ int main(void) {
         cmocka_unit_test(test_inverse_rulebook),
         cmocka_unit_test(test_bad_rows),
         cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_real_scan_subm),
         cmocka_unit_test(test_real_scan_stride2),
     };

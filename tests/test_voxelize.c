@@ -1,12 +1,16 @@
 /* The voxelizer against its brute-force reference (voxelize_ref.c) and against checks computed
  * here from the definition (coordinates, means, first-appearance order, counts), on fresh random
  * clouds with points on voxel borders, outside the range, non-finite, crowded voxels and too
- * many voxels; 1 vs 2 threads; batches; the KITTI scan with SECOND's settings; bad parameters. */
+ * many voxels; 1 vs 2 threads; batches; the KITTI scan with SECOND's settings; bad parameters;
+ * points crafted against the old fixed hash, and results under different hash seeds. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash_flood.h"
 #include "common/test_util.h"
 #include "voxel/voxelize_impl.h"
 
@@ -486,6 +490,89 @@ static void test_bad_inputs(void **state) {
     spconv_tensor_release(five);
 }
 
+/* ---- hash flooding and seeds ---------------------------------------------------------------- */
+
+/* SECOND's KITTI grid (1408 x 1600 x 40 voxels) without a voxel limit. */
+static spconv_voxelize_params flood_params(void) {
+    spconv_voxelize_params vp = {{0.05f, 0.05f, 0.1f}, {0.0f, -40.0f, -3.0f, 70.4f, 40.0f, 1.0f},
+                                 5, INT64_MAX, SPCONV_VOXELIZE_MEAN};
+    return vp;
+}
+
+#define FLOOD_POINTS 32768
+
+static spconv_tensor *flood_cloud(int crafted) {
+    const spconv_voxelize_params vp = flood_params();
+    spconv_tensor *t = NULL;
+    SPCONV_ASSERT_OK(
+        spconv_tensor_empty(spconv_cpu(), SPCONV_F32, 2, (int64_t[]){FLOOD_POINTS, 4}, &t));
+    if (crafted)
+        assert_int_equal(spconv_flood_voxel_points(FLOOD_POINTS, 4, &vp, spconv_tensor_data(t)),
+                         FLOOD_POINTS);
+    else
+        spconv_flood_random_points(FLOOD_POINTS, 4, &vp, 7, spconv_tensor_data(t));
+    return t;
+}
+
+/* Fastest of three voxelizations after a warm-up, in seconds. */
+static double fastest_voxelize(spconv_context *ctx, const spconv_tensor *points) {
+    const spconv_voxelize_params vp = flood_params();
+    double best = 1e30;
+    for (int run = 0; run < 4; ++run) {
+        spconv_voxels out;
+        const double t0 = spconv__now_s();
+        SPCONV_ASSERT_OK(spconv_voxelize(ctx, points, &vp, &out));
+        const double t = spconv__now_s() - t0;
+        if (run > 0 && t < best) best = t;
+        assert_true(spconv_tensor_size(out.coords, 0) > FLOOD_POINTS / 2);
+        spconv_voxels_release(&out);
+    }
+    return best;
+}
+
+/* 32,768 points, one per voxel, whose keys all shared one window of slots under the old fixed
+ * Fibonacci hash (tests/common/hash_flood.c): that took ~0.5 s, ~300x the random case, as every
+ * new voxel walked the one run. With a seeded table they cost what random points cost. The
+ * voxelizer's table is private to voxelize.c, so this is a timing bound; 20x plus 20 ms leaves
+ * room for a loaded machine and sanitizers and still fails the quadratic case. */
+static void test_crafted_points_voxelize_in_linear_time(void **state) {
+    (void)state;
+    spconv_tensor *crafted = flood_cloud(1), *random = flood_cloud(0);
+    spconv_context *ctx = context_with_threads(2);
+    const double random_s = fastest_voxelize(ctx, random);
+    const double crafted_s = fastest_voxelize(ctx, crafted);
+    if (crafted_s > 20.0 * random_s + 0.020)
+        fail_msg("crafted points took %.1f ms, random ones %.1f ms", crafted_s * 1e3,
+                 random_s * 1e3);
+    spconv_context_destroy(ctx);
+    spconv_tensor_release(crafted);
+    spconv_tensor_release(random);
+}
+
+/* Voxel rows follow first appearance, never slots: the output is the same under any seed
+ * (SPCONV_HASH_SEED forces one, for this test), with crowded voxels and a voxel limit too. */
+static void test_hash_seed_does_not_change_voxels(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    for (int round = 0; round < 2; ++round) {
+        spconv_voxelize_params vp = {{0.5f, 0.5f, 0.25f}, {-40, -40, -3, 40, 40, 2}, 4,
+                                     round == 1 ? 5000 : INT64_MAX,
+                                     SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN};
+        spconv_tensor *points = random_cloud(100000, 4, &vp);
+        spconv_voxels a, b;
+        assert_int_equal(setenv("SPCONV_HASH_SEED", "1", 1), 0);
+        SPCONV_ASSERT_OK(spconv_voxelize(ctx, points, &vp, &a));
+        assert_int_equal(setenv("SPCONV_HASH_SEED", "0xdeadbeefcafe", 1), 0);
+        SPCONV_ASSERT_OK(spconv_voxelize(ctx, points, &vp, &b));
+        assert_results_identical(&a, &b);
+        spconv_voxels_release(&a);
+        spconv_voxels_release(&b);
+        spconv_tensor_release(points);
+    }
+    assert_int_equal(unsetenv("SPCONV_HASH_SEED"), 0);
+    spconv_context_destroy(ctx);
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -499,6 +586,8 @@ int main(void) {
         cmocka_unit_test(test_empty_cloud),
         cmocka_unit_test(test_bad_params),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_crafted_points_voxelize_in_linear_time),
+        cmocka_unit_test(test_hash_seed_does_not_change_voxels),
     };
     return cmocka_run_group_tests_name("voxelize", tests, NULL, NULL);
 }

@@ -38,6 +38,13 @@ typedef struct strided_plan {
     uint64_t *buffers[4]; /* keys, values and the sort's scratch copies */
 } strided_plan;
 
+/* Most (k, o) pairs one coordinate can have on an axis: o moves strictly with k, so distinct
+ * offsets reach distinct outputs, and there are no more than the kernel or the outputs. Sizing the
+ * per-chunk scratch by this keeps a kernel far wider than the grid from costing its width. */
+static int64_t axis_max_targets(const axis_rule *rule) {
+    return rule->kernel < rule->out_size ? rule->kernel : rule->out_size;
+}
+
 /* The (k, o) pairs through which coordinate c reaches an output on one axis; returns how many. */
 static int64_t axis_targets(const axis_rule *rule, int64_t c, int64_t *ks, int64_t *os) {
     int64_t count = 0;
@@ -67,9 +74,10 @@ static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scra
     int64_t *ks[3], *os[3], counts[3];
     int64_t *cursor = scratch;
     for (int axis = 0; axis < 3; ++axis) {
+        const int64_t room = axis_max_targets(&plan->axes[axis]);
         ks[axis] = cursor;
-        os[axis] = cursor + plan->axes[axis].kernel;
-        cursor += 2 * plan->axes[axis].kernel;
+        os[axis] = cursor + room;
+        cursor += 2 * room;
         counts[axis] = axis_targets(&plan->axes[axis], row[1 + axis], ks[axis], os[axis]);
     }
     if (keys == NULL) return counts[0] * counts[1] * counts[2];
@@ -184,7 +192,13 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     const char *func = plan->in->func;
     const int num_threads = plan->in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
-    const int64_t num_chunks = plan->num_chunks, kv = rb->kernel_volume, n = plan->num_candidates;
+    const int64_t kv = rb->kernel_volume, n = plan->num_candidates;
+    /* Per-(chunk, offset) counters are num_chunks x KV: with one set per chunk of every thread
+     * a 255^3 kernel on 5 sites asked for 0.5 GB per thread. Fewer chunks when the kernel is
+     * large against the candidates keep them within max(KV, candidates) entries, i.e. the
+     * rulebook's own offsets or pairs, whatever the thread count. */
+    int64_t num_chunks = plan->num_chunks;
+    if (num_chunks > n / kv) num_chunks = n / kv > 1 ? n / kv : 1;
     int64_t *heads = malloc((size_t)num_chunks * sizeof *heads);
     int64_t *next = calloc((size_t)(num_chunks * kv), sizeof *next);
     spconv_status st = SPCONV_OK;
@@ -227,11 +241,12 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
         plan->axes[axis] = (axis_rule){
             params->kernel[axis],   params->stride[axis], params->padding[axis],
             params->dilation[axis], rb->out_shape[axis],  params->kind == SPCONV_CONV_TRANSPOSED};
-        plan->scratch_len += 2 * params->kernel[axis];
+        plan->scratch_len += 2 * axis_max_targets(&plan->axes[axis]);
     }
     SPCONV_FORWARD_IF_ERROR(
         spconv__key_layout_checked(in->func, rb->batch_size, rb->out_shape, &plan->out_layout));
     plan->num_chunks = (int64_t)in->num_threads * CHUNKS_PER_THREAD;
+    if (plan->num_chunks > in->num_in) plan->num_chunks = in->num_in > 0 ? in->num_in : 1;
     plan->scratch = malloc((size_t)(plan->num_chunks * plan->scratch_len) * sizeof *plan->scratch);
     plan->chunk_starts = malloc((size_t)(plan->num_chunks + 1) * sizeof *plan->chunk_starts);
     SPCONV_RETURN_ERROR_IF(plan->scratch == NULL || plan->chunk_starts == NULL,

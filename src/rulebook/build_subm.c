@@ -1,11 +1,23 @@
-/* Submanifold rulebooks. Outputs are the input sites. A neighbour table nbr[k][o] (input row
- * reaching output o through offset k, or -1) is filled by probing the hash table, then compacted
- * offset by offset in increasing o, so the result does not depend on the thread count.
+/* Submanifold rulebooks. Outputs are the input sites. Neighbour columns nbr[k][o] (input row
+ * reaching output o through offset k, or -1) are filled by probing the hash table, then compacted
+ * column by column in increasing o, so the result does not depend on the thread count.
  *
  * Symmetry halves the probes: the offsets of an odd kernel pair up as k and KV-1-k with opposite
  * displacements, so "input i reaches o through k" is "input o reaches i through KV-1-k". Only
- * k < KV/2 is probed and each hit fills both cells. The centre offset maps every row to itself
- * and needs no table. */
+ * k < KV/2 is probed and each hit fills both columns; the two offsets therefore have equal pair
+ * counts. The centre offset maps every row to itself and needs no column.
+ *
+ * Memory follows the pairs, not the kernel: a column per offset for every site would be
+ * KV x N cells (1.7 GB for a 15^3 kernel on 125k sites, 0.3 GB for 255^3 on 5 sites, plus
+ * per-chunk counters of KV entries each). Instead the probed offsets go in groups whose columns
+ * fit a budget of max(SUBM_MIN_CELLS, SUBM_CELLS_PER_SITE x N) cells, reused from group to group.
+ * When one group covers the kernel (3x3x3 on any input) the columns compact straight into the
+ * rulebook; otherwise each group compacts into blocks of exactly its pairs, which are copied into
+ * place once every count is known (twice the pairs at the peak, and no second probing pass).
+ *
+ * With fewer sites than probed offsets (N <= KV/2: a 255^3 kernel on a handful of sites) the
+ * build checks every pair of sites instead: N^2 displacement tests rather than N x KV/2 lookups,
+ * a stable radix sort of the hits by offset, the same rulebook. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,45 +25,89 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "rulebook/build.h"
+#include "rulebook/radix_sort.h"
 #include "spconv/tensor.h"
 
 /* More chunks than threads, taken dynamically, evens out regions of different density. */
 #define CHUNKS_PER_THREAD 8
+/* Column cells of one group: 64 per site keeps 3x3x3 (26 columns) in one group, so the common
+ * case is the single-pass build; 2^19 cells (2 MiB) lets few sites take many offsets at once. */
+#define SUBM_CELLS_PER_SITE 64
+#define SUBM_MIN_CELLS (INT64_C(1) << 19)
 
 typedef struct subm_plan {
     const spconv__build_input *in;
     const int64_t *shape;
-    int64_t kernel_volume;
-    int64_t *displacements; /* [KV / 2][3]: (z, y, x) step of each probed offset */
-    int32_t *nbr;           /* [KV][num_in]; the centre row is unused */
+    int64_t num_chunks;     /* min(threads * CHUNKS_PER_THREAD, N): more would be empty */
+    int64_t group_size;     /* G: probed offsets per group */
+    int64_t begin, end;     /* offsets of the current group, [begin, end) below the centre */
+    int64_t *displacements; /* [G][3]: (z, y, x) step of each offset of the group */
+    int32_t *nbr;           /* [2G][N]: column j for offset begin + j, G + j for its mirror */
+    int64_t *counts;        /* [num_chunks][G]: hits of each offset of the group per chunk */
+    int64_t *group_counts;  /* [G]: pairs of each offset of the group (and of its mirror) */
+    int64_t *starts;        /* [2G]: where each column's pairs go in the group's destination */
 } subm_plan;
 
-static spconv_status plan_alloc(const char *func, const spconv_rulebook *rb, subm_plan *plan) {
-    const int64_t kv = rb->kernel_volume, n = rb->num_in;
-    SPCONV_RETURN_ERROR_IF(
-        n > 0 && (uint64_t)kv > SIZE_MAX / sizeof(int32_t) / (uint64_t)n, SPCONV_ERR_OVERFLOW,
-        "%s: a neighbour table of %" PRId64 " offsets x %" PRId64 " sites is too large", func, kv,
-        n);
-    plan->nbr = malloc((size_t)kv * (size_t)n * sizeof *plan->nbr);
-    plan->displacements =
-        plan->nbr == NULL ? NULL : malloc(((size_t)kv / 2 + 1) * 3 * sizeof *plan->displacements);
-    if (plan->displacements == NULL || plan->nbr == NULL) {
-        free(plan->displacements);
-        free(plan->nbr);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY,
-                            "%s: out of host memory for a neighbour table of %" PRId64
-                            " offsets x %" PRId64 " sites",
-                            func, kv, n);
-    }
-    const spconv_conv_params *params = &rb->params;
-    for (int64_t k = 0; k < kv / 2; ++k) {
+/* One group's pairs: the lower offsets' then (separately) the mirrors', each in offset order. */
+typedef struct pair_block {
+    int32_t *lower_in, *lower_out, *upper_in, *upper_out;
+    int64_t count; /* pairs of each half */
+} pair_block;
+
+static spconv_status plan_alloc(const char *func, int num_threads, const spconv_rulebook *rb,
+                                subm_plan *plan) {
+    const int64_t n = rb->num_in, half = rb->kernel_volume / 2;
+    const int64_t budget =
+        n <= SUBM_MIN_CELLS / SUBM_CELLS_PER_SITE ? SUBM_MIN_CELLS : SUBM_CELLS_PER_SITE * n;
+    int64_t group = budget / (2 * n);
+    if (group < 1) group = 1;
+    if (group > half) group = half;
+    plan->group_size = group;
+    plan->num_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
+    if (plan->num_chunks > n) plan->num_chunks = n;
+    /* 2G x N cells fit the budget or are one pair of columns (2N), and N <= INT32_MAX. */
+    plan->nbr = malloc((size_t)(2 * group) * (size_t)n * sizeof *plan->nbr);
+    plan->displacements = malloc((size_t)group * 3 * sizeof *plan->displacements);
+    plan->counts = malloc((size_t)(plan->num_chunks * group) * sizeof *plan->counts);
+    plan->group_counts = malloc((size_t)group * sizeof *plan->group_counts);
+    plan->starts = malloc((size_t)(2 * group) * sizeof *plan->starts);
+    SPCONV_RETURN_ERROR_IF(plan->nbr == NULL || plan->displacements == NULL ||
+                               plan->counts == NULL || plan->group_counts == NULL ||
+                               plan->starts == NULL,
+                           SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for neighbour columns of %" PRId64
+                           " offsets x %" PRId64 " sites",
+                           func, 2 * group, n);
+    return SPCONV_OK;
+}
+
+static void plan_free(subm_plan *plan) {
+    free(plan->nbr);
+    free(plan->displacements);
+    free(plan->counts);
+    free(plan->group_counts);
+    free(plan->starts);
+}
+
+/* Make offsets [begin, end) the current group: their displacements and empty columns. */
+static void group_start(subm_plan *plan, const spconv_conv_params *params, int64_t begin,
+                        int64_t end) {
+    const int num_threads = plan->in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = plan->in->num_in, group = plan->group_size, used = end - begin;
+    plan->begin = begin;
+    plan->end = end;
+    for (int64_t j = 0; j < used; ++j) {
         int64_t split[3];
-        spconv__kernel_offset_split(params->kernel, k, split);
+        spconv__kernel_offset_split(params->kernel, begin + j, split);
         for (int axis = 0; axis < 3; ++axis)
-            plan->displacements[3 * k + axis] =
+            plan->displacements[3 * j + axis] =
                 (split[axis] - params->kernel[axis] / 2) * params->dilation[axis];
     }
-    return SPCONV_OK;
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
+    for (int64_t column = 0; column < 2 * group; ++column)
+        if (column % group < used)
+            memset(plan->nbr + column * n, 0xff, (size_t)n * sizeof *plan->nbr);
 }
 
 /* Start loading the slots that output o will probe. Issued one site ahead, their cache misses
@@ -60,53 +116,46 @@ static spconv_status plan_alloc(const char *func, const spconv_rulebook *rb, sub
 static void prefetch_probes(const subm_plan *plan, int64_t o) {
     const spconv__site_table *sites = plan->in->sites;
     const int32_t *row = plan->in->rows + 4 * o;
-    for (int64_t k = 0; k < plan->kernel_volume / 2; ++k) {
-        const int64_t *step = plan->displacements + 3 * k;
+    for (int64_t j = 0; j < plan->end - plan->begin; ++j) {
+        const int64_t *step = plan->displacements + 3 * j;
         const uint64_t key = spconv__key_pack(&sites->layout, row[0], row[1] + step[0],
                                               row[2] + step[1], row[3] + step[2]);
-        __builtin_prefetch(&sites->slots[spconv__hash_home(key, sites->capacity)]);
+        __builtin_prefetch(&sites->hash.slots[spconv__hash_home(&sites->hash, key)]);
     }
 }
 
-/* Probe outputs [begin, end) at the offsets below the centre; counts[k] gets the hits of k and
- * of its mirror. */
+/* Probe outputs [begin, end) at the group's offsets; counts[j] gets the hits of offset
+ * plan->begin + j (and so of its mirror). */
 static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64_t *counts) {
     const spconv__site_table *sites = plan->in->sites;
-    const int64_t kv = plan->kernel_volume, n = plan->in->num_in;
+    const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
     const int64_t *shape = plan->shape;
+    for (int64_t j = 0; j < used; ++j) counts[j] = 0;
     for (int64_t o = begin; o < end; ++o) {
         if (o + 1 < end) prefetch_probes(plan, o + 1);
         const int32_t *row = plan->in->rows + 4 * o;
-        for (int64_t k = 0; k < kv / 2; ++k) {
-            const int64_t *step = plan->displacements + 3 * k;
+        for (int64_t j = 0; j < used; ++j) {
+            const int64_t *step = plan->displacements + 3 * j;
             const int64_t z = row[1] + step[0], y = row[2] + step[1], x = row[3] + step[2];
             if (z < 0 || z >= shape[0] || y < 0 || y >= shape[1] || x < 0 || x >= shape[2])
                 continue;
-            const int32_t i = spconv__hash_find(sites->slots, sites->capacity,
-                                                spconv__key_pack(&sites->layout, row[0], z, y, x));
+            const int32_t i =
+                spconv__hash_find(&sites->hash, spconv__key_pack(&sites->layout, row[0], z, y, x));
             if (i < 0) continue;
-            plan->nbr[k * n + o] = i;
-            plan->nbr[(kv - 1 - k) * n + i] = (int32_t)o;
-            ++counts[k];
-            ++counts[kv - 1 - k];
+            plan->nbr[j * n + o] = i;
+            plan->nbr[(group + j) * n + i] = (int32_t)o;
+            ++counts[j];
         }
     }
 }
 
-static void compact_offset(const subm_plan *plan, int64_t k, spconv_rulebook *rb) {
-    const int64_t n = rb->num_in;
-    int32_t *pairs_in = (int32_t *)spconv_tensor_data(rb->pairs_in) + rb->offsets[k];
-    int32_t *pairs_out = (int32_t *)spconv_tensor_data(rb->pairs_out) + rb->offsets[k];
-    if (k == plan->kernel_volume / 2) {
-        for (int64_t o = 0; o < n; ++o) pairs_in[o] = pairs_out[o] = (int32_t)o;
-        return;
-    }
-    const int32_t *column = plan->nbr + k * n;
-    const int64_t count = rb->offsets[k + 1] - rb->offsets[k];
+/* The @p count hits of @p column, in increasing output row, to pairs_in / pairs_out. */
+static void compact_column(const int32_t *column, int64_t n, int64_t count, int32_t *pairs_in,
+                           int32_t *pairs_out) {
     int64_t o = 0, written = 0;
     /* Hits follow no pattern, so every cell is stored and only a hit advances; that is 3x faster
      * than a branch. It stops one hit short, as the store past the last hit would land in the
-     * next offset's pairs, which another thread may be writing. */
+     * next column's pairs, which another thread may be writing. */
     for (; o < n && written + 1 < count; ++o) {
         const int32_t i = column[o];
         pairs_in[written] = i;
@@ -121,39 +170,243 @@ static void compact_offset(const subm_plan *plan, int64_t k, spconv_rulebook *rb
     }
 }
 
-/* Sum the per-chunk counts into rb->offsets (the centre has one pair per site). */
-static void offsets_from_counts(const int64_t *counts, int64_t num_chunks, spconv_rulebook *rb) {
-    const int64_t kv = rb->kernel_volume;
-    rb->offsets[0] = 0;
-    for (int64_t k = 0; k < kv; ++k) {
-        int64_t total = k == kv / 2 ? rb->num_in : 0;
-        for (int64_t c = 0; c < num_chunks; ++c) total += counts[c * kv + k];
-        rb->offsets[k + 1] = rb->offsets[k] + total;
+/* Probe the current group, record its pair counts in rb->offsets[k + 1] (lower offsets only; a
+ * mirror has its partner's count) and return the group's pairs per half. */
+static int64_t probe_group(subm_plan *plan, spconv_rulebook *rb) {
+    const int num_threads = plan->in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
+    for (int64_t c = 0; c < plan->num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, plan->num_chunks, c, &begin, &end);
+        probe_chunk(plan, begin, end, plan->counts + c * group);
+    }
+    int64_t total = 0;
+    for (int64_t j = 0; j < used; ++j) {
+        int64_t count = 0;
+        for (int64_t c = 0; c < plan->num_chunks; ++c) count += plan->counts[c * group + j];
+        rb->offsets[plan->begin + j + 1] = plan->group_counts[j] = count;
+        total += count;
+    }
+    return total;
+}
+
+/* Compact the current group's columns: lower offsets to lower_* in offset order, mirrors to
+ * upper_* in their offset order (the mirror of the group's last offset first). */
+static void compact_group(subm_plan *plan, int32_t *lower_in, int32_t *lower_out,
+                          int32_t *upper_in, int32_t *upper_out) {
+    const int num_threads = plan->in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
+    const int64_t *counts = plan->group_counts;
+    int64_t running = 0;
+    for (int64_t j = 0; j < used; ++j) {
+        plan->starts[j] = running;
+        running += counts[j];
+    }
+    running = 0;
+    for (int64_t j = used - 1; j >= 0; --j) {
+        plan->starts[group + j] = running;
+        running += counts[j];
+    }
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
+    for (int64_t column = 0; column < 2 * used; ++column) {
+        const int upper = column >= used;
+        const int64_t j = upper ? column - used : column;
+        const int64_t start = plan->starts[upper ? group + j : j];
+        compact_column(plan->nbr + (upper ? group + j : j) * n, n, counts[j],
+                       (upper ? upper_in : lower_in) + start,
+                       (upper ? upper_out : lower_out) + start);
     }
 }
 
-static spconv_status fill_pairs(subm_plan *plan, spconv_rulebook *rb) {
-    const int num_threads = plan->in->num_threads;
-    const int64_t kv = rb->kernel_volume, n = rb->num_in;
-    const int64_t num_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
-    int64_t *counts = calloc((size_t)(num_chunks * kv), sizeof *counts);
-    SPCONV_RETURN_ERROR_IF(counts == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "%s: out of host memory for pair counts", plan->in->func);
-    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
-    for (int64_t k = 0; k < kv; ++k)
-        if (k != kv / 2) memset(plan->nbr + k * n, 0xff, (size_t)n * sizeof *plan->nbr);
+/* rb->offsets[k + 1] holds the count of each lower offset k: make them the prefix sums of every
+ * offset (mirrors copy their partner's count, the centre has one pair per site). */
+static void offsets_from_lower_counts(spconv_rulebook *rb) {
+    const int64_t kv = rb->kernel_volume, half = kv / 2;
+    int64_t running = 0;
+    rb->offsets[0] = 0;
+    for (int64_t k = 0; k < half; ++k) {
+        running += rb->offsets[k + 1];
+        rb->offsets[k + 1] = running;
+    }
+    for (int64_t k = half; k < kv; ++k) {
+        const int64_t count = k == half ? rb->num_in
+                                        : rb->offsets[kv - 1 - k + 1] - rb->offsets[kv - 1 - k];
+        running += count;
+        rb->offsets[k + 1] = running;
+    }
+}
+
+static void fill_center(spconv_rulebook *rb) {
+    const int64_t n = rb->num_in, start = rb->offsets[rb->kernel_volume / 2];
+    int32_t *pairs_in = (int32_t *)spconv_tensor_data(rb->pairs_in) + start;
+    int32_t *pairs_out = (int32_t *)spconv_tensor_data(rb->pairs_out) + start;
+    for (int64_t o = 0; o < n; ++o) pairs_in[o] = pairs_out[o] = (int32_t)o;
+}
+
+/* The whole kernel in one group: compact straight into the rulebook. */
+static spconv_status build_one_group(subm_plan *plan, spconv_rulebook *rb) {
+    const int64_t half = rb->kernel_volume / 2;
+    group_start(plan, &rb->params, 0, half);
+    probe_group(plan, rb);
+    offsets_from_lower_counts(rb);
+    SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    const int64_t upper = rb->offsets[half + 1];
+    compact_group(plan, pairs_in, pairs_out, pairs_in + upper, pairs_out + upper);
+    fill_center(rb);
+    return SPCONV_OK;
+}
+
+static void blocks_free(pair_block *blocks, int64_t num_blocks) {
+    for (int64_t b = 0; b < num_blocks; ++b) free(blocks[b].lower_in);
+    free(blocks);
+}
+
+/* Group by group into blocks of exactly their pairs, then everything into place. */
+static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
+    const char *func = plan->in->func;
+    const int64_t half = rb->kernel_volume / 2, group = plan->group_size;
+    const int64_t num_blocks = (half + group - 1) / group;
+    pair_block *blocks = calloc((size_t)num_blocks, sizeof *blocks);
+    SPCONV_RETURN_ERROR_IF(blocks == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for %" PRId64 " pair blocks", func, num_blocks);
+    spconv_status st = SPCONV_OK;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+        const int64_t begin = b * group, end = begin + group < half ? begin + group : half;
+        group_start(plan, &rb->params, begin, end);
+        pair_block *block = &blocks[b];
+        block->count = probe_group(plan, rb);
+        if (block->count == 0) continue;
+        block->lower_in = malloc((size_t)block->count * 4 * sizeof *block->lower_in);
+        if (block->lower_in == NULL)
+            SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                             "%s: out of host memory for %" PRId64 " pairs", func,
+                             2 * block->count);
+        block->lower_out = block->lower_in + block->count;
+        block->upper_in = block->lower_out + block->count;
+        block->upper_out = block->upper_in + block->count;
+        compact_group(plan, block->lower_in, block->lower_out, block->upper_in,
+                      block->upper_out);
+    }
+    offsets_from_lower_counts(rb);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    const int64_t kv = rb->kernel_volume;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+        const pair_block *block = &blocks[b];
+        if (block->count == 0) continue;
+        const int64_t end = (b + 1) * group < half ? (b + 1) * group : half;
+        /* The block's mirrors start at the mirror of its last offset, kv - end. */
+        const int64_t lower = rb->offsets[b * group], upper = rb->offsets[kv - end];
+        const size_t bytes = (size_t)block->count * sizeof *pairs_in;
+        memcpy(pairs_in + lower, block->lower_in, bytes);
+        memcpy(pairs_out + lower, block->lower_out, bytes);
+        memcpy(pairs_in + upper, block->upper_in, bytes);
+        memcpy(pairs_out + upper, block->upper_out, bytes);
+    }
+    fill_center(rb);
+done:
+    blocks_free(blocks, num_blocks);
+    return st;
+}
+
+/* ---- few sites: every pair of sites -------------------------------------------------------- */
+
+/* The offset through which input row @p in reaches output row @p out, or -1. */
+static int64_t site_pair_offset(const spconv_conv_params *params, const int32_t *out,
+                                const int32_t *in) {
+    if (in[0] != out[0]) return -1;
+    int64_t k = 0;
+    for (int axis = 0; axis < 3; ++axis) {
+        const int64_t d = (int64_t)in[1 + axis] - out[1 + axis], dil = params->dilation[axis];
+        if (d % dil != 0) return -1;
+        const int64_t q = d / dil + params->kernel[axis] / 2;
+        if (q < 0 || q >= params->kernel[axis]) return -1;
+        k = k * params->kernel[axis] + q;
+    }
+    return k;
+}
+
+/* Hits of outputs [begin, end): counted when keys is NULL, else written as (offset, out << 32 |
+ * in) in increasing out, then in. */
+static int64_t site_pairs_chunk(const spconv__build_input *in, const spconv_conv_params *params,
+                                int64_t begin, int64_t end, uint64_t *keys, uint64_t *values) {
+    int64_t hits = 0;
+    for (int64_t o = begin; o < end; ++o)
+        for (int64_t i = 0; i < in->num_in; ++i) {
+            const int64_t k = site_pair_offset(params, in->rows + 4 * o, in->rows + 4 * i);
+            if (k < 0) continue;
+            if (keys != NULL) {
+                keys[hits] = (uint64_t)k;
+                values[hits] = (uint64_t)o << 32 | (uint64_t)i;
+            }
+            ++hits;
+        }
+    return hits;
+}
+
+static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv_rulebook *rb) {
+    const int num_threads = in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = rb->num_in, kv = rb->kernel_volume;
+    int64_t num_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
+    if (num_chunks > n) num_chunks = n;
+    int64_t *starts = malloc((size_t)(num_chunks + 1) * sizeof *starts);
+    uint64_t *buffers[4] = {NULL, NULL, NULL, NULL};
+    spconv_status st = SPCONV_OK;
+    if (starts == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for pair counts", in->func);
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        probe_chunk(plan, begin, end, counts + c * kv);
+        starts[c] = site_pairs_chunk(in, &rb->params, begin, end, NULL, NULL);
     }
-    offsets_from_counts(counts, num_chunks, rb);
-    free(counts);
-    SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
+    int64_t total = 0;
+    for (int64_t c = 0; c <= num_chunks; ++c) {
+        const int64_t count = c < num_chunks ? starts[c] : 0;
+        starts[c] = total;
+        total += count;
+    }
+    for (int b = 0; b < 4; ++b) {
+        buffers[b] = malloc((size_t)total * sizeof **buffers);
+        if (buffers[b] == NULL)
+            SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                             "%s: out of host memory for %" PRId64 " pairs", in->func, total);
+    }
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
-    for (int64_t k = 0; k < kv; ++k) compact_offset(plan, k, rb);
-    return SPCONV_OK;
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
+        site_pairs_chunk(in, &rb->params, begin, end, buffers[0] + starts[c],
+                         buffers[1] + starts[c]);
+    }
+    /* Stable by offset: within an offset the pairs keep their increasing output rows. */
+    uint64_t *keys, *values;
+    SPCONV_TRY_GOTO(st,
+                    spconv__radix_sort(in->func, num_threads, total, spconv__key_bits_for(kv),
+                                       buffers[0], buffers[1], buffers[2], buffers[3], &keys,
+                                       &values),
+                    done);
+    for (int64_t j = 0; j < total; ++j) ++rb->offsets[keys[j] + 1];
+    for (int64_t k = 0; k < kv; ++k) rb->offsets[k + 1] += rb->offsets[k];
+    SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    for (int64_t j = 0; j < total; ++j) {
+        pairs_in[j] = (int32_t)(values[j] & UINT32_MAX);
+        pairs_out[j] = (int32_t)(values[j] >> 32);
+    }
+done:
+    free(starts);
+    for (int b = 0; b < 4; ++b) free(buffers[b]);
+    return st;
 }
 
 spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb) {
@@ -162,10 +415,18 @@ spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook 
     rb->num_out = rb->num_in;
     rb->center_is_identity = 1;
     if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* offsets are all zero */
-    subm_plan plan = {in, rb->in_shape, rb->kernel_volume, NULL, NULL};
-    SPCONV_FORWARD_IF_ERROR(plan_alloc(in->func, rb, &plan));
-    const spconv_status st = fill_pairs(&plan, rb);
-    free(plan.displacements);
-    free(plan.nbr);
+    if (rb->num_in <= rb->kernel_volume / 2) return build_from_site_pairs(in, rb);
+    if (rb->kernel_volume == 1) { /* the centre alone */
+        offsets_from_lower_counts(rb);
+        SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
+        fill_center(rb);
+        return SPCONV_OK;
+    }
+    subm_plan plan = {in, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+    spconv_status st = plan_alloc(in->func, in->num_threads, rb, &plan);
+    if (st == SPCONV_OK)
+        st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)
+                                                       : build_in_groups(&plan, rb);
+    plan_free(&plan);
     return st;
 }

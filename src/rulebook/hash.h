@@ -1,5 +1,6 @@
-/* Coordinate hash table of active sites: packed 64-bit keys of (b, z, y, x), a murmur3 finaliser
- * as the mix, open addressing with linear probing over a power-of-two slot array kept at load
+/* Coordinate hash table of active sites: packed 64-bit keys of (b, z, y, x), the seeded mix of
+ * core/hash_seed.h (a seed drawn per table, so that no input can be crafted to pile into one run
+ * of slots), open addressing with linear probing over a power-of-two slot array kept at load
  * factor <= 0.25. Every function is SPCONV_HD so that the CUDA backend probes with exactly the
  * code the CPU tests exercise. Must stay valid C11 and C++ (nvcc).
  *
@@ -11,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "core/hash_seed.h"
 #include "tensor/convert.h" /* SPCONV_HD */
 
 /* No packed key reaches it because keys are limited to SPCONV_KEY_MAX_BITS bits. */
@@ -31,6 +33,15 @@ typedef struct spconv__hash_slot {
     uint64_t key;  /* SPCONV_HASH_EMPTY when free */
     int32_t value; /* row of the key; INT32_MAX until the first insert of the key lands */
 } spconv__hash_slot;
+
+/* A table as every probe needs it. The seed is a field, not drawn here, so that a CUDA backend
+ * can probe with the seed the host drew for the same table. */
+typedef struct spconv__hash_table {
+    spconv__hash_slot *slots;
+    uint64_t capacity; /* power of two: 2^bits */
+    uint32_t bits;
+    spconv__hash_seed seed;
+} spconv__hash_table;
 
 /* Bits needed for the values 0 .. extent-1 (0 for an extent of 1). */
 static inline SPCONV_HD uint32_t spconv__key_bits_for(int64_t extent) {
@@ -69,20 +80,9 @@ static inline SPCONV_HD void spconv__key_unpack(const spconv__key_layout *layout
     }
 }
 
-/* murmur3's 64-bit finaliser: neighbouring coordinates differ in few low bits, and this spreads
- * every input bit over the slot index. */
-static inline SPCONV_HD uint64_t spconv__hash_mix(uint64_t key) {
-    key ^= key >> 33;
-    key *= UINT64_C(0xff51afd7ed558ccd);
-    key ^= key >> 33;
-    key *= UINT64_C(0xc4ceb9fe1a85ec53);
-    key ^= key >> 33;
-    return key;
-}
-
-/* The slot where the probe for key starts. */
-static inline SPCONV_HD uint64_t spconv__hash_home(uint64_t key, uint64_t capacity) {
-    return spconv__hash_mix(key) & (capacity - 1);
+/* The slot where the probe for key starts: the top bits of the seeded multiply-shift. */
+static inline SPCONV_HD uint64_t spconv__hash_home(const spconv__hash_table *table, uint64_t key) {
+    return spconv__hash_seeded(&table->seed, key, table->bits);
 }
 
 /* Smallest power of two >= 4 * entries (and >= SPCONV_HASH_MIN_CAPACITY); 0 when it would not
@@ -96,6 +96,13 @@ static inline SPCONV_HD uint64_t spconv__hash_capacity_for(int64_t entries) {
         capacity <<= 1;
     }
     return capacity;
+}
+
+/* log2 of a power-of-two capacity: the number of home bits. */
+static inline SPCONV_HD uint32_t spconv__hash_bits_for(uint64_t capacity) {
+    uint32_t bits = 0;
+    while ((UINT64_C(1) << bits) < capacity) ++bits;
+    return bits;
 }
 
 /* Returns the key that was in the slot before (SPCONV_HASH_EMPTY when this call claimed it). */
@@ -131,10 +138,11 @@ static inline SPCONV_HD void spconv__hash_min_value(int32_t *slot_value, int32_t
 /* Insert key -> value, keeping the smallest value of a repeated key. Slots must start with
  * key SPCONV_HASH_EMPTY and value INT32_MAX. The probe visits each slot at most once. Returns
  * one of the SPCONV_HASH_ codes above. */
-static inline SPCONV_HD int spconv__hash_insert(spconv__hash_slot *slots, uint64_t capacity,
-                                                uint64_t key, int32_t value) {
-    const uint64_t mask = capacity - 1;
-    uint64_t pos = spconv__hash_home(key, capacity);
+static inline SPCONV_HD int spconv__hash_insert(const spconv__hash_table *table, uint64_t key,
+                                                int32_t value) {
+    spconv__hash_slot *slots = table->slots;
+    const uint64_t capacity = table->capacity, mask = capacity - 1;
+    uint64_t pos = spconv__hash_home(table, key);
     for (uint64_t probe = 0; probe < capacity; ++probe) {
         const uint64_t seen = spconv__hash_claim(&slots[pos].key, key);
         if (seen == SPCONV_HASH_EMPTY || seen == key) {
@@ -147,10 +155,10 @@ static inline SPCONV_HD int spconv__hash_insert(spconv__hash_slot *slots, uint64
 }
 
 /* Value stored for key, or -1 when absent. */
-static inline SPCONV_HD int32_t spconv__hash_find(const spconv__hash_slot *slots, uint64_t capacity,
-                                                  uint64_t key) {
-    const uint64_t mask = capacity - 1;
-    uint64_t pos = spconv__hash_home(key, capacity);
+static inline SPCONV_HD int32_t spconv__hash_find(const spconv__hash_table *table, uint64_t key) {
+    const spconv__hash_slot *slots = table->slots;
+    const uint64_t capacity = table->capacity, mask = capacity - 1;
+    uint64_t pos = spconv__hash_home(table, key);
     for (uint64_t probe = 0; probe < capacity; ++probe) {
         const uint64_t seen = slots[pos].key;
         if (seen == key) return slots[pos].value;

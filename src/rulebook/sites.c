@@ -59,8 +59,8 @@ static void insert_rows(int num_threads, const spconv__site_table *table, const 
     int64_t full = 0, again = 0;
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(+ : full, again))
     for (int64_t r = 0; r < num_rows; ++r) {
-        const int outcome = spconv__hash_insert(table->slots, table->capacity,
-                                                row_key(&table->layout, rows + 4 * r), (int32_t)r);
+        const int outcome =
+            spconv__hash_insert(&table->hash, row_key(&table->layout, rows + 4 * r), (int32_t)r);
         full += outcome == SPCONV_HASH_FULL;
         again += outcome == SPCONV_HASH_REPEATED;
     }
@@ -77,28 +77,30 @@ static int64_t first_duplicate(int num_threads, const spconv__site_table *table,
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(min : first))
     for (int64_t r = 0; r < num_rows; ++r) {
         if (r >= first) continue;
-        const int32_t owner =
-            spconv__hash_find(table->slots, table->capacity, row_key(&table->layout, rows + 4 * r));
+        const int32_t owner = spconv__hash_find(&table->hash, row_key(&table->layout, rows + 4 * r));
         if (owner != r) first = r;
     }
     return first;
 }
 
 static spconv_status table_alloc(const char *func, int num_threads, int64_t num_rows,
-                                 spconv__site_table *table) {
-    table->capacity = spconv__hash_capacity_for(num_rows);
+                                 spconv__hash_table *hash) {
+    hash->capacity = spconv__hash_capacity_for(num_rows);
     SPCONV_RETURN_ERROR_IF(
-        table->capacity == 0 || table->capacity > SIZE_MAX / sizeof *table->slots,
+        hash->capacity == 0 || hash->capacity > SIZE_MAX / sizeof *hash->slots,
         SPCONV_ERR_OVERFLOW, "%s: a hash table for %" PRId64 " sites is too large", func, num_rows);
-    table->slots = malloc(table->capacity * sizeof *table->slots);
-    SPCONV_RETURN_ERROR_IF(table->slots == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+    hash->bits = spconv__hash_bits_for(hash->capacity);
+    spconv__hash_seed_draw(&hash->seed);
+    hash->slots = malloc(hash->capacity * sizeof *hash->slots);
+    SPCONV_RETURN_ERROR_IF(hash->slots == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for a hash table of %" PRIu64 " slots", func,
-                           table->capacity);
-    const int64_t capacity = (int64_t)table->capacity;
+                           hash->capacity);
+    spconv__hash_slot *slots = hash->slots;
+    const int64_t capacity = (int64_t)hash->capacity;
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
     for (int64_t s = 0; s < capacity; ++s) {
-        table->slots[s].key = SPCONV_HASH_EMPTY;
-        table->slots[s].value = INT32_MAX;
+        slots[s].key = SPCONV_HASH_EMPTY;
+        slots[s].value = INT32_MAX;
     }
     return SPCONV_OK;
 }
@@ -106,26 +108,25 @@ static spconv_status table_alloc(const char *func, int num_threads, int64_t num_
 spconv_status spconv__site_table_build(const char *func, int num_threads, const int32_t *rows,
                                        int64_t num_rows, const int64_t shape[3], int64_t batch_size,
                                        spconv__site_table *table) {
-    table->slots = NULL;
-    table->capacity = 0;
+    table->hash.slots = NULL;
+    table->hash.capacity = 0;
     SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, batch_size, shape, &table->layout));
     /* Rows before the first out-of-range one still go in, so that a duplicate before it is
      * reported first: the message always names the first offending row. */
     const int64_t bad_row = first_out_of_range(num_threads, rows, num_rows, shape, batch_size);
-    SPCONV_FORWARD_IF_ERROR(table_alloc(func, num_threads, num_rows, table));
+    SPCONV_FORWARD_IF_ERROR(table_alloc(func, num_threads, num_rows, &table->hash));
     spconv_status st = SPCONV_OK;
     int64_t refused, repeated;
     insert_rows(num_threads, table, rows, bad_row, &refused, &repeated);
     if (refused > 0)
         SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_CAPACITY,
                          "%s: hash table of %" PRIu64 " slots is full (%" PRId64 " sites)", func,
-                         table->capacity, bad_row);
+                         table->hash.capacity, bad_row);
     const int64_t duplicate =
         repeated > 0 ? first_duplicate(num_threads, table, rows, bad_row) : bad_row;
     if (duplicate < bad_row) {
         const int32_t *row = rows + 4 * duplicate;
-        const int32_t owner =
-            spconv__hash_find(table->slots, table->capacity, row_key(&table->layout, row));
+        const int32_t owner = spconv__hash_find(&table->hash, row_key(&table->layout, row));
         SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_DUPLICATE_INDEX,
                          "%s: indices row %" PRId64 " = (%d, %d, %d, %d) duplicates row %d", func,
                          duplicate, row[0], row[1], row[2], row[3], owner);
@@ -141,7 +142,7 @@ fail:
 }
 
 void spconv__site_table_free(spconv__site_table *table) {
-    free(table->slots);
-    table->slots = NULL;
-    table->capacity = 0;
+    free(table->hash.slots);
+    table->hash.slots = NULL;
+    table->hash.capacity = 0;
 }

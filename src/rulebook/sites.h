@@ -9,8 +9,9 @@
 
 typedef struct spconv__site_table {
     spconv__key_layout layout; /* for (batch_size, shape) */
-    spconv__hash_slot *slots;
-    uint64_t capacity; /* power of two >= 4 * number of rows (spconv__hash_capacity_for) */
+    /* capacity: power of two >= 4 * number of rows (spconv__hash_capacity_for); seed drawn
+     * afresh for every build (spconv__hash_seed_draw) */
+    spconv__hash_table hash;
 } spconv__site_table;
 
 /* Key layout for (batch_size, shape), or SPCONV_ERR_OVERFLOW naming @p func when the fields do

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/hash_seed.h"
 #include "voxel/voxelize_impl.h"
 
 #define KEY_OUTSIDE (-1)
@@ -97,12 +98,13 @@ typedef struct voxel_entry {
 typedef struct voxel_table {
     voxel_entry *entries;
     uint64_t mask;
-    unsigned shift;
+    uint32_t bits; /* capacity = 2^bits */
+    spconv__hash_seed seed; /* drawn per scan: no point list can be crafted to share a run */
 } voxel_table;
 
+/* Rows are numbered by first appearance, never by slot, so the seed does not change the output. */
 static inline uint64_t table_home(const voxel_table *t, int64_t key) {
-    /* Fibonacci hashing: neighbouring keys land far apart. */
-    return ((uint64_t)key * UINT64_C(0x9E3779B97F4A7C15)) >> t->shift;
+    return spconv__hash_seeded(&t->seed, (uint64_t)key, t->bits);
 }
 
 static int table_init(voxel_table *t, int64_t max_entries) {
@@ -114,7 +116,8 @@ static int table_init(voxel_table *t, int64_t max_entries) {
     }
     t->entries = calloc(capacity, sizeof *t->entries);
     t->mask = capacity - 1;
-    t->shift = 64 - bits;
+    t->bits = bits;
+    spconv__hash_seed_draw(&t->seed);
     return t->entries != NULL;
 }
 
@@ -122,7 +125,7 @@ static int table_init(voxel_table *t, int64_t max_entries) {
 static int64_t table_find_or_add(const voxel_table *t, scan_state *s, int64_t key,
                                  int64_t max_voxels) {
     uint64_t i = table_home(t, key);
-    while (t->entries[i].key_plus_one != 0) {
+    while (t->entries[i].key_plus_one != 0) { /* ends: at most half the entries are used */
         if (t->entries[i].key_plus_one == key + 1) return t->entries[i].row;
         i = (i + 1) & t->mask;
     }
@@ -275,7 +278,7 @@ static spconv_status assign_scan(scan_state *s, const spconv_voxelize_params *pa
                                  spconv_voxelize_stats *stats) {
     const int64_t P = s->in.num_points;
     const int64_t cap = P < params->max_voxels ? P : params->max_voxels;
-    voxel_table table = {NULL, 0, 0};
+    voxel_table table = {NULL, 0, 0, {0, 1}};
     s->keys = malloc((size_t)(P + 1) * sizeof *s->keys);
     s->slot = malloc((size_t)(P + 1) * sizeof *s->slot);
     s->voxel_keys = malloc((size_t)(cap + 1) * sizeof *s->voxel_keys);
