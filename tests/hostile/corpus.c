@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/hash_flood.h"
 #include "spconv/spconv.h"
 
 /* ---- writing helpers ----------------------------------------------------------------------- */
@@ -156,6 +157,35 @@ static int write_point_cloud_files(const char *dir) {
     return rc;
 }
 
+/* Inputs crafted against the fixed hash functions the tables had before they were seeded
+ * (tests/common/hash_flood.h): a scan whose 262,144 points all start probing in one window of the
+ * voxelizer's old table (about 30 s to voxelize on the old code, milliseconds now), and 131,072
+ * sites that do the same to the rulebook's old table (about 30 s for a subm 3x3x3 build). */
+static int write_flood_inputs(const char *dir) {
+    enum { POINTS = 262144, SITES = 131072 };
+    const spconv_voxelize_params vp = {{0.05f, 0.05f, 0.1f}, {0, -40, -3, 70.4f, 40, 1}, 5,
+                                       INT64_MAX, SPCONV_VOXELIZE_MEAN};
+    float *points = malloc((size_t)POINTS * 4 * sizeof *points);
+    int32_t *sites = malloc((size_t)SITES * 4 * sizeof *sites);
+    float *features = calloc(SITES, sizeof *features);
+    const float weight[27] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                              21, 22, 23, 24, 25, 26, 27};
+    const int64_t shape[3] = {41, 1600, 1408};
+    int rc = points != NULL && sites != NULL && features != NULL ? 0 : -1;
+    if (rc == 0 && spconv_flood_voxel_points(POINTS, 4, &vp, points) != POINTS) rc = -1;
+    if (rc == 0 && spconv_flood_rulebook_sites(SITES, shape, sites) != SITES) rc = -1;
+    if (rc != 0) fprintf(stderr, "hostile corpus: cannot make the crafted inputs\n");
+    if (rc == 0) rc = write_floats(dir, "flood.bin", points, (size_t)POINTS * 4);
+    if (rc == 0) rc = write_npy(dir, "flood_sites.npy", SPCONV_I32, 2, (const int64_t[]){SITES, 4}, sites);
+    if (rc == 0)
+        rc = write_npy(dir, "flood_features.npy", SPCONV_F32, 2, (const int64_t[]){SITES, 1}, features);
+    if (rc == 0) rc = write_npy(dir, "weight_1x1.npy", SPCONV_F32, 3, (const int64_t[]){27, 1, 1}, weight);
+    free(points);
+    free(sites);
+    free(features);
+    return rc;
+}
+
 int hostile_corpus_write(const char *dir) {
     char path[HOSTILE_PATH_CAP];
     int rc = write_text(dir, HOSTILE_VICTIM, "a file that no command may touch\n");
@@ -171,6 +201,7 @@ int hostile_corpus_write(const char *dir) {
     if (rc == 0) rc = write_weights_with_fifo(dir);
     if (rc == 0) rc = write_existing_outputs(dir);
     if (rc == 0) rc = write_point_cloud_files(dir);
+    if (rc == 0) rc = write_flood_inputs(dir);
     return rc;
 }
 
@@ -213,6 +244,22 @@ static const hostile_case cases[] = {
      "line 12 has 3 values but a point has 4", {"info", "@/short_line.pcd"}, 10, 0, NULL},
     {"pcd-long-line", "a data line with too many values", HOSTILE_REFUSED,
      "line 12 has 5 values but a point has 4", {"info", "@/long_line.pcd"}, 10, 0, NULL},
+    /* 4. hash flooding: crafted coordinates in linear time */
+    {"flood-voxelize", "262,144 points crafted against the voxelizer's old hash", HOSTILE_SUCCEEDS,
+     NULL, {"voxelize", "@/flood.bin", SCAN_GRID}, 10, 0, NULL},
+    {"flood-subm-rulebook", "131,072 sites crafted against the rulebook's old hash",
+     HOSTILE_SUCCEEDS, NULL,
+     {"conv", "--subm", "--indices", "@/flood_sites.npy", "--spatial-shape", "41,1600,1408",
+      "--features", "@/flood_features.npy", "--weight", "@/weight_1x1.npy", "--out", "@out"},
+     10, 0, NULL},
+    /* 5. memory follows the pairs, not kernel volume x threads (old: 1.2 GB at 2 threads, 4.3 GB
+     * at 8 for the regular build; now about 0.4 GB, the kernel's 16.6 M pair counts) */
+    {"kernel-255-regular", "a 255^3 kernel on 5 sites, 8 threads", HOSTILE_SUCCEEDS, NULL,
+     {"rulebook", "--indices", "@/sites.npy", "--spatial-shape", "256,256,256", "--kernel", "255",
+      "--threads", "8", "--out", "@out"}, 20, 1536, NULL},
+    {"kernel-255-subm", "a 255^3 submanifold kernel on 5 sites, 8 threads", HOSTILE_SUCCEEDS, NULL,
+     {"rulebook", "--indices", "@/sites.npy", "--spatial-shape", "256,256,256", "--kernel", "255",
+      "--subm", "--threads", "8", "--out", "@out"}, 20, 1536, NULL},
     /* 6. allocate only what is produced: the [M, max_points, F] array is not made without --out */
     {"voxelize-huge-max-points", "--max-points 1048576 without --out", HOSTILE_SUCCEEDS, NULL,
      {"voxelize", "@/scan.bin", SCAN_GRID, "--max-points", "1048576"}, 20, 1024, NULL},
