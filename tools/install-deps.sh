@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build gcc g++ make pkg-config   # build
   libcmocka-dev                              # tests
   libopenblas-dev                            # CBLAS GEMM (a C fallback exists without it)
-  libpcl-dev                                 # PCD/PLY reading through PCL's I/O module
+  libpcl-dev                                 # binary PCD reading through PCL's I/O module
   libpng-dev                                 # PNG pictures of results
   valgrind                                   # leak checks of the tensor tests
   clang libclang-rt-14-dev                   # libFuzzer targets

@@ -98,12 +98,14 @@ static int starts_line(const char *head, const char *word) {
     return 0;
 }
 
-/* The format of a file without a telling name, from its first bytes (@p head is NUL-terminated;
- * the search stops at the first NUL, binary data after a header is never looked at). */
-static spconv_status sniff_format(const char *func, const char *path, const char *head,
-                                  spconv_cloud_format *format) {
+/* The format of a file without a telling name, from its first SNIFF_BYTES bytes (of @p len);
+ * the search also stops at a NUL byte. */
+static spconv_status sniff_format(const char *func, const char *path, const char *text,
+                                  size_t len, spconv_cloud_format *format) {
     char first[SNIFF_BYTES + 1];
-    snprintf(first, sizeof first, "%s", head);
+    size_t n = len < SNIFF_BYTES ? len : SNIFF_BYTES;
+    memcpy(first, text, n);
+    first[n] = '\0';
     *format = SPCONV_CLOUD_AUTO;
     if (strncmp(first, "ply\n", 4) == 0 || strncmp(first, "ply\r\n", 5) == 0)
         *format = SPCONV_CLOUD_PLY;
@@ -136,7 +138,7 @@ static spconv_status read_text_format(const char *func, const char *path,
     char *text;
     size_t len;
     SPCONV_FORWARD_IF_ERROR(spconv__file_read_all(func, path, UINT64_MAX, &text, &len));
-    spconv_status st = format == SPCONV_CLOUD_AUTO ? sniff_format(func, path, text, &format)
+    spconv_status st = format == SPCONV_CLOUD_AUTO ? sniff_format(func, path, text, len, &format)
                                                    : SPCONV_OK;
     if (st == SPCONV_OK && bin_columns != 0)
         st = spconv__error(SPCONV_ERR_INVALID_ARGUMENT,

@@ -106,30 +106,6 @@ spconv_status spconv__file_read_exact(const char *func, const char *path, FILE *
     return SPCONV_OK;
 }
 
-spconv_status spconv__file_read_head(const char *func, const char *path, size_t max_bytes,
-                                     char **head, size_t *head_len, uint64_t *file_size) {
-    *head = NULL;
-    *head_len = 0;
-    FILE *f;
-    SPCONV_FORWARD_IF_ERROR(spconv__file_open_read(func, path, &f, file_size));
-    size_t n = *file_size < max_bytes ? (size_t)*file_size : max_bytes;
-    char *buf = malloc(n + 1);
-    if (buf == NULL) {
-        fclose(f);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", func, n);
-    }
-    spconv_status st = spconv__file_read_exact(func, path, f, buf, n);
-    fclose(f);
-    if (st != SPCONV_OK) {
-        free(buf);
-        return st;
-    }
-    buf[n] = '\0';
-    *head = buf;
-    *head_len = n;
-    return SPCONV_OK;
-}
-
 static char *concat(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     char *s = malloc(la + lb + 1);

@@ -1,5 +1,5 @@
 /* File helpers of the library's readers and writers: the one way every input file is opened
- * (never blocking, regular files only), reading a file's head or all of it, and writing through a
+ * (never blocking, regular files only), reading all of a file, and writing through a
  * temporary name so that a file appears whole or not at all. */
 #ifndef SPCONV_IO_POINTCLOUD_FILE_H
 #define SPCONV_IO_POINTCLOUD_FILE_H
@@ -29,11 +29,6 @@ spconv_status spconv__file_read_all(const char *func, const char *path, uint64_t
 /* Read exactly @p nbytes from @p file into @p dst; a short read is SPCONV_ERR_IO. */
 spconv_status spconv__file_read_exact(const char *func, const char *path, FILE *file, void *dst,
                                       size_t nbytes);
-
-/* Read the first min(size, max_bytes) bytes of @p path into a new NUL-terminated buffer (free
- * with free()). */
-spconv_status spconv__file_read_head(const char *func, const char *path, size_t max_bytes,
-                                     char **head, size_t *head_len, uint64_t *file_size);
 
 /* A file being written under a temporary name beside its final path. */
 typedef struct spconv__file_writer {

@@ -9,6 +9,7 @@
 
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
@@ -42,19 +43,28 @@ bool to_scalar(std::uint8_t datatype, spconv__scalar *out) {
 }
 
 // PCL reports its failures on stderr through its console; the library reports them as its own
-// one-line message, so PCL is silenced while it works (and its level restored after: the level is
-// the process's, and the host program may have set it).
+// one-line message, so PCL is silenced while it works. The level is PCL's process-wide state (the
+// host program may have set it), so it is restored when the last of any concurrent readers is
+// done: the first one in saves it, the last one out puts it back, under one lock.
+std::mutex quiet_mutex;
+int quiet_readers = 0;
+pcl::console::VERBOSITY_LEVEL quiet_saved_level = pcl::console::L_INFO;
+
 class QuietConsole {
   public:
-    QuietConsole() : saved_(pcl::console::getVerbosityLevel()) {
-        pcl::console::setVerbosityLevel(pcl::console::L_ALWAYS);
+    QuietConsole() {
+        std::lock_guard<std::mutex> lock(quiet_mutex);
+        if (quiet_readers++ == 0) {
+            quiet_saved_level = pcl::console::getVerbosityLevel();
+            pcl::console::setVerbosityLevel(pcl::console::L_ALWAYS);
+        }
     }
-    ~QuietConsole() { pcl::console::setVerbosityLevel(saved_); }
+    ~QuietConsole() {
+        std::lock_guard<std::mutex> lock(quiet_mutex);
+        if (--quiet_readers == 0) pcl::console::setVerbosityLevel(quiet_saved_level);
+    }
     QuietConsole(const QuietConsole &) = delete;
     QuietConsole &operator=(const QuietConsole &) = delete;
-
-  private:
-    pcl::console::VERBOSITY_LEVEL saved_;
 };
 
 // The header from a stream over its own bytes, the body from the buffer: PCL's readHeader and
@@ -115,8 +125,8 @@ extern "C" spconv_status spconv__pcl_read_pcd(const char *func, const char *path
                                               const char *text, size_t len, uint64_t data_offset,
                                               spconv__raw_cloud *out) {
     *out = spconv__raw_cloud{};
-    QuietConsole quiet;
     try {
+        QuietConsole quiet;
         auto holder = std::make_unique<PclCloud>();
         std::string why;
         int rc = read_pcd(text, len, data_offset, holder->cloud, why);
