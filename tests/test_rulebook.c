@@ -318,8 +318,9 @@ static void test_hash_seed_does_not_change_rulebooks(void **state) {
 /* Address space of the capped child. The builds below need ~133 MB for the rulebook's own
  * offsets (255^3 + 1 int64) and a few MB besides; the old builders asked for 4.2 GB (regular:
  * per-chunk offset counters, 32 chunks at 8 threads) and 2.3 GB (subm: a 255^3 x 5 neighbour
- * table plus per-chunk counters). */
-#define MEMORY_CAP (INT64_C(1) << 30)
+ * table plus per-chunk counters). The process itself maps ~0.9 GB of address space before any
+ * build (PCL's and VTK's libraries, OpenBLAS's per-thread buffers), hence 1.5 GiB. */
+#define MEMORY_CAP (INT64_C(3) << 29)
 
 /* Five sites, each alone in its 255^3 block of [255, 1600, 1600]. */
 static const int32_t FEW_SITES[5][4] = {
@@ -393,7 +394,7 @@ static int memory_capped_builds(void) {
 #endif
 
 /* Builders take memory for the pairs they make and the sites, not for kernel volume x threads:
- * kernel 255 on 5 sites at 8 threads fits a 1 GiB address space (the old builders needed 4.2 GB).
+ * kernel 255 on 5 sites at 8 threads fits a 1.5 GiB address space (the old builders needed 4.2 GB).
  * The limit is set in a fork and the builds run in a fresh exec of this program, so that no
  * OpenMP state of this process crosses the fork. */
 static void test_large_kernel_few_sites_fits_memory_cap(void **state) {
@@ -928,7 +929,13 @@ static void test_bad_arguments(void **state) {
                         SPCONV_ERR_INVALID_ARGUMENT, "axis 1 (y) outside");
     const int64_t huge[3] = {1 << 30, 1 << 30, 1 << 10};
     SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, huge, 1, &p, &rb), SPCONV_ERR_OVERFLOW,
-                        "need 70 key bits");
+                        "and output spatial shape (1073741822, 1073741822, 1022) need 70 key bits");
+    /* An input that fits the key but whose transposed output does not: the message says which. */
+    const int64_t fits[3] = {1 << 20, 1 << 20, 1 << 20};
+    spconv_conv_params up = spconv_conv_params_default(SPCONV_CONV_TRANSPOSED);
+    for (int a = 0; a < 3; ++a) up.stride[a] = 16;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, fits, 1, &up, &rb), SPCONV_ERR_OVERFLOW,
+                        "and output spatial shape (");
     spconv_conv_params even = spconv_conv_params_default(SPCONV_CONV_SUBM);
     even.kernel[2] = 4;
     SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, GRID, 1, &even, &rb),

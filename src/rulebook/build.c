@@ -16,7 +16,7 @@ static spconv_status check_arguments(const char *func, const spconv_tensor *indi
     /* The input layout is checked by the site table; the output one is checked up front so
      * that no work is done for a geometry whose keys cannot be formed. */
     spconv__key_layout out_layout;
-    return spconv__key_layout_checked(func, batch_size, out_shape, &out_layout);
+    return spconv__key_layout_checked(func, "output", batch_size, out_shape, &out_layout);
 }
 
 spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,

@@ -244,7 +244,8 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
         plan->scratch_len += 2 * axis_max_targets(&plan->axes[axis]);
     }
     SPCONV_FORWARD_IF_ERROR(
-        spconv__key_layout_checked(in->func, rb->batch_size, rb->out_shape, &plan->out_layout));
+        spconv__key_layout_checked(in->func, "output", rb->batch_size, rb->out_shape,
+                                   &plan->out_layout));
     plan->num_chunks = (int64_t)in->num_threads * CHUNKS_PER_THREAD;
     if (plan->num_chunks > in->num_in) plan->num_chunks = in->num_in > 0 ? in->num_in : 1;
     plan->scratch = malloc((size_t)(plan->num_chunks * plan->scratch_len) * sizeof *plan->scratch);

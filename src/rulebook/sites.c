@@ -10,12 +10,12 @@
  * others up. */
 #define ROWS_PER_TASK 4096
 
-spconv_status spconv__key_layout_checked(const char *func, int64_t batch_size,
+spconv_status spconv__key_layout_checked(const char *func, const char *which, int64_t batch_size,
                                          const int64_t shape[3], spconv__key_layout *layout) {
     SPCONV_RETURN_ERROR_IF(!spconv__key_layout_init(layout, batch_size, shape), SPCONV_ERR_OVERFLOW,
-                           "%s: batch size %" PRId64 " and spatial shape (%" PRId64 ", %" PRId64
+                           "%s: batch size %" PRId64 " and %s spatial shape (%" PRId64 ", %" PRId64
                            ", %" PRId64 ") need %u key bits; a 64-bit site key holds at most %d",
-                           func, batch_size, shape[0], shape[1], shape[2],
+                           func, batch_size, which, shape[0], shape[1], shape[2],
                            (unsigned)layout->total_bits, SPCONV_KEY_MAX_BITS);
     return SPCONV_OK;
 }
@@ -110,7 +110,7 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
                                        spconv__site_table *table) {
     table->hash.slots = NULL;
     table->hash.capacity = 0;
-    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, batch_size, shape, &table->layout));
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "input", batch_size, shape, &table->layout));
     /* Rows before the first out-of-range one still go in, so that a duplicate before it is
      * reported first: the message always names the first offending row. */
     const int64_t bad_row = first_out_of_range(num_threads, rows, num_rows, shape, batch_size);

@@ -14,9 +14,10 @@ typedef struct spconv__site_table {
     spconv__hash_table hash;
 } spconv__site_table;
 
-/* Key layout for (batch_size, shape), or SPCONV_ERR_OVERFLOW naming @p func when the fields do
- * not fit a 64-bit key. */
-spconv_status spconv__key_layout_checked(const char *func, int64_t batch_size,
+/* Key layout for (batch_size, shape), or SPCONV_ERR_OVERFLOW naming @p func and @p which shape
+ * it is ("input" or "output": an output shape can outgrow the key where the input did not) when
+ * the fields do not fit a 64-bit key. */
+spconv_status spconv__key_layout_checked(const char *func, const char *which, int64_t batch_size,
                                          const int64_t shape[3], spconv__key_layout *layout);
 
 /**
