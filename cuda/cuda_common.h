@@ -1,5 +1,6 @@
 /* What the CUDA backend's .cu files share: choosing the device and the stream of a call, the
- * launch limit of grid-stride loops, and the op entry points that backend.cu puts in the table. */
+ * launch macro (launch.h) and the launch limit of grid-stride loops, and the op entry points that
+ * backend.cu puts in the table. */
 #ifndef SPCONV_CUDA_COMMON_H
 #define SPCONV_CUDA_COMMON_H
 
@@ -7,6 +8,7 @@
 
 #include "core/context_impl.h"
 #include "cuda_check.h"
+#include "launch.h"
 #include "spconv/tensor.h"
 
 /* Makes a device current for the guard's lifetime and then restores the caller's choice, so a

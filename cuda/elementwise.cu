@@ -94,10 +94,10 @@ static spconv_status check_aligned(const char *func, const char *role, const spc
 
 template <spconv_dtype Dst, spconv_dtype Src>
 static spconv_status launch_copy(const launch_shape *shape, void *dst, const void *src) {
-    copy_strided_kernel<Dst, Src>
-        <<<shape->blocks, SPCONV_CUDA_ELEMENTWISE_THREADS, 0, shape->stream>>>(
-            (typename element<Dst>::type *)dst, (const typename element<Src>::type *)src,
-            shape->pair, shape->numel);
+    SPCONV_CUDA_LAUNCH((copy_strided_kernel<Dst, Src>), shape->blocks,
+                       SPCONV_CUDA_ELEMENTWISE_THREADS, 0, shape->stream,
+                       (typename element<Dst>::type *)dst,
+                       (const typename element<Src>::type *)src, shape->pair, shape->numel);
     CUDA_TRY(cudaGetLastError());
     return SPCONV_OK;
 }
@@ -167,8 +167,8 @@ template <typename Bits>
 static spconv_status launch_fill(const launch_shape *shape, void *dst, const void *value) {
     Bits bits;
     memcpy(&bits, value, sizeof bits);
-    fill_kernel<Bits><<<shape->blocks, SPCONV_CUDA_ELEMENTWISE_THREADS, 0, shape->stream>>>(
-        (Bits *)dst, bits, shape->pair, shape->numel);
+    SPCONV_CUDA_LAUNCH(fill_kernel<Bits>, shape->blocks, SPCONV_CUDA_ELEMENTWISE_THREADS, 0,
+                       shape->stream, (Bits *)dst, bits, shape->pair, shape->numel);
     CUDA_TRY(cudaGetLastError());
     return SPCONV_OK;
 }

@@ -174,6 +174,14 @@ static void test_version_and_build(void **state) {
     assert_non_null(strstr(report, spconv_version_string()));
     assert_non_null(strstr(report, "CUDA backend: "));
     assert_non_null(strstr(report, SPCONV_HAVE_CUDA ? "built" : "not built"));
+    /* The emulated backend's device must never pass for a GPU. */
+    if (SPCONV_CUDA_EMULATION) {
+        assert_int_equal(devices, 1);
+        assert_non_null(strstr(report, "host emulation"));
+        assert_non_null(strstr(report, "no GPU"));
+    } else {
+        assert_null(strstr(report, "emulat"));
+    }
     assert_non_null(strstr(report, "BLAS: "));
     char tiny[8];
     spconv_build_report(tiny, sizeof tiny);

@@ -82,7 +82,7 @@ fi
 grep -E '^-- spconv:' "$out/configure.log"
 
 targets=(spconv_cli)
-for src in tests/test_cuda_*.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
+for src in tests/test_cuda_*.c tests/test_cuda_*.cu tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
 echo "targets: ${targets[*]}"
 start=$(date +%s)
 # -k 0: a target that fails to build must not keep the others from being checked.

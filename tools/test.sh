@@ -2,6 +2,11 @@
 # The README's test command: install missing dependencies, configure, build, run every test.
 #   tools/test.sh             release build in build/ (CUDA compiled when nvcc is found), all tests
 #   tools/test.sh --sanitize  ASan+UBSan build of the CPU library in build-asan/, all tests
+#   tools/test.sh --emulate-cuda
+#                             the CUDA backend as the host emulation (docs/cuda.md) in build-emu/:
+#                             cuda/*.cu compiled by g++, every CUDA test runs its kernels on the CPU
+#   tools/test.sh --emulate-cuda --sanitize
+#                             the same under ASan+UBSan in build-emu-asan/ (kernels included)
 #   tools/test.sh --fuzz      libFuzzer targets (clang) in build-fuzz/: every seed and regression
 #                             input of tests/fuzz/corpus/, then a short mutation run per target
 #                             (FUZZ_SECONDS each, default 20) into a scratch corpus
@@ -9,16 +14,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-mode=release
-case "${1:-}" in
-  --sanitize) mode=sanitize; shift ;;
-  --fuzz) mode=fuzz; shift ;;
-esac
+sanitize=0 emulate=0 fuzz=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --sanitize) sanitize=1 ;;
+    --emulate-cuda) emulate=1 ;;
+    --fuzz) fuzz=1 ;;
+    *) break ;;
+  esac
+  shift
+done
 
 tools/install-deps.sh
 
 jobs=$(nproc)
-if [ "$mode" = fuzz ]; then
+if [ $fuzz = 1 ]; then
   build=build-fuzz
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DSPCONV_FUZZ=ON -DSPCONV_CUDA=OFF -DSPCONV_BUILD_TESTS=OFF "$@" >/dev/null
@@ -45,17 +55,27 @@ if [ "$mode" = fuzz ]; then
   done
   exit 0
 fi
-if [ "$mode" = sanitize ]; then
+
+configure=(-DSPCONV_WERROR=ON)
+if [ $emulate = 1 ]; then
+  # The emulation is this build's CUDA backend: nvcc is not asked for even where it exists.
+  build=build-emu
+  configure+=(-DSPCONV_CUDA=OFF -DSPCONV_CUDA_EMULATION=ON)
+else
+  build=build
+fi
+if [ $sanitize = 1 ]; then
   # The CUDA runtime and ASan do not mix (ASan reserves the address ranges the driver wants);
-  # the sanitizer run covers the CPU library, the reference for every backend.
-  build=build-asan
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPCONV_SANITIZE=ON \
-        -DSPCONV_WERROR=ON -DSPCONV_CUDA=OFF "$@" >/dev/null
+  # the sanitizer run covers the CPU library, the reference for every backend, and with
+  # --emulate-cuda the CUDA backend's own code too (its device memory is then host memory).
+  if [ $emulate = 0 ]; then configure+=(-DSPCONV_CUDA=OFF); fi
+  build=$build-asan
+  configure+=(-DCMAKE_BUILD_TYPE=Debug -DSPCONV_SANITIZE=ON)
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:check_initialization_order=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 else
-  build=build
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPCONV_WERROR=ON "$@" >/dev/null
+  configure+=(-DCMAKE_BUILD_TYPE=Release)
 fi
+cmake -S . -B "$build" -G Ninja "${configure[@]}" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"

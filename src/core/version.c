@@ -23,15 +23,20 @@ int spconv_cuda_device_count(void) {
 
 void spconv_build_report(char *buf, size_t buflen) {
     if (buf == NULL || buflen == 0) return;
+    /* The emulated backend has a device, but no GPU: the report must not let it pass for one. */
+    const char *cuda = !SPCONV_HAVE_CUDA ? "not built"
+                       : SPCONV_CUDA_EMULATION
+                           ? "built as the host emulation (its kernels run on the CPU)"
+                           : "built";
     snprintf(buf, buflen,
              "spconv %s\n"
-             "  CUDA backend: %s (devices: %d)\n"
+             "  CUDA backend: %s (devices: %d%s)\n"
              "  BLAS: %s\n"
              "  PCL (PCD/PLY): %s\n"
              "  OpenMP: %s\n"
              "  PNG: %s\n",
-             spconv_version_string(), SPCONV_HAVE_CUDA ? "built" : "not built",
-             spconv_cuda_device_count(), SPCONV_HAVE_BLAS ? "OpenBLAS (CBLAS)" : "plain C GEMM",
-             SPCONV_HAVE_PCL ? "yes" : "no", SPCONV_HAVE_OPENMP ? "yes" : "no",
-             SPCONV_HAVE_PNG ? "yes" : "no");
+             spconv_version_string(), cuda, spconv_cuda_device_count(),
+             SPCONV_CUDA_EMULATION ? ", emulated: no GPU" : "",
+             SPCONV_HAVE_BLAS ? "OpenBLAS (CBLAS)" : "plain C GEMM", SPCONV_HAVE_PCL ? "yes" : "no",
+             SPCONV_HAVE_OPENMP ? "yes" : "no", SPCONV_HAVE_PNG ? "yes" : "no");
 }

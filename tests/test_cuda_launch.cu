@@ -1,0 +1,259 @@
+/* What the CUDA backend relies on from a kernel launch, checked on whatever runs the kernels: a
+ * GPU in the nvcc build, the CPU in the host emulation (cuda/emulation/). Both builds compile this
+ * one file, so a GPU run (tools/gpu-check.sh) confirms that the emulation promises only what a GPU
+ * does: every thread of a grid runs once and sees its own indices, atomics under contention give
+ * exact totals, bad configurations fail through cudaGetLastError without running the kernel, and
+ * events time a stream. Launches go through SPCONV_CUDA_LAUNCH, as the backend's do. Skips
+ * without a device. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* CMocka's header declares C functions without saying so to C++. */
+extern "C" {
+#include <cmocka.h>
+}
+#include <cuda_runtime.h>
+
+#include "launch.h"
+
+#define CHECK_CUDA(call) assert_int_equal((call), cudaSuccess)
+
+static int device_present(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count > 0;
+}
+
+#define SKIP_WITHOUT_DEVICE()          \
+    do {                               \
+        if (!device_present()) skip(); \
+    } while (0)
+
+/* ---- every thread once, with its own indices ------------------------------------------------ */
+
+/* What one thread saw: its place, from its indices, and the launch's shape. */
+struct seen_shape {
+    unsigned int block_dim[3], grid_dim[3];
+};
+
+__global__ void count_threads_kernel(unsigned int *hits, seen_shape *shape) {
+    unsigned int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    unsigned int thread = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    unsigned int threads_per_block = blockDim.x * blockDim.y * blockDim.z;
+    atomicAdd(&hits[block * threads_per_block + thread], 1u);
+    if (block == 0 && thread == 0) {
+        shape->block_dim[0] = blockDim.x, shape->block_dim[1] = blockDim.y;
+        shape->block_dim[2] = blockDim.z;
+        shape->grid_dim[0] = gridDim.x, shape->grid_dim[1] = gridDim.y;
+        shape->grid_dim[2] = gridDim.z;
+    }
+}
+
+static void test_every_thread_runs_once_with_its_indices(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const dim3 grid(3, 2, 2), block(8, 3, 2);
+    const size_t threads = 3 * 2 * 2 * 8 * 3 * 2;
+    unsigned int *hits = NULL;
+    seen_shape *shape = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&hits, threads * sizeof *hits));
+    CHECK_CUDA(cudaMalloc((void **)&shape, sizeof *shape));
+    CHECK_CUDA(cudaMemset(hits, 0, threads * sizeof *hits));
+    SPCONV_CUDA_LAUNCH(count_threads_kernel, grid, block, 0, cudaStreamLegacy, hits, shape);
+    CHECK_CUDA(cudaGetLastError());
+    unsigned int host_hits[threads];
+    seen_shape host_shape;
+    CHECK_CUDA(cudaMemcpy(host_hits, hits, sizeof host_hits, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(&host_shape, shape, sizeof host_shape, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < threads; ++i)
+        if (host_hits[i] != 1) fail_msg("thread %zu ran %u times, not once", i, host_hits[i]);
+    const unsigned int want_block[3] = {8, 3, 2}, want_grid[3] = {3, 2, 2};
+    for (int d = 0; d < 3; ++d) {
+        assert_int_equal(host_shape.block_dim[d], want_block[d]);
+        assert_int_equal(host_shape.grid_dim[d], want_grid[d]);
+    }
+    CHECK_CUDA(cudaFree(hits));
+    CHECK_CUDA(cudaFree(shape));
+}
+
+/* ---- atomics under contention ---------------------------------------------------------------- */
+
+struct atomic_totals {
+    int count;                /* atomicAdd(int): one per thread */
+    float float_sum;          /* atomicAdd(float) of 1: exact below 2^24 */
+    double double_sum;        /* atomicAdd(double) of 0.5 */
+    int minimum;              /* atomicMin of -thread */
+    unsigned long long maximum; /* atomicMax of thread */
+    int owner;                /* atomicCAS from -1: exactly one thread wins */
+    int winners;
+    unsigned long long exchanged;    /* atomicExch: each thread swaps in its number + 1 */
+    unsigned long long exchange_sum; /* what the exchanges returned, summed */
+};
+
+__global__ void contend_kernel(atomic_totals *totals, int n) {
+    const int step = (int)(gridDim.x * blockDim.x);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += step) {
+        atomicAdd(&totals->count, 1);
+        atomicAdd(&totals->float_sum, 1.0f);
+        atomicAdd(&totals->double_sum, 0.5);
+        atomicMin(&totals->minimum, -i);
+        atomicMax(&totals->maximum, (unsigned long long)i);
+        if (atomicCAS(&totals->owner, -1, i) == -1) atomicAdd(&totals->winners, 1);
+        atomicAdd(&totals->exchange_sum, atomicExch(&totals->exchanged, (unsigned long long)i + 1));
+    }
+}
+
+static void test_atomics_give_exact_totals(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const int n = 100000;
+    atomic_totals start;
+    memset(&start, 0, sizeof start);
+    start.minimum = 1;
+    start.owner = -1;
+    atomic_totals *totals = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&totals, sizeof *totals));
+    CHECK_CUDA(cudaMemcpy(totals, &start, sizeof start, cudaMemcpyHostToDevice));
+    SPCONV_CUDA_LAUNCH(contend_kernel, 7, 128, 0, cudaStreamLegacy, totals, n);
+    CHECK_CUDA(cudaGetLastError());
+    atomic_totals got;
+    CHECK_CUDA(cudaMemcpy(&got, totals, sizeof got, cudaMemcpyDeviceToHost));
+    assert_int_equal(got.count, n);
+    assert_true(got.float_sum == (float)n);
+    assert_true(got.double_sum == 0.5 * n);
+    assert_int_equal(got.minimum, -(n - 1));
+    assert_int_equal(got.maximum, n - 1);
+    assert_int_equal(got.winners, 1);
+    assert_true(got.owner >= 0 && got.owner < n);
+    /* Every value 1..n was swapped in once and came out once (the last one is still there). */
+    assert_int_equal(got.exchange_sum + got.exchanged, (unsigned long long)n * (n + 1) / 2);
+    CHECK_CUDA(cudaFree(totals));
+}
+
+/* ---- bad configurations ---------------------------------------------------------------------- */
+
+__global__ void set_flag_kernel(int *flag) { *flag = 1; }
+
+static void test_bad_configurations_fail_without_running(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    int *flag = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&flag, sizeof *flag));
+    CHECK_CUDA(cudaMemset(flag, 0, sizeof *flag));
+    const struct {
+        dim3 grid, block;
+        size_t shared_bytes;
+        const char *what;
+    } bad[] = {
+        {dim3(1), dim3(1025), 0, "1025 threads per block"},
+        {dim3(1), dim3(32, 32, 2), 0, "2048 threads per block in 3 dims"},
+        {dim3(1), dim3(1, 1, 65), 0, "a block 65 deep"},
+        {dim3(0), dim3(32), 0, "an empty grid"},
+        {dim3(1, 65536), dim3(32), 0, "a grid 65536 high"},
+        {dim3(1), dim3(32), (size_t)1 << 30, "1 GiB of shared memory"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        SPCONV_CUDA_LAUNCH(set_flag_kernel, bad[i].grid, bad[i].block, bad[i].shared_bytes,
+                           cudaStreamLegacy, flag);
+        cudaError_t error = cudaGetLastError();
+        if (error == cudaSuccess) fail_msg("a launch with %s did not fail", bad[i].what);
+        assert_int_equal(cudaGetLastError(), cudaSuccess); /* read once, then gone */
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    int host_flag = -1;
+    CHECK_CUDA(cudaMemcpy(&host_flag, flag, sizeof host_flag, cudaMemcpyDeviceToHost));
+    assert_int_equal(host_flag, 0);
+
+    /* The largest legal block and a wide grid do run. */
+    SPCONV_CUDA_LAUNCH(set_flag_kernel, dim3(2, 1, 1), dim3(1024), 0, cudaStreamLegacy, flag);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpy(&host_flag, flag, sizeof host_flag, cudaMemcpyDeviceToHost));
+    assert_int_equal(host_flag, 1);
+    CHECK_CUDA(cudaFree(flag));
+}
+
+/* ---- streams and events ---------------------------------------------------------------------- */
+
+__global__ void fill_values_kernel(float *values, int n, float value) {
+    const int step = (int)(gridDim.x * blockDim.x);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += step) values[i] = value;
+}
+
+static void test_stream_orders_work_and_events_time_it(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const int n = 1 << 16;
+    cudaStream_t stream = NULL;
+    cudaEvent_t start = NULL, end = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&end));
+    float *values = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&values, n * sizeof *values));
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 4, 256, 0, stream, values, n, 2.5f);
+    CHECK_CUDA(cudaGetLastError());
+    /* Queued behind the kernel on the same stream, so it reads what the kernel wrote. */
+    static float host[1 << 16];
+    CHECK_CUDA(cudaMemcpyAsync(host, values, sizeof host, cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaEventRecord(end, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    for (int i = 0; i < n; ++i)
+        if (host[i] != 2.5f) fail_msg("element %d is %g, not 2.5", i, (double)host[i]);
+    float ms = -1.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, start, end));
+    assert_true(ms >= 0.0f);
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(end));
+    CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+/* ---- the emulation's own promises ------------------------------------------------------------ */
+
+/* Host memory is not device memory, even where both are host memory: what would fault or fail
+ * on a GPU fails here too. And the device says it is no GPU. */
+static void test_emulation_keeps_host_and_device_apart(void **state) {
+    (void)state;
+    if (!SPCONV_CUDA_EMULATION) skip();
+    float host[4] = {0}, *device = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&device, sizeof host));
+    assert_int_equal(cudaMemcpy(host, host + 2, 2 * sizeof *host, cudaMemcpyHostToDevice),
+                     cudaErrorInvalidValue);
+    assert_int_equal(cudaMemcpy(host, device, 2 * sizeof host, cudaMemcpyDeviceToHost),
+                     cudaErrorInvalidValue); /* past the end of the allocation */
+    assert_int_equal(cudaMemset(host, 0, sizeof host), cudaErrorInvalidValue);
+    assert_int_equal(cudaFree(host), cudaErrorInvalidValue);
+    assert_int_equal(cudaFree(device + 1), cudaErrorInvalidValue);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+    CHECK_CUDA(cudaMemcpy(device + 1, host, 3 * sizeof *host, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaFree(device));
+    assert_int_equal(cudaFree(device), cudaErrorInvalidValue); /* already freed */
+    (void)cudaGetLastError();
+
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    assert_non_null(strstr(prop.name, "host emulation"));
+    assert_int_equal(cudaSetDevice(1), cudaErrorInvalidDevice);
+    (void)cudaGetLastError();
+}
+
+int main(void) {
+    if (!device_present()) printf("skipped: no CUDA device; the launch checks need one\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_thread_runs_once_with_its_indices),
+        cmocka_unit_test(test_atomics_give_exact_totals),
+        cmocka_unit_test(test_bad_configurations_fail_without_running),
+        cmocka_unit_test(test_stream_orders_work_and_events_time_it),
+        cmocka_unit_test(test_emulation_keeps_host_and_device_apart),
+    };
+    return cmocka_run_group_tests_name("cuda_launch", tests, NULL, NULL);
+}
