@@ -1,4 +1,4 @@
-/* Conv parameters: defaults, validation and output spatial shapes (DESIGN.md, "Geometry"). */
+/* Conv parameters: defaults, validation and output spatial shapes (docs/design.md, "Geometry"). */
 #include <inttypes.h>
 
 #include "core/error.h"

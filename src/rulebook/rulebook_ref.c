@@ -1,6 +1,6 @@
 /* Brute-force reference rulebooks (see rulebook_ref.h). Deliberately shares nothing with the fast
  * builders beyond parameter validation and the rulebook object: no hashing, no sorting, every
- * relation is tested with the per-axis rule written as in DESIGN.md. */
+ * relation is tested with the per-axis rule written as in docs/design.md. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* The test oracle for spconv_rulebook_build: a brute-force builder that checks the geometry rule
- * of DESIGN.md directly for every (input site, output site) pair. Quadratic; for small inputs. */
+ * of docs/design.md directly for every (input site, output site) pair. Quadratic; for small inputs. */
 #ifndef SPCONV_RULEBOOK_REF_H
 #define SPCONV_RULEBOOK_REF_H
 

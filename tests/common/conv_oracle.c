@@ -108,7 +108,7 @@ void oracle_links_build(oracle_links *l, int transposed, const oracle_geometry *
     l->out_active = oracle_alloc((size_t)(batch * oracle_cells(out_shape)), 1);
     int64_t capacity = 0;
     /* Regular: walk the output grid and look back at the input; transposed: walk the input grid
-     * and push forward. Each form is its definition in DESIGN.md. */
+     * and push forward. Each form is its definition in docs/design.md. */
     const int64_t *walk_shape = transposed ? in_shape : out_shape;
     const int64_t *other_shape = transposed ? out_shape : in_shape;
     for (int64_t b = 0; b < batch; ++b)

@@ -1,4 +1,4 @@
-/* Dense oracles for the conv tests, in double, written from DESIGN.md's geometry alone (no
+/* Dense oracles for the conv tests, in double, written from docs/design.md's geometry alone (no
  * rulebook code): the sparse input is a dense grid that is zero outside the sites, convolved
  * brute-force over the grid, and read at the output sites.
  *
@@ -76,7 +76,7 @@ void oracle_dense_maxpool(const oracle_links *links, const oracle_geometry *g, i
                           const double *x, double *y);
 
 /* Brute-force sparse max pooling over sites only: for each output site (rows of out_idx), every
- * input site inside its window per DESIGN.md's rule; the maximum, ties to the smallest offset k.
+ * input site inside its window per docs/design.md's rule; the maximum, ties to the smallest offset k.
  * y [n_out, C], argmax [n_out, C] (-1 when no input). */
 void oracle_sparse_maxpool(const oracle_geometry *g, const int32_t *in_idx, int64_t n_in,
                            const double *x, const int32_t *out_idx, int64_t n_out, int64_t channels,

@@ -16,7 +16,7 @@ int32_t *spconv_test_random_sites(int64_t batch, const int64_t shape[3], int64_t
 spconv_tensor *spconv_test_indices_tensor(const int32_t *rows, int64_t n);
 
 /** 1 when input coordinates @p in reach output coordinates @p out through kernel offset @p k
- *  under DESIGN.md's rule for @p params (INVERSE: the rule of the regular conv, roles swapped). */
+ *  under docs/design.md's rule for @p params (INVERSE: the rule of the regular conv, roles swapped). */
 int spconv_test_pair_follows_rule(const spconv_conv_params *params, const int32_t *in,
                                   const int32_t *out, int64_t k);
 
