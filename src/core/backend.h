@@ -10,6 +10,7 @@
 #include "spconv/context.h"
 #include "spconv/rulebook.h"
 #include "spconv/tensor.h"
+#include "spconv/voxelize.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,6 +58,20 @@ typedef struct spconv_backend {
     /* element-wise ops, both tensors on this backend's device (same shape, any layouts/dtypes) */
     spconv_status (*copy_strided)(spconv_context *ctx, spconv_tensor *dst, const spconv_tensor *src);
     spconv_status (*fill)(spconv_context *ctx, spconv_tensor *dst, double value);
+
+    /* points to voxels (voxelize.h) for a batch of scans, the first on this backend's device;
+     * @p func names the public entry point, @p batch_column 1 for (b, z, y, x) coords, 0 for
+     * (z, y, x); *out is zeroed and num_scans checked by the entry point */
+    spconv_status (*voxelize)(spconv_context *ctx, const char *func,
+                              const spconv_tensor *const *scans, int64_t num_scans,
+                              const spconv_voxelize_params *params, int batch_column,
+                              spconv_voxels *out);
+
+    /* rulebook of a regular, subm or transposed conv or a pool (rulebook.h) from indices on this
+     * backend's device; arguments checked by spconv_rulebook_build, rows validated here */
+    spconv_status (*rulebook_build)(spconv_context *ctx, const spconv_tensor *indices,
+                                    const int64_t spatial_shape[3], int64_t batch_size,
+                                    const spconv_conv_params *params, spconv_rulebook **out);
 
     /* sparse convolution (conv.h), operands already checked by the entry points in src/conv/,
      * all on this backend's device; options may be NULL */

@@ -12,6 +12,17 @@
 extern "C" {
 #endif
 
+/* src/voxel/voxelize.c */
+spconv_status spconv__cpu_voxelize(spconv_context *ctx, const char *func,
+                                   const spconv_tensor *const *scans, int64_t num_scans,
+                                   const spconv_voxelize_params *params, int batch_column,
+                                   spconv_voxels *out);
+
+/* src/rulebook/build.c */
+spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                         const int64_t spatial_shape[3], int64_t batch_size,
+                                         const spconv_conv_params *params, spconv_rulebook **out);
+
 /* src/conv/conv_forward.c, conv_backward.c */
 spconv_status spconv__cpu_conv_forward(spconv_context *ctx, const spconv_rulebook *rb,
                                        const spconv_tensor *features, const spconv_tensor *weight,

@@ -1,6 +1,8 @@
 /* spconv_rulebook_build: validation of the arguments and rows, then the kind's builder. */
 #include <stddef.h>
 
+#include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "rulebook/build.h"
 #include "spconv/tensor.h"
@@ -28,6 +30,21 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
     int64_t out_shape[3];
     SPCONV_FORWARD_IF_ERROR(
         check_arguments(func, indices, spatial_shape, batch_size, params, out_shape));
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, spconv_tensor_device(indices), rulebook_build, "rulebook build",
+                    &backend);
+    return backend->rulebook_build(ctx, indices, spatial_shape, batch_size, params, out);
+}
+
+/* The CPU backend's slot: arguments checked by the entry point; the rows are validated while the
+ * site table is built. */
+spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                         const int64_t spatial_shape[3], int64_t batch_size,
+                                         const spconv_conv_params *params,
+                                         spconv_rulebook **out) {
+    const char *func = "spconv_rulebook_build";
+    int64_t out_shape[3];
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
     spconv_tensor *rows;
     SPCONV_FORWARD_IF_ERROR(spconv__indices_contiguous(ctx, func, indices, &rows));
     spconv_rulebook *rb;

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/backend.h"
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/hash_seed.h"
 #include "voxel/voxelize_impl.h"
@@ -384,6 +386,19 @@ static spconv_status voxelize_entry(spconv_context *ctx, const char *func,
     SPCONV_RETURN_ERROR_IF(num_scans < 1 || num_scans > INT32_MAX, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: num_scans = %lld must be in [1, 2^31 - 1]", func,
                            (long long)num_scans);
+    /* The first scan's device picks the backend; the kernel checks that the others match. A
+     * NULL scan is named by the kernel's own check of each scan. */
+    const spconv_device device = scans[0] != NULL ? spconv_tensor_device(scans[0]) : spconv_cpu();
+    const spconv_backend *backend;
+    SPCONV_DISPATCH(func, device, voxelize, "voxelizer", &backend);
+    return backend->voxelize(ctx, func, scans, num_scans, params, batch_column, out);
+}
+
+/* The CPU backend's slot: @p out is zeroed, the count checked by the entry point. */
+spconv_status spconv__cpu_voxelize(spconv_context *ctx, const char *func,
+                                   const spconv_tensor *const *scans, int64_t num_scans,
+                                   const spconv_voxelize_params *params, int batch_column,
+                                   spconv_voxels *out) {
     scan_state *states = calloc((size_t)num_scans, sizeof *states);
     SPCONV_RETURN_ERROR_IF(states == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of memory for %lld scans", func, (long long)num_scans);
