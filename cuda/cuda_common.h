@@ -82,6 +82,28 @@ spconv_status spconv__cuda_maxpool_backward(spconv_context *ctx, const spconv_ru
                                             const spconv_tensor *argmax,
                                             const spconv_tensor *grad_out,
                                             spconv_tensor **grad_features);
+
+/* The network's layers (net.cu). */
+spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x,
+                                           double eps, double *mean, double *invstd,
+                                           double *var_unbiased);
+spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
+                                           const double *scale, const double *shift,
+                                           spconv_tensor *y);
+spconv_status spconv__cuda_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
+                                              const spconv_tensor *dy, const double *mean,
+                                              const double *invstd, const double *gamma,
+                                              spconv_tensor *dx, double *dgamma, double *dbeta);
+spconv_status spconv__cuda_relu_forward(spconv_context *ctx, const spconv_tensor *x,
+                                        spconv_tensor *y);
+spconv_status spconv__cuda_relu_backward(spconv_context *ctx, const spconv_tensor *y,
+                                         const spconv_tensor *dy, spconv_tensor *dx);
+spconv_status spconv__cuda_axpy(spconv_context *ctx, double alpha, const spconv_tensor *x,
+                                spconv_tensor *y);
+spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
+                                            const spconv_tensor *indices, spconv_tensor *dense);
+spconv_status spconv__cuda_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
+                                           const spconv_tensor *indices, spconv_tensor *features);
 }
 
 #endif /* SPCONV_CUDA_COMMON_H */

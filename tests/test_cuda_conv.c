@@ -266,11 +266,125 @@ static void test_unsupported_dtype(void **state) {
     spconv_rulebook_release(g.rb);
 }
 
+/* The network's own layers (batch norm, ReLU, save / concat, to-dense) on the CUDA backend
+ * against the CPU backend, through spconv_net_forward / backward: a network without convs runs
+ * on the device already. Batch statistics are sums in double of the same blocks in the same
+ * order on both (so they differ only by contraction into FMAs), and every output element is a
+ * short chain of operations in the working precision: the bound used is 64 u |value| + the
+ * smallest normal, u of the network's dtype, far below any real error (a wrong channel or a
+ * missing term moves values by O(1)). */
+static void assert_close(const char *what, const spconv_tensor *got, const spconv_tensor *want,
+                         spconv_dtype dtype) {
+    int64_t ng, nw;
+    double *g = read_values(got, &ng), *w = read_values(want, &nw);
+    assert_int_equal(ng, nw);
+    const double u = dtype == SPCONV_F32 ? ldexp(1.0, -24) : ldexp(1.0, -53);
+    for (int64_t i = 0; i < ng; ++i) {
+        const double allowed = 64.0 * u * (fabs(w[i]) + 1.0);
+        if (!(fabs(g[i] - w[i]) <= allowed) && !(isnan(g[i]) && isnan(w[i])))
+            fail_msg("%s: element %lld: cuda %.17g, cpu %.17g", what, (long long)i, g[i], w[i]);
+    }
+    free(g);
+    free(w);
+}
+
+static void test_net_layers_match_cpu(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    static const spconv_layer_desc layers[] = {
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn1", .in_channels = 5},
+        {.kind = SPCONV_LAYER_RELU, .name = "r1"},
+        {.kind = SPCONV_LAYER_SAVE, .name = "s1", .key = "skip"},
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn2", .in_channels = 5, .eps = 1e-3},
+        {.kind = SPCONV_LAYER_CONCAT, .name = "cat", .key = "skip"},
+        {.kind = SPCONV_LAYER_RELU, .name = "r2"},
+        {.kind = SPCONV_LAYER_TO_DENSE, .name = "dense"},
+    };
+    const int n_layers = (int)(sizeof layers / sizeof layers[0]);
+    for (int trial = 0; trial < 4; ++trial) {
+        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
+        const int64_t batch = 1 + trial / 2, per_batch = spconv_test_rand_int(1, 1500);
+        int32_t *rows = spconv_test_random_sites(batch, SHAPE, per_batch);
+        const int64_t n = batch * per_batch;
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+        free(rows);
+        spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n, 5});
+        spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
+        spconv_sparse_tensor *in = NULL, *in_d = NULL;
+        SPCONV_ASSERT_OK(spconv_sparse_create(x, indices, SHAPE, batch, &in));
+        SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, batch, &in_d));
+        const uint64_t seed = spconv_test_rand_u64();
+        spconv_net *cpu = NULL, *gpu = NULL;
+        SPCONV_ASSERT_OK(spconv_net_create(dtype, 5, layers, n_layers, seed, &cpu));
+        SPCONV_ASSERT_OK(spconv_net_create(dtype, 5, layers, n_layers, seed, &gpu));
+        /* Inference with the initial running statistics, then a training pass and its backward. */
+        spconv_tensor *y = NULL, *yd = NULL;
+        SPCONV_ASSERT_OK(spconv_net_forward(NULL, cpu, in, SPCONV_NET_INFERENCE, &y, NULL));
+        SPCONV_ASSERT_OK(spconv_net_forward(NULL, gpu, in_d, SPCONV_NET_INFERENCE, &yd, NULL));
+        assert_true(spconv_device_equal(spconv_tensor_device(yd), spconv_cuda(0)));
+        assert_close("inference output", yd, y, dtype);
+        spconv_tensor_release(y);
+        spconv_tensor_release(yd);
+        SPCONV_ASSERT_OK(spconv_net_forward(NULL, cpu, in, SPCONV_NET_TRAINING, &y, NULL));
+        SPCONV_ASSERT_OK(spconv_net_forward(NULL, gpu, in_d, SPCONV_NET_TRAINING, &yd, NULL));
+        assert_close("training output", yd, y, dtype);
+        spconv_tensor *gy = random_tensor(dtype, spconv_tensor_ndim(y), spconv_tensor_sizes(y));
+        spconv_tensor *gyd = on_cuda(gy), *dx = NULL, *dxd = NULL;
+        SPCONV_ASSERT_OK(spconv_net_backward(NULL, cpu, gy, &dx));
+        SPCONV_ASSERT_OK(spconv_net_backward(NULL, gpu, gyd, &dxd));
+        assert_close("input gradient", dxd, dx, dtype);
+        for (int p = 0; p < spconv_net_num_params(cpu); ++p) {
+            assert_close(spconv_net_param_name(cpu, p), spconv_net_param(gpu, p),
+                         spconv_net_param(cpu, p), dtype);
+            if (spconv_net_param_grad(cpu, p) != NULL)
+                assert_close(spconv_net_param_name(cpu, p), spconv_net_param_grad(gpu, p),
+                             spconv_net_param_grad(cpu, p), dtype);
+        }
+        spconv_tensor *all[] = {indices, x, xd, id, y, yd, gy, gyd, dx, dxd};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+        spconv_sparse_release(in);
+        spconv_sparse_release(in_d);
+        spconv_net_destroy(cpu);
+        spconv_net_destroy(gpu);
+    }
+}
+
+/* A repeated site on the device is refused as on the CPU, naming the row, before anything runs. */
+static void test_net_to_dense_bad_sites(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    static const spconv_layer_desc layers[] = {{.kind = SPCONV_LAYER_TO_DENSE, .name = "dense"}};
+    const int32_t rows[3][4] = {{0, 1, 2, 3}, {0, 4, 5, 6}, {0, 1, 2, 3}};
+    spconv_tensor *indices = spconv_test_indices_tensor(&rows[0][0], 3);
+    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){3, 2});
+    spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices), *out = NULL;
+    spconv_sparse_tensor *in = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, 1, &in));
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 2, layers, 1, 1, &net));
+    SPCONV_ASSERT_FAILS(spconv_net_forward(NULL, net, in, SPCONV_NET_INFERENCE, &out, NULL),
+                        SPCONV_ERR_DUPLICATE_INDEX,
+                        "indices row 2 = (0, 1, 2, 3) repeats an earlier row");
+    assert_null(out);
+    spconv_net_destroy(net);
+    spconv_sparse_release(in);
+    spconv_tensor *all[] = {indices, x, xd, id};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_matches_cpu),
         cmocka_unit_test(test_maxpool_matches_cpu),
         cmocka_unit_test(test_unsupported_dtype),
+        cmocka_unit_test(test_net_layers_match_cpu),
+        cmocka_unit_test(test_net_to_dense_bad_sites),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,528 @@
+/* The network's own layers on the GPU (the slots of core/backend.h after dense_to_sparse): batch
+ * norm (statistics, apply, backward), ReLU, axpy and the TO_DENSE scatter / gather, in f32 and
+ * f64, with the CPU kernels' arithmetic (src/net/net_kernels.c): per-channel sums in double over
+ * fixed blocks of BLOCK_ROWS rows, the blocks' partial sums added in block order. Those partial
+ * sums come back to the host, which adds them: batch statistics are host arrays by the slot's
+ * contract, so that read is the one synchronisation the layer needs. No floating-point atomics. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "cuda_check.h"
+#include "cuda_common.h"
+
+#define NET_THREADS 256
+#define BLOCK_ROWS 1024 /* the CPU's block of rows (net_kernels.c) */
+
+/* ---- kernels -------------------------------------------------------------------------------- */
+
+/* partial[blk, ch] = sum over the block's rows of x (center NULL) or (x - center)^2. */
+template <typename T>
+__global__ void sum_rows_kernel(double *__restrict__ partial, const T *__restrict__ x,
+                                const double *__restrict__ center, int64_t n, int64_t c,
+                                int64_t blocks) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < blocks * c; i += step) {
+        const int64_t blk = i / c, ch = i % c;
+        const int64_t end = (blk + 1) * BLOCK_ROWS < n ? (blk + 1) * BLOCK_ROWS : n;
+        double acc = 0.0;
+        for (int64_t r = blk * BLOCK_ROWS; r < end; ++r) {
+            const double v = center != NULL ? x[r * c + ch] - center[ch] : x[r * c + ch];
+            acc += center != NULL ? v * v : v;
+        }
+        partial[i] = acc;
+    }
+}
+
+/* partial[blk, ch] = sum dy, partial[blk, c + ch] = sum dy * xhat over the block's rows. */
+template <typename T>
+__global__ void sum_grad_rows_kernel(double *__restrict__ partial, const T *__restrict__ x,
+                                     const T *__restrict__ dy, const double *__restrict__ mean,
+                                     const double *__restrict__ invstd, int64_t n, int64_t c,
+                                     int64_t blocks) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < blocks * c; i += step) {
+        const int64_t blk = i / c, ch = i % c;
+        const int64_t end = (blk + 1) * BLOCK_ROWS < n ? (blk + 1) * BLOCK_ROWS : n;
+        double sum_dy = 0.0, sum_dy_xhat = 0.0;
+        for (int64_t r = blk * BLOCK_ROWS; r < end; ++r) {
+            sum_dy += dy[r * c + ch];
+            sum_dy_xhat += dy[r * c + ch] * ((x[r * c + ch] - mean[ch]) * invstd[ch]);
+        }
+        partial[blk * 2 * c + ch] = sum_dy;
+        partial[blk * 2 * c + c + ch] = sum_dy_xhat;
+    }
+}
+
+template <typename T>
+__global__ void bn_apply_kernel(T *y, const T *x,
+                                const double *scale, const double *shift,
+                                int64_t n, int64_t c) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step)
+        y[i] = (T)(x[i] * scale[i % c] + shift[i % c]);
+}
+
+/* dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / n); v[0..4c): gamma, invstd, mean, and
+ * then dbeta, dgamma in v[3c..5c). */
+template <typename T>
+__global__ void bn_backward_kernel(T *dx, const T *x,
+                                   const T *dy, const double *v,
+                                   double inv_n, int64_t n, int64_t c) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
+        const int64_t ch = i % c;
+        const double gamma = v[ch], invstd = v[c + ch], mean = v[2 * c + ch];
+        const double dbeta = v[3 * c + ch], dgamma = v[4 * c + ch];
+        const double xhat = (x[i] - mean) * invstd;
+        const double g = (double)dy[i] - (dbeta + xhat * dgamma) * inv_n;
+        dx[i] = (T)(gamma * invstd * g);
+    }
+}
+
+/* "v < 0 ? 0 : v" lets NaN through, as the CPU kernel and PyTorch do. These kernels (and the
+ * batch-norm ones) may run in place, so their operands are not __restrict__. */
+template <typename T>
+__global__ void relu_kernel(T *y, const T *x, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        y[i] = x[i] < 0 ? (T)0 : x[i];
+}
+
+template <typename T>
+__global__ void relu_backward_kernel(T *dx, const T *y,
+                                     const T *dy, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        dx[i] = y[i] > 0 ? dy[i] : (T)0;
+}
+
+template <typename T>
+__global__ void axpy_kernel(T *__restrict__ y, const T *__restrict__ x, double alpha, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        y[i] = (T)(y[i] + alpha * x[i]);
+}
+
+__global__ void fill_int_kernel(int32_t *__restrict__ a, int32_t value, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        a[i] = value;
+}
+
+/* The cell of site row r in a (B, D, H, W) grid, or -1 when it lies outside. */
+static inline __host__ __device__ int64_t site_cell(const int32_t *q, const int64_t *dims) {
+    if (q[0] < 0 || q[0] >= dims[0] || q[1] < 0 || q[1] >= dims[1] || q[2] < 0 ||
+        q[2] >= dims[2] || q[3] < 0 || q[3] >= dims[3])
+        return -1;
+    return ((q[0] * dims[1] + q[1]) * dims[2] + q[2]) * dims[3] + q[3];
+}
+
+struct grid_dims {
+    int64_t d[4];
+};
+
+/* flags[0]: first row outside the grid; owner[cell]: first row at each cell. */
+__global__ void claim_cells_kernel(int32_t *__restrict__ owner, int32_t *__restrict__ flags,
+                                   const int32_t *__restrict__ idx, grid_dims dims, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int64_t cell = site_cell(idx + 4 * r, dims.d);
+        if (cell < 0)
+            atomicMin(&flags[0], (int)r);
+        else
+            atomicMin(&owner[cell], (int)r);
+    }
+}
+
+/* flags[1]: first row whose cell an earlier row holds. */
+__global__ void find_repeats_kernel(const int32_t *__restrict__ owner, int32_t *__restrict__ flags,
+                                    const int32_t *__restrict__ idx, grid_dims dims, int64_t n) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
+        const int64_t cell = site_cell(idx + 4 * r, dims.d);
+        if (cell >= 0 && owner[cell] < r) atomicMin(&flags[1], (int)r);
+    }
+}
+
+/* dense[b, ch * D + z, y, x] = features[r, ch]; rows are distinct cells (checked). */
+template <typename T>
+__global__ void to_dense_kernel(T *__restrict__ dense, const T *__restrict__ features,
+                                const int32_t *__restrict__ idx, grid_dims dims, int64_t n,
+                                int64_t c) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    const int64_t plane = dims.d[2] * dims.d[3], block = dims.d[1] * plane;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
+        const int64_t r = i / c, ch = i % c;
+        const int32_t *q = idx + 4 * r;
+        const int64_t at = ((int64_t)q[0] * c * dims.d[1] + q[1]) * plane + (int64_t)q[2] * dims.d[3] + q[3];
+        dense[at + ch * block] = features[i];
+    }
+}
+
+template <typename T>
+__global__ void from_dense_kernel(T *__restrict__ features, const T *__restrict__ dense,
+                                  const int32_t *__restrict__ idx, int64_t cd, int64_t h,
+                                  int64_t w, int64_t n, int64_t c) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    const int64_t d = cd / c;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
+        const int64_t r = i / c, ch = i % c;
+        const int32_t *q = idx + 4 * r;
+        const int64_t base = ((int64_t)q[0] * cd + q[1]) * h * w + (int64_t)q[2] * w + q[3];
+        features[i] = dense[base + ch * d * h * w];
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------ */
+
+/* Device, stream, launch size and temporaries of one call. */
+struct net_call {
+    spconv__cuda_device_guard guard;
+    cudaStream_t stream = NULL;
+    int blocks = 1;
+    spconv_device device = {};
+    spconv_tensor *held[8] = {};
+    int num_held = 0;
+
+    net_call() = default;
+    net_call(const net_call &) = delete;
+    net_call &operator=(const net_call &) = delete;
+    ~net_call() {
+        /* Temporaries may still be read by queued kernels: wait before releasing them. */
+        if (num_held > 0 && cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
+        for (int i = 0; i < num_held; ++i) spconv_tensor_release(held[i]);
+    }
+
+    spconv_status enter(spconv_context *ctx, const spconv_tensor *t) {
+        device = spconv_tensor_device(t);
+        SPCONV_FORWARD_IF_ERROR(guard.enter(device.index));
+        stream = spconv__cuda_stream_for(ctx, device.index);
+        int resident = 0;
+        SPCONV_FORWARD_IF_ERROR(spconv__cuda_resident_blocks(NET_THREADS, &resident));
+        blocks = resident > 0 ? resident : 1;
+        return SPCONV_OK;
+    }
+
+    int grid(int64_t work) const {
+        const int64_t needed = (work + NET_THREADS - 1) / NET_THREADS;
+        return (int)(needed < blocks ? (needed > 0 ? needed : 1) : blocks);
+    }
+
+    /* @p n doubles of @p host on the device (held). */
+    spconv_status doubles_to_device(spconv_context *ctx, const double *host, int64_t n,
+                                    const double **out) {
+        spconv_tensor *t = NULL;
+        const int64_t size = n > 0 ? n : 1;
+        const double zero = 0.0;
+        SPCONV_FORWARD_IF_ERROR(
+            spconv_tensor_from_host(ctx, device, SPCONV_F64, 1, &size, n > 0 ? host : &zero, &t));
+        held[num_held++] = t;
+        *out = (const double *)spconv_tensor_data(t);
+        return SPCONV_OK;
+    }
+
+    /* A device scratch tensor of @p n elements of @p dtype (held). */
+    spconv_status scratch(spconv_dtype dtype, int64_t n, void **out) {
+        spconv_tensor *t = NULL;
+        const int64_t size = n > 0 ? n : 1;
+        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, dtype, 1, &size, &t));
+        held[num_held++] = t;
+        *out = spconv_tensor_data(t);
+        return SPCONV_OK;
+    }
+};
+
+#define NET_LAUNCH(call, kernel, work, ...)                                                        \
+    do {                                                                                           \
+        if ((work) > 0) {                                                                          \
+            SPCONV_CUDA_LAUNCH(kernel, (call).grid(work), NET_THREADS, 0, (call).stream,          \
+                               __VA_ARGS__);                                                       \
+            CUDA_TRY(cudaGetLastError());                                                          \
+        }                                                                                          \
+    } while (0)
+
+/* Sums of @p width columns per block, reduced on the host in block order into total. */
+static spconv_status reduce_partials(spconv_context *ctx, net_call &call, const double *partial,
+                                     int64_t blocks, int64_t width, double *total) {
+    double *host = (double *)malloc((size_t)(blocks * width > 0 ? blocks * width : 1) * sizeof *host);
+    SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "out of host memory for %lld partial sums",
+                           (long long)(blocks * width));
+    spconv_status st = SPCONV_OK;
+    if (blocks * width > 0) {
+        cudaError_t err = cudaMemcpyAsync(host, partial, (size_t)(blocks * width) * sizeof *host,
+                                          cudaMemcpyDeviceToHost, call.stream);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(call.stream);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = spconv__error(SPCONV_ERR_CUDA, "reading partial sums back: %s",
+                               cudaGetErrorString(err));
+        }
+    }
+    for (int64_t ch = 0; ch < width; ++ch) total[ch] = 0.0;
+    for (int64_t blk = 0; st == SPCONV_OK && blk < blocks; ++blk)
+        for (int64_t ch = 0; ch < width; ++ch) total[ch] += host[blk * width + ch];
+    free(host);
+    return st;
+}
+
+template <typename T>
+static spconv_status bn_stats_typed(spconv_context *ctx, const spconv_tensor *x, double eps,
+                                    double *mean, double *invstd, double *var_unbiased) {
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    void *partial = NULL;
+    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_F64, blocks * c, &partial));
+    const T *xd = (const T *)spconv_tensor_data(x);
+    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd,
+               (const double *)NULL, n, c, blocks);
+    SPCONV_FORWARD_IF_ERROR(reduce_partials(ctx, call, (const double *)partial, blocks, c, mean));
+    for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
+    /* Two passes (mean, then squared deviations), as the CPU computes them. */
+    const double *mean_d = NULL;
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, mean, c, &mean_d));
+    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd, mean_d, n, c,
+               blocks);
+    SPCONV_FORWARD_IF_ERROR(
+        reduce_partials(ctx, call, (const double *)partial, blocks, c, invstd));
+    for (int64_t ch = 0; ch < c; ++ch) {
+        const double squares = invstd[ch];
+        if (var_unbiased != NULL) var_unbiased[ch] = n > 1 ? squares / (double)(n - 1) : 0.0;
+        invstd[ch] = 1.0 / sqrt((n > 0 ? squares / (double)n : 0.0) + eps);
+    }
+    return SPCONV_OK;
+}
+
+static spconv_status check_float(const char *what, const spconv_tensor *t) {
+    const spconv_dtype dtype = spconv_tensor_dtype(t);
+    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
+                           "the cuda backend's %s kernel computes in f32 or f64, not %s", what,
+                           spconv_dtype_name(dtype));
+    return SPCONV_OK;
+}
+
+extern "C" spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x,
+                                                      double eps, double *mean, double *invstd,
+                                                      double *var_unbiased) {
+    SPCONV_FORWARD_IF_ERROR(check_float("batch-norm statistics", x));
+    return spconv_tensor_dtype(x) == SPCONV_F32
+               ? bn_stats_typed<float>(ctx, x, eps, mean, invstd, var_unbiased)
+               : bn_stats_typed<double>(ctx, x, eps, mean, invstd, var_unbiased);
+}
+
+template <typename T>
+static spconv_status bn_apply_typed(spconv_context *ctx, const spconv_tensor *x,
+                                    const double *scale, const double *shift, spconv_tensor *y) {
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    const double *scale_d = NULL, *shift_d = NULL;
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, scale, c, &scale_d));
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, shift, c, &shift_d));
+    NET_LAUNCH(call, (bn_apply_kernel<T>), n * c, (T *)spconv_tensor_data(y),
+               (const T *)spconv_tensor_data(x), scale_d, shift_d, n, c);
+    return SPCONV_OK;
+}
+
+extern "C" spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
+                                                      const double *scale, const double *shift,
+                                                      spconv_tensor *y) {
+    SPCONV_FORWARD_IF_ERROR(check_float("batch norm", x));
+    return spconv_tensor_dtype(x) == SPCONV_F32 ? bn_apply_typed<float>(ctx, x, scale, shift, y)
+                                                : bn_apply_typed<double>(ctx, x, scale, shift, y);
+}
+
+template <typename T>
+static spconv_status bn_backward_typed(spconv_context *ctx, const spconv_tensor *x,
+                                       const spconv_tensor *dy, const double *mean,
+                                       const double *invstd, const double *gamma,
+                                       spconv_tensor *dx, double *dgamma, double *dbeta) {
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
+    const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    double *v = (double *)malloc((size_t)(5 * c > 0 ? 5 * c : 1) * sizeof *v);
+    double *sums = (double *)malloc((size_t)(2 * c > 0 ? 2 * c : 1) * sizeof *sums);
+    spconv_status st = v != NULL && sums != NULL
+                           ? SPCONV_OK
+                           : spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                                           "out of host memory for batch norm sums");
+    const double *mean_d = NULL, *invstd_d = NULL, *v_d = NULL;
+    void *partial = NULL;
+    const T *xd = (const T *)spconv_tensor_data(x), *gd = (const T *)spconv_tensor_data(dy);
+    if (st == SPCONV_OK) st = call.doubles_to_device(ctx, mean, c, &mean_d);
+    if (st == SPCONV_OK) st = call.doubles_to_device(ctx, invstd, c, &invstd_d);
+    if (st == SPCONV_OK) st = call.scratch(SPCONV_F64, blocks * 2 * c, &partial);
+    if (st == SPCONV_OK && blocks * c > 0) {
+        SPCONV_CUDA_LAUNCH((sum_grad_rows_kernel<T>), call.grid(blocks * c), NET_THREADS, 0,
+                           call.stream, (double *)partial, xd, gd, mean_d, invstd_d, n, c, blocks);
+        if (cudaGetLastError() != cudaSuccess)
+            st = spconv__error(SPCONV_ERR_CUDA, "batch-norm backward: a launch failed");
+    }
+    if (st == SPCONV_OK)
+        st = reduce_partials(ctx, call, (const double *)partial, blocks, 2 * c, sums);
+    if (st == SPCONV_OK) {
+        for (int64_t ch = 0; ch < c; ++ch) {
+            dbeta[ch] = sums[ch];
+            dgamma[ch] = sums[c + ch];
+            v[ch] = gamma[ch];
+            v[c + ch] = invstd[ch];
+            v[2 * c + ch] = mean[ch];
+            v[3 * c + ch] = dbeta[ch];
+            v[4 * c + ch] = dgamma[ch];
+        }
+        st = call.doubles_to_device(ctx, v, 5 * c, &v_d);
+    }
+    if (st == SPCONV_OK && n * c > 0) {
+        SPCONV_CUDA_LAUNCH((bn_backward_kernel<T>), call.grid(n * c), NET_THREADS, 0, call.stream,
+                           (T *)spconv_tensor_data(dx), xd, gd, v_d, 1.0 / (double)n, n, c);
+        if (cudaGetLastError() != cudaSuccess)
+            st = spconv__error(SPCONV_ERR_CUDA, "batch-norm backward: a launch failed");
+    }
+    free(v);
+    free(sums);
+    return st;
+}
+
+extern "C" spconv_status spconv__cuda_batchnorm_backward(
+    spconv_context *ctx, const spconv_tensor *x, const spconv_tensor *dy, const double *mean,
+    const double *invstd, const double *gamma, spconv_tensor *dx, double *dgamma, double *dbeta) {
+    SPCONV_FORWARD_IF_ERROR(check_float("batch-norm backward", x));
+    return spconv_tensor_dtype(x) == SPCONV_F32
+               ? bn_backward_typed<float>(ctx, x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
+               : bn_backward_typed<double>(ctx, x, dy, mean, invstd, gamma, dx, dgamma, dbeta);
+}
+
+extern "C" spconv_status spconv__cuda_relu_forward(spconv_context *ctx, const spconv_tensor *x,
+                                                   spconv_tensor *y) {
+    SPCONV_FORWARD_IF_ERROR(check_float("ReLU", x));
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
+    const int64_t n = spconv_tensor_numel(x);
+    if (spconv_tensor_dtype(x) == SPCONV_F32)
+        NET_LAUNCH(call, relu_kernel<float>, n, (float *)spconv_tensor_data(y),
+                   (const float *)spconv_tensor_data(x), n);
+    else
+        NET_LAUNCH(call, relu_kernel<double>, n, (double *)spconv_tensor_data(y),
+                   (const double *)spconv_tensor_data(x), n);
+    return SPCONV_OK;
+}
+
+extern "C" spconv_status spconv__cuda_relu_backward(spconv_context *ctx, const spconv_tensor *y,
+                                                    const spconv_tensor *dy, spconv_tensor *dx) {
+    SPCONV_FORWARD_IF_ERROR(check_float("ReLU backward", y));
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, y));
+    const int64_t n = spconv_tensor_numel(y);
+    if (spconv_tensor_dtype(y) == SPCONV_F32)
+        NET_LAUNCH(call, relu_backward_kernel<float>, n, (float *)spconv_tensor_data(dx),
+                   (const float *)spconv_tensor_data(y), (const float *)spconv_tensor_data(dy), n);
+    else
+        NET_LAUNCH(call, relu_backward_kernel<double>, n, (double *)spconv_tensor_data(dx),
+                   (const double *)spconv_tensor_data(y), (const double *)spconv_tensor_data(dy),
+                   n);
+    return SPCONV_OK;
+}
+
+extern "C" spconv_status spconv__cuda_axpy(spconv_context *ctx, double alpha,
+                                           const spconv_tensor *x, spconv_tensor *y) {
+    SPCONV_FORWARD_IF_ERROR(check_float("axpy", y));
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, y));
+    const int64_t n = spconv_tensor_numel(x);
+    if (spconv_tensor_dtype(y) == SPCONV_F32)
+        NET_LAUNCH(call, axpy_kernel<float>, n, (float *)spconv_tensor_data(y),
+                   (const float *)spconv_tensor_data(x), alpha, n);
+    else
+        NET_LAUNCH(call, axpy_kernel<double>, n, (double *)spconv_tensor_data(y),
+                   (const double *)spconv_tensor_data(x), alpha, n);
+    return SPCONV_OK;
+}
+
+/* The CPU's messages for a bad site, read back from the device for the one row named. */
+static spconv_status site_error(spconv_context *ctx, net_call &call, const int32_t *idx,
+                                int32_t row, int repeated, const grid_dims &dims) {
+    int32_t q[4] = {0, 0, 0, 0};
+    if (cudaMemcpyAsync(q, idx + 4 * (int64_t)row, sizeof q, cudaMemcpyDeviceToHost,
+                        call.stream) != cudaSuccess ||
+        cudaStreamSynchronize(call.stream) != cudaSuccess)
+        (void)cudaGetLastError();
+    if (repeated)
+        return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,
+                             "indices row %d = (%d, %d, %d, %d) repeats an earlier row", row, q[0],
+                             q[1], q[2], q[3]);
+    return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
+                         "indices row %d = (%d, %d, %d, %d) is outside batch size %lld and "
+                         "spatial shape (%lld, %lld, %lld)",
+                         row, q[0], q[1], q[2], q[3], (long long)dims.d[0], (long long)dims.d[1],
+                         (long long)dims.d[2], (long long)dims.d[3]);
+}
+
+extern "C" spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx,
+                                                       const spconv_tensor *features,
+                                                       const spconv_tensor *indices,
+                                                       spconv_tensor *dense) {
+    SPCONV_FORWARD_IF_ERROR(check_float("to-dense", features));
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, features));
+    const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
+    grid_dims dims = {{spconv_tensor_size(dense, 0), spconv_tensor_size(dense, 1) / c,
+                       spconv_tensor_size(dense, 2), spconv_tensor_size(dense, 3)}};
+    const int64_t cells = dims.d[0] * dims.d[1] * dims.d[2] * dims.d[3];
+    const int32_t *idx = (const int32_t *)spconv_tensor_data(indices);
+    /* Every site is checked before anything is written, as on the CPU: the first bad row in row
+     * order is named, whether outside the map or repeating an earlier row. */
+    void *owner = NULL, *flags = NULL;
+    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_I32, cells, &owner));
+    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_I32, 2, &flags));
+    NET_LAUNCH(call, fill_int_kernel, cells, (int32_t *)owner, INT32_MAX, cells);
+    SPCONV_CUDA_LAUNCH(fill_int_kernel, 1, NET_THREADS, 0, call.stream, (int32_t *)flags,
+                       INT32_MAX, (int64_t)2);
+    CUDA_TRY(cudaGetLastError());
+    NET_LAUNCH(call, claim_cells_kernel, n, (int32_t *)owner, (int32_t *)flags, idx, dims, n);
+    NET_LAUNCH(call, find_repeats_kernel, n, (const int32_t *)owner, (int32_t *)flags, idx, dims,
+               n);
+    int32_t bad[2] = {INT32_MAX, INT32_MAX};
+    CUDA_TRY(cudaMemcpyAsync(bad, flags, sizeof bad, cudaMemcpyDeviceToHost, call.stream));
+    CUDA_TRY(cudaStreamSynchronize(call.stream));
+    if (bad[0] != INT32_MAX || bad[1] != INT32_MAX) {
+        const int repeated = bad[1] < bad[0];
+        return site_error(ctx, call, idx, repeated ? bad[1] : bad[0], repeated, dims);
+    }
+    const size_t bytes =
+        (size_t)spconv_tensor_numel(dense) * spconv_dtype_size(spconv_tensor_dtype(dense));
+    if (bytes > 0) CUDA_TRY(cudaMemsetAsync(spconv_tensor_data(dense), 0, bytes, call.stream));
+    if (spconv_tensor_dtype(features) == SPCONV_F32)
+        NET_LAUNCH(call, to_dense_kernel<float>, n * c, (float *)spconv_tensor_data(dense),
+                   (const float *)spconv_tensor_data(features), idx, dims, n, c);
+    else
+        NET_LAUNCH(call, to_dense_kernel<double>, n * c, (double *)spconv_tensor_data(dense),
+                   (const double *)spconv_tensor_data(features), idx, dims, n, c);
+    return SPCONV_OK;
+}
+
+extern "C" spconv_status spconv__cuda_to_dense_gather(spconv_context *ctx,
+                                                      const spconv_tensor *dense,
+                                                      const spconv_tensor *indices,
+                                                      spconv_tensor *features) {
+    SPCONV_FORWARD_IF_ERROR(check_float("to-dense backward", dense));
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, dense));
+    const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
+    const int32_t *idx = (const int32_t *)spconv_tensor_data(indices);
+    const int64_t cd = spconv_tensor_size(dense, 1), h = spconv_tensor_size(dense, 2),
+                  w = spconv_tensor_size(dense, 3);
+    if (spconv_tensor_dtype(dense) == SPCONV_F32)
+        NET_LAUNCH(call, from_dense_kernel<float>, n * c, (float *)spconv_tensor_data(features),
+                   (const float *)spconv_tensor_data(dense), idx, cd, h, w, n, c);
+    else
+        NET_LAUNCH(call, from_dense_kernel<double>, n * c, (double *)spconv_tensor_data(features),
+                   (const double *)spconv_tensor_data(dense), idx, cd, h, w, n, c);
+    return SPCONV_OK;
+}
