@@ -46,6 +46,16 @@ static void set_param_grad(spconv_net *net, int index, spconv_tensor *grad) {
     net->params[index].grad = grad;
 }
 
+/* Store a parameter gradient computed on any device where its parameter lives: the CPU
+ * (reference taken over; on the CPU no copy is made). */
+static spconv_status set_param_grad_from(back_pass *b, int index, spconv_tensor *grad) {
+    spconv_tensor *host = NULL;
+    const spconv_status st = spconv_tensor_to_device(b->ctx, grad, spconv_cpu(), &host);
+    spconv_tensor_release(grad);
+    if (st == SPCONV_OK) set_param_grad(b->net, index, host);
+    return st;
+}
+
 static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
                                    const spconv__layer_tape *tape) {
     const spconv__net_param *params = &b->net->params[layer->first_param];
@@ -54,13 +64,27 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
     /* The first layer's input gradient is wanted only when the caller asked for it. */
     int want_in = layer->stats.index > 0 || b->want_input;
-    spconv_status st = spconv__conv_backward_ex(
-        b->ctx, tape->rulebook, spconv_sparse_features(tape->in), params[0].value, b->grad,
-        &options, want_in ? &d_in : NULL, &d_weight, layer->desc.bias ? &d_bias : NULL);
+    spconv_tensor *w = NULL;
+    spconv_status st = spconv_tensor_to_device(
+        b->ctx, params[0].value, spconv_tensor_device(spconv_sparse_features(tape->in)), &w);
+    if (st == SPCONV_OK)
+        st = spconv__conv_backward_ex(b->ctx, tape->rulebook, spconv_sparse_features(tape->in), w,
+                                      b->grad, &options, want_in ? &d_in : NULL, &d_weight,
+                                      layer->desc.bias ? &d_bias : NULL);
+    spconv_tensor_release(w);
     spconv__net_add_conv_timing(b->phase, &timing);
     SPCONV_FORWARD_IF_ERROR(st);
-    set_param_grad(b->net, layer->first_param, d_weight);
-    if (layer->desc.bias) set_param_grad(b->net, layer->first_param + 1, d_bias);
+    st = set_param_grad_from(b, layer->first_param, d_weight);
+    if (layer->desc.bias) {
+        if (st == SPCONV_OK)
+            st = set_param_grad_from(b, layer->first_param + 1, d_bias);
+        else
+            spconv_tensor_release(d_bias);
+    }
+    if (st != SPCONV_OK) {
+        spconv_tensor_release(d_in);
+        return st;
+    }
     if (want_in) {
         set_grad(b, d_in);
     } else {

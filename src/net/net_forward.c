@@ -55,9 +55,17 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
     const spconv__net_param *params = &p->net->params[layer->first_param];
     spconv__conv_timing timing = {0};
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
-    spconv_status st =
-        spconv__conv_forward_ex(p->ctx, rb, cur_features(p), params[0].value,
-                                layer->desc.bias ? params[1].value : NULL, &options, &y);
+    /* Parameters live on the CPU; on another device the conv gets copies there (on the CPU the
+     * same tensors, one more reference). */
+    const spconv_device device = spconv_tensor_device(cur_features(p));
+    spconv_tensor *w = NULL, *b = NULL;
+    spconv_status st = spconv_tensor_to_device(p->ctx, params[0].value, device, &w);
+    if (st == SPCONV_OK && layer->desc.bias)
+        st = spconv_tensor_to_device(p->ctx, params[1].value, device, &b);
+    if (st == SPCONV_OK)
+        st = spconv__conv_forward_ex(p->ctx, rb, cur_features(p), w, b, &options, &y);
+    spconv_tensor_release(w);
+    spconv_tensor_release(b);
     spconv__net_add_conv_timing(p->phase, &timing);
     if (st == SPCONV_OK) st = spconv_sparse_from_rulebook(p->cur, rb, y, next);
     layer->stats.pairs = spconv_rulebook_num_pairs(rb);
