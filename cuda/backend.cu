@@ -154,4 +154,6 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .copy_on_device  = */ cuda_copy_on_device,
     /* .copy_strided    = */ spconv__cuda_copy_strided,
     /* .fill            = */ spconv__cuda_fill,
+    /* .voxelize        = */ spconv__cuda_voxelize,
+    /* .rulebook_build  = */ spconv__cuda_rulebook_build,
 };
