@@ -719,6 +719,36 @@ static void test_empty_input(void **state) {
     }
 }
 
+/* Kernels with more offsets than the candidates they produce (few random sites, kernels up to
+ * 15^3 on GRID, per-axis kernels, dilation, both strided kinds and subm): the strided builder
+ * numbers the offsets that occur, subm takes the site-pair path; both against the reference,
+ * at 1 and 3 threads. */
+static void test_kernel_larger_than_its_pairs(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        spconv_context *ctx = context_with_threads(threads);
+        for (int trial = 0; trial < 24; ++trial) {
+            const spconv_conv_kind kind = trial % 3 == 0   ? SPCONV_CONV_REGULAR
+                                          : trial % 3 == 1 ? SPCONV_CONV_TRANSPOSED
+                                                           : SPCONV_CONV_SUBM;
+            spconv_conv_params p = spconv_conv_params_default(kind);
+            for (int axis = 0; axis < 3; ++axis) {
+                p.kernel[axis] = 2 * spconv_test_rand_int(1, 7) + 1; /* odd, for subm too */
+                p.dilation[axis] = spconv_test_rand_int(1, 2);
+                p.stride[axis] = kind == SPCONV_CONV_SUBM ? 1 : spconv_test_rand_int(1, 3);
+                p.padding[axis] =
+                    kind == SPCONV_CONV_REGULAR ? (p.kernel[axis] - 1) * p.dilation[axis] : 0;
+            }
+            const int64_t n = spconv_test_rand_int(1, 4);
+            int32_t *rows = spconv_test_random_sites(1, GRID, n);
+            const int64_t pairs = check_against_reference(ctx, rows, n, GRID, 1, &p);
+            assert_true(pairs >= n); /* every site reaches an output (subm: itself) */
+            free(rows);
+        }
+        spconv_context_destroy(ctx);
+    }
+}
+
 static void test_single_voxel(void **state) {
     (void)state;
     const int64_t shape[3] = {11, 12, 13};
@@ -1205,6 +1235,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_subm_matches_reference),
         cmocka_unit_test(test_anisotropic_matches_reference),
         cmocka_unit_test(test_empty_input),
+        cmocka_unit_test(test_kernel_larger_than_its_pairs),
         cmocka_unit_test(test_single_voxel),
         cmocka_unit_test(test_thread_count_does_not_change_rulebooks),
         cmocka_unit_test(test_any_indices_layout),
