@@ -302,16 +302,19 @@ struct offset_of_pair {
     __host__ __device__ int64_t operator()(uint64_t key) const { return (int64_t)(key >> 32); }
 };
 
-/* The rulebook's per-offset counts on the host from the non-empty offsets and their pair
- * counts (increasing offsets). The one place that knows the host layout of the counts. */
-static void set_offset_counts(spconv_rulebook *rb, int64_t num_active, const int64_t *active,
-                              const int64_t *counts) {
-    const int64_t kv = rb->kernel_volume;
-    int64_t running = 0, next = 0;
-    for (int64_t k = 0; k <= kv; ++k) {
-        rb->offsets[k] = running;
-        if (next < num_active && active[next] == k) running += counts[next++];
-    }
+/* The rulebook's non-empty offsets (increasing) and their pair counts, on the host, into the
+ * rulebook's active-offset lists: the one place that knows their layout. */
+static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb, int64_t num_active,
+                                       const int64_t *active, const int64_t *counts) {
+    int64_t *starts = (int64_t *)malloc((size_t)(num_active + 1) * sizeof *starts);
+    SPCONV_RETURN_ERROR_IF(starts == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for %" PRId64 " offset counts", func,
+                           num_active);
+    starts[0] = 0;
+    for (int64_t a = 0; a < num_active; ++a) starts[a + 1] = starts[a] + counts[a];
+    const spconv_status st = spconv__rulebook_set_offsets(func, rb, num_active, active, starts);
+    free(starts);
+    return st;
 }
 
 /* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
@@ -321,10 +324,7 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
     const char *func = s->func;
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
     SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
-    if (n == 0) {
-        set_offset_counts(rb, 0, NULL, NULL);
-        return SPCONV_OK;
-    }
+    if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
     uint64_t *keys = pair_keys->get();
     thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), keys, keys + n, pair_in);
     LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
@@ -348,10 +348,11 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
         err = cudaMemcpyAsync(host + num_active, counts.get(), (size_t)num_active * sizeof *host,
                               cudaMemcpyDeviceToHost, s->stream);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s->stream);
-    if (err == cudaSuccess) set_offset_counts(rb, num_active, host, host + num_active);
+    spconv_status st = SPCONV_OK;
+    if (err == cudaSuccess) st = set_offset_counts(func, rb, num_active, host, host + num_active);
     free(host);
     CUDA_TRY(err);
-    return SPCONV_OK;
+    return st;
 }
 
 /* ---- the builders --------------------------------------------------------------------------- */

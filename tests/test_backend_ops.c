@@ -231,16 +231,24 @@ static void assert_same_rulebook(spconv_context *ctx, const spconv_rulebook *got
     assert_int_equal(spconv_rulebook_num_in(got), spconv_rulebook_num_in(want));
     assert_int_equal(spconv_rulebook_num_out(got), spconv_rulebook_num_out(want));
     assert_int_equal(spconv_rulebook_kernel_volume(got), spconv_rulebook_kernel_volume(want));
-    int64_t a[3], b[3];
-    spconv_rulebook_out_shape(got, a);
-    spconv_rulebook_out_shape(want, b);
-    assert_memory_equal(a, b, sizeof a);
-    const int64_t kv = spconv_rulebook_kernel_volume(want);
-    for (int64_t k = 0; k <= kv; ++k)
-        if (spconv_rulebook_offsets(got)[k] != spconv_rulebook_offsets(want)[k])
-            fail_msg("rulebook on %s: offsets[%" PRId64 "] = %" PRId64 ", the CPU's %" PRId64,
-                     backend, k, spconv_rulebook_offsets(got)[k],
-                     spconv_rulebook_offsets(want)[k]);
+    int64_t shape_got[3], shape_want[3];
+    spconv_rulebook_out_shape(got, shape_got);
+    spconv_rulebook_out_shape(want, shape_want);
+    assert_memory_equal(shape_got, shape_want, sizeof shape_got);
+    assert_int_equal(spconv_rulebook_num_pairs(got), spconv_rulebook_num_pairs(want));
+    const int64_t active = spconv_rulebook_num_active_offsets(want);
+    assert_int_equal(spconv_rulebook_num_active_offsets(got), active);
+    for (int64_t a = 0; a <= active; ++a) {
+        if (a < active && spconv_rulebook_active_offsets(got)[a] !=
+                              spconv_rulebook_active_offsets(want)[a])
+            fail_msg("rulebook on %s: active offset %" PRId64 " is %" PRId64 ", the CPU's %" PRId64,
+                     backend, a, spconv_rulebook_active_offsets(got)[a],
+                     spconv_rulebook_active_offsets(want)[a]);
+        if (spconv_rulebook_active_starts(got)[a] != spconv_rulebook_active_starts(want)[a])
+            fail_msg("rulebook on %s: active start %" PRId64 " is %" PRId64 ", the CPU's %" PRId64,
+                     backend, a, spconv_rulebook_active_starts(got)[a],
+                     spconv_rulebook_active_starts(want)[a]);
+    }
     assert_same_tensor(ctx, spconv_rulebook_out_indices(got), spconv_rulebook_out_indices(want),
                        "out_indices", backend);
     assert_same_tensor(ctx, spconv_rulebook_pairs_in(got), spconv_rulebook_pairs_in(want),
