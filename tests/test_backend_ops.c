@@ -387,6 +387,60 @@ static void test_rulebook_real_sites(void **state) {
     free(rows);
 }
 
+/* The rulebook cache of a sparse tensor works on every device: a SUBM key is reused and a
+ * REGULAR rulebook inverts under its key, the device rulebook's tensors swapped. */
+static void test_rulebook_cache(void **state) {
+    (void)state;
+    backend_under_test backends[MAX_BACKENDS];
+    const int n = list_backends(backends);
+    const int64_t shape[3] = {9, 30, 31};
+    int32_t *rows = spconv_test_random_sites(2, shape, 300);
+    spconv_tensor *host = spconv_test_indices_tensor(rows, 600);
+    for (int b = 0; b < n; ++b) {
+        spconv_context *ctx;
+        SPCONV_ASSERT_OK(spconv_context_create(backends[b].device, &ctx));
+        spconv_tensor *indices, *features;
+        SPCONV_ASSERT_OK(spconv_tensor_to_device(ctx, host, backends[b].device, &indices));
+        const int64_t sizes[2] = {600, 3};
+        SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, backends[b].device, SPCONV_F32, 2, sizes,
+                                             &features));
+        spconv_sparse_tensor *sp;
+        SPCONV_ASSERT_OK(spconv_sparse_create(features, indices, shape, 2, &sp));
+        const spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
+        spconv_rulebook *first, *again;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(ctx, sp, &subm, "subm1", &first));
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(ctx, sp, &subm, "subm1", &again));
+        assert_ptr_equal(first, again);
+        spconv_rulebook_release(again);
+        spconv_rulebook_release(first);
+        spconv_conv_params down = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+        for (int a = 0; a < 3; ++a) down.stride[a] = 2, down.padding[a] = 1;
+        spconv_rulebook *fwd, *inv;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(ctx, sp, &down, "down1", &fwd));
+        spconv_sparse_tensor *coarse;
+        spconv_tensor *coarse_features;
+        const int64_t coarse_sizes[2] = {spconv_rulebook_num_out(fwd), 3};
+        SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, backends[b].device, SPCONV_F32, 2, coarse_sizes,
+                                             &coarse_features));
+        SPCONV_ASSERT_OK(spconv_sparse_from_rulebook(sp, fwd, coarse_features, &coarse));
+        spconv_conv_params up = down;
+        up.kind = SPCONV_CONV_INVERSE;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(ctx, coarse, &up, "down1", &inv));
+        assert_int_equal(spconv_rulebook_num_out(inv), 600);
+        assert_int_equal(spconv_rulebook_num_pairs(inv), spconv_rulebook_num_pairs(fwd));
+        spconv_rulebook_release(inv);
+        spconv_rulebook_release(fwd);
+        spconv_sparse_release(coarse);
+        spconv_tensor_release(coarse_features);
+        spconv_sparse_release(sp);
+        spconv_tensor_release(features);
+        spconv_tensor_release(indices);
+        spconv_context_destroy(ctx);
+    }
+    spconv_tensor_release(host);
+    free(rows);
+}
+
 /* ---- error paths ----------------------------------------------------------------------------- */
 
 /* Bad rows are found on the device, with the CPU's status and the CPU's message, word for word. */
@@ -481,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_rulebook_random),
         cmocka_unit_test(test_rulebook_pool_and_wide_kernels),
         cmocka_unit_test(test_rulebook_real_sites),
+        cmocka_unit_test(test_rulebook_cache),
         cmocka_unit_test(test_bad_coordinates_on_device),
         cmocka_unit_test(test_full_table),
         cmocka_unit_test(test_no_device),
