@@ -10,7 +10,9 @@
 #include "core/context_impl.h"
 #include "cuda_check.h"
 #include "launch.h"
+#include "spconv/rulebook.h"
 #include "spconv/tensor.h"
+#include "spconv/voxelize.h"
 
 /* Makes a device current for the guard's lifetime and then restores the caller's choice, so a
  * library call never leaves the calling thread on another device than it found it. */
@@ -105,5 +107,16 @@ spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx, const spconv_te
 spconv_status spconv__cuda_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
                                            const spconv_tensor *indices, spconv_tensor *features);
 }
+
+/* The map slots: points to voxels (voxelize.cu) and rulebooks (rulebook.cu), arguments checked by
+ * the entry points as for the CPU backend. */
+spconv_status spconv__cuda_voxelize(spconv_context *ctx, const char *func,
+                                    const spconv_tensor *const *scans, int64_t num_scans,
+                                    const spconv_voxelize_params *params, int batch_column,
+                                    spconv_voxels *out);
+spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                          const int64_t spatial_shape[3], int64_t batch_size,
+                                          const spconv_conv_params *params,
+                                          spconv_rulebook **out);
 
 #endif /* SPCONV_CUDA_COMMON_H */

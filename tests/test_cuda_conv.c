@@ -378,6 +378,116 @@ static void test_net_to_dense_bad_sites(void **state) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
 }
 
+/* Whole zoo networks on the device against the CPU, in f64, on the first points of the bundled
+ * sample scan (a wedge of a real LiDAR sweep, kept small because the emulated device is slow):
+ * inference output, then a training forward and backward (input gradient, every parameter
+ * gradient and the updated running statistics).
+ * Tolerance: normalised error (max difference over max magnitude) <= 1e-9. Each layer's sums of
+ * at most KV * C_in <= 27 * 128 terms differ between the backends by at most 2 gamma_n ~ 8e-13
+ * of their absolute sums in f64, and the layers add such errors (first order) along a network
+ * of under 30 layers: about 2e-11 before batch norm's division by the batch deviation, which
+ * the margin of 50x covers. A wrong offset, channel or row moves values by O(1). */
+static double normalised_error(const spconv_tensor *got, const spconv_tensor *want) {
+    int64_t ng, nw;
+    double *g = read_values(got, &ng), *w = read_values(want, &nw);
+    assert_int_equal(ng, nw);
+    double diff = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < ng; ++i) {
+        const double d = fabs(g[i] - w[i]);
+        diff = d > diff || isnan(d) ? d : diff;
+        scale = fabs(w[i]) > scale ? fabs(w[i]) : scale;
+    }
+    free(g);
+    free(w);
+    return scale > 0.0 ? diff / scale : diff;
+}
+
+static void assert_normalised(const char *net, const char *what, const spconv_tensor *got,
+                              const spconv_tensor *want) {
+    const double err = normalised_error(got, want);
+    if (!(err <= 1e-9)) fail_msg("%s: %s: normalised error %.3g", net, what, err);
+}
+
+static void check_zoo_net(const char *name, const spconv_tensor *points) {
+    spconv_net_input zin;
+    SPCONV_ASSERT_OK(spconv_zoo_input(name, &zin));
+    spconv_tensor *pts = NULL, *pts_d = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_narrow(points, 1, 0, zin.point_columns, &pts));
+    pts_d = on_cuda(pts);
+    spconv_sparse_tensor *in = NULL, *in_d = NULL;
+    SPCONV_ASSERT_OK(spconv_net_input_from_points(NULL, &zin, pts, SPCONV_F64, &in, NULL));
+    spconv_tensor *f_d = on_cuda(spconv_sparse_features(in)),
+                  *i_d = on_cuda(spconv_sparse_indices(in));
+    int64_t shape[3];
+    spconv_sparse_spatial_shape(in, shape);
+    SPCONV_ASSERT_OK(spconv_sparse_create(f_d, i_d, shape, spconv_sparse_batch_size(in), &in_d));
+    const uint64_t seed = spconv_test_rand_u64();
+    spconv_net *cpu = NULL, *gpu = NULL;
+    SPCONV_ASSERT_OK(spconv_zoo_create(name, SPCONV_F64, seed, &cpu));
+    SPCONV_ASSERT_OK(spconv_zoo_create(name, SPCONV_F64, seed, &gpu));
+    spconv_tensor *y = NULL, *yd = NULL;
+    SPCONV_ASSERT_OK(spconv_net_forward(NULL, cpu, in, SPCONV_NET_INFERENCE, &y, NULL));
+    SPCONV_ASSERT_OK(spconv_net_forward(NULL, gpu, in_d, SPCONV_NET_INFERENCE, &yd, NULL));
+    assert_true(spconv_device_equal(spconv_tensor_device(yd), spconv_cuda(0)));
+    print_message("%s: %lld voxels, output of %lld elements\n", name,
+                  (long long)spconv_sparse_num_sites(in), (long long)spconv_tensor_numel(y));
+    assert_normalised(name, "inference output", yd, y);
+    spconv_tensor_release(y);
+    spconv_tensor_release(yd);
+    SPCONV_ASSERT_OK(spconv_net_forward(NULL, cpu, in, SPCONV_NET_TRAINING, &y, NULL));
+    SPCONV_ASSERT_OK(spconv_net_forward(NULL, gpu, in_d, SPCONV_NET_TRAINING, &yd, NULL));
+    assert_normalised(name, "training output", yd, y);
+    spconv_tensor *gy = random_tensor(SPCONV_F64, spconv_tensor_ndim(y), spconv_tensor_sizes(y));
+    spconv_tensor *gyd = on_cuda(gy), *dx = NULL, *dxd = NULL;
+    SPCONV_ASSERT_OK(spconv_net_backward(NULL, cpu, gy, &dx));
+    SPCONV_ASSERT_OK(spconv_net_backward(NULL, gpu, gyd, &dxd));
+    assert_normalised(name, "input gradient", dxd, dx);
+    for (int p = 0; p < spconv_net_num_params(cpu); ++p) {
+        assert_normalised(name, spconv_net_param_name(cpu, p), spconv_net_param(gpu, p),
+                          spconv_net_param(cpu, p));
+        if (spconv_net_param_grad(cpu, p) != NULL)
+            assert_normalised(name, spconv_net_param_name(cpu, p), spconv_net_param_grad(gpu, p),
+                              spconv_net_param_grad(cpu, p));
+    }
+    spconv_tensor *all[] = {pts, pts_d, f_d, i_d, y, yd, gy, gyd, dx, dxd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    spconv_sparse_release(in);
+    spconv_sparse_release(in_d);
+    spconv_net_destroy(cpu);
+    spconv_net_destroy(gpu);
+}
+
+static void test_zoo_networks_match_cpu(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    spconv_point_cloud *pc = NULL;
+    SPCONV_ASSERT_OK(spconv_point_cloud_read(SPCONV_TEST_SOURCE_DIR "/data/sample_scan.bin",
+                                             SPCONV_CLOUD_AUTO, 0, &pc));
+    /* Every k-th point: a thinned sweep that still covers every zoo network's range. */
+    const spconv_tensor *all = spconv_point_cloud_points(pc);
+    const int64_t total = spconv_tensor_size(all, 0), cols = spconv_tensor_size(all, 1);
+    const int64_t every = total > 6000 ? total / 6000 : 1, take = total / every;
+    int64_t count;
+    double *values = read_values(all, &count), *kept = malloc((size_t)(take * cols + 1) * 8);
+    assert_non_null(kept);
+    for (int64_t r = 0; r < take; ++r)
+        memcpy(kept + r * cols, values + r * every * cols, (size_t)cols * sizeof *kept);
+    spconv_tensor *first = NULL, *f64 = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F64, 2,
+                                             (const int64_t[]){take, cols}, kept, &f64));
+    SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, f64, spconv_tensor_dtype(all), &first));
+    spconv_tensor_release(f64);
+    free(values);
+    free(kept);
+    static const char *names[] = {"second", "basic", "unet"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; ++i) check_zoo_net(names[i], first);
+    spconv_tensor_release(first);
+    spconv_point_cloud_destroy(pc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_matches_cpu),
@@ -385,6 +495,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_dtype),
         cmocka_unit_test(test_net_layers_match_cpu),
         cmocka_unit_test(test_net_to_dense_bad_sites),
+        cmocka_unit_test(test_zoo_networks_match_cpu),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

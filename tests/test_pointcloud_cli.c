@@ -135,6 +135,49 @@ static void test_voxelize_sample_scan(void **state) {
     assert_int_equal(spconv_test_count_entries(f->dir), 2); /* stdout.txt and stderr.txt */
 }
 
+/* --device cuda writes the CPU's files byte for byte (when a device, or the emulation, is
+ * there); a device that is not there, or a bad name, is one line and exit status 2. */
+static void test_voxelize_device(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    spconv_tensor_release(write_scan(f, "scan.bin", spconv_test_rand_int(1000, 20000)));
+    char scan[PATH_CAP], out_cpu[PATH_CAP], out_gpu[PATH_CAP];
+    in_dir(f, "scan.bin", scan);
+    const int devices = spconv_has_cuda() ? spconv_cuda_device_count() : 0;
+    if (devices > 0) {
+        const char *on_cpu[] = {"voxelize", scan, "--voxel-size", "0.2,0.2,0.25", "--range",
+                                "0,-40,-3,70.4,40,1", "--max-points", "3", "--out",
+                                in_dir(f, "cpu", out_cpu), NULL};
+        const char *on_gpu[] = {"voxelize", scan, "--voxel-size", "0.2,0.2,0.25", "--range",
+                                "0,-40,-3,70.4,40,1", "--max-points", "3", "--device", "cuda:0",
+                                "--out", in_dir(f, "gpu", out_gpu), NULL};
+        assert_int_equal(spconv_tool_run(f, on_cpu), 0);
+        assert_int_equal(spconv_tool_run(f, on_gpu), 0);
+        const char *names[5] = {"coords.npy", "features.npy", "voxels.npy", "num_points.npy",
+                                "centres.pcd"};
+        for (int i = 0; i < 5; ++i) {
+            char a[PATH_CAP], b[PATH_CAP];
+            size_t na, nb;
+            char *x = spconv_test_read_bytes(spconv_test_join(out_cpu, names[i], a, PATH_CAP), &na);
+            char *y = spconv_test_read_bytes(spconv_test_join(out_gpu, names[i], b, PATH_CAP), &nb);
+            assert_non_null(x);
+            assert_non_null(y);
+            assert_int_equal(na, nb);
+            assert_memory_equal(x, y, na);
+            free(x);
+            free(y);
+        }
+    }
+    char missing[32];
+    snprintf(missing, sizeof missing, "cuda:%d", devices);
+    const char *absent[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,9,9,9",
+                            "--device", missing, NULL};
+    spconv_tool_expect_usage_error(f, absent, spconv_has_cuda() ? "no CUDA device"
+                                                                : "has no CUDA backend");
+    const char *bad[] = {"voxelize", scan, "--voxel-size", "1,1,1", "--range", "0,0,0,9,9,9",
+                         "--device", "gpu0", NULL};
+    spconv_tool_expect_usage_error(f, bad, "expected cpu, cuda or cuda:N");
+}
+
 static void test_info(void **state) {
     fixture *f = spconv_tool_or_skip(state);
     spconv_tensor *points = write_scan(f, "scan.pcd.bin", 0);
@@ -309,6 +352,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_voxelize_outputs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_voxelize_sample_scan, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_voxelize_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_info, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ply_files_pcl_mishandled, setup, teardown),

@@ -3,12 +3,13 @@
 #   1. unpack the carried packages of .gpu-deps/*.deb into .gpu-deps/root (never into /);
 #   2. configure for sm_90 without PCL against that prefix, build only what the checks need;
 #   3. print `nvidia-smi -L` and `spconv version` (the library's build and device report);
-#   4. run the CUDA tests (ctest -R cuda), the test data coming from .gpu-deps/data, and
-#      test_cuda_tensor once more under compute-sanitizer's memcheck;
+#   4. run the CUDA tests (ctest -R 'cuda|backend_ops'), the test data coming from .gpu-deps/data,
+#      test_cuda_tensor once more under compute-sanitizer's memcheck, and test_backend_ops (the
+#      voxelizer and rulebook builders against the CPU) under memcheck and racecheck;
 #   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
 #   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
 #      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
-# Full logs go to $OUT (at most 8 files come back from the device machine; we write 7).
+# Full logs go to $OUT (at most 8 files come back from the device machine; we write 8).
 #
 # Prepare here with tools/gpu-deps.sh, then call the device tool's `run` with
 #   command: bash tools/gpu-check.sh      carry: [".gpu-deps"]      timeout_s: ~400
@@ -82,7 +83,7 @@ fi
 grep -E '^-- spconv:' "$out/configure.log"
 
 targets=(spconv_cli)
-for src in tests/test_cuda_*.c tests/test_cuda_*.cu tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
+for src in tests/test_cuda_*.c tests/test_cuda_*.cu tests/test_backend_ops.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
 echo "targets: ${targets[*]}"
 start=$(date +%s)
 # -k 0: a target that fails to build must not keep the others from being checked.
@@ -105,7 +106,7 @@ fi
 # ---- 4. CUDA tests ---------------------------------------------------------------------------
 section "CUDA tests"
 # Whole outputs in the JUnit file: the summary counts the cases of each program from them.
-ctest --test-dir "$build" -R cuda --output-on-failure --output-junit "$out/ctest.xml" \
+ctest --test-dir "$build" -R 'cuda|backend_ops' --output-on-failure --output-junit "$out/ctest.xml" \
       --test-output-size-passed 1000000 --test-output-size-failed 1000000 \
       >"$out/ctest.log" 2>&1 || status=1
 tail -25 "$out/ctest.log"
@@ -125,6 +126,23 @@ if [ -x "$sanitizer" ] && [ -x "$build/tests/test_cuda_tensor" ]; then
   fi
 else
   echo "compute-sanitizer: not found, memcheck skipped"
+fi
+# The map builders (voxelizer, rulebooks) under memcheck, and under racecheck for their shared
+# memory (Thrust's sorts and scans): test_backend_ops compares them with the CPU on random inputs
+# and on the data scans.
+if [ -x "$sanitizer" ] && [ -x "$build/tests/test_backend_ops" ]; then
+  : >"$out/sanitizer-maps.log"
+  for tool in memcheck racecheck; do
+    echo "### $tool" >>"$out/sanitizer-maps.log"
+    if SPCONV_DATA_DIR=$data_dir timeout 600 "$sanitizer" --tool "$tool" --error-exitcode 1 \
+         "$build/tests/test_backend_ops" >>"$out/sanitizer-maps.log" 2>&1; then
+      echo "compute-sanitizer $tool of test_backend_ops: clean"
+    else
+      tail -20 "$out/sanitizer-maps.log"
+      echo "compute-sanitizer $tool of test_backend_ops: FAILED (sanitizer-maps.log)"
+      status=1
+    fi
+  done
 fi
 
 # ---- 5. benchmarks ---------------------------------------------------------------------------

@@ -64,8 +64,9 @@ typedef struct spconv_rulebook spconv_rulebook;
 
 /**
  * Build the rulebook of a regular, submanifold or transposed conv (or pooling, with the regular
- * geometry) over the active sites @p indices (int32 [N, 4] rows (b, z, y, x), any layout, CPU).
- * Validates every row: outside spatial shape or batch size -> SPCONV_ERR_OUT_OF_RANGE, a repeated
+ * geometry) over the active sites @p indices (int32 [N, 4] rows (b, z, y, x), any layout, on the
+ * CPU or a CUDA device: the rulebook is built there, its pairs and sites stay there, its offset
+ * lists are on the host, and it is the same rulebook on every device). Validates every row: outside spatial shape or batch size -> SPCONV_ERR_OUT_OF_RANGE, a repeated
  * row -> SPCONV_ERR_DUPLICATE_INDEX, each naming the first offending row. N = 0 is valid.
  * Uses spconv_context_num_threads(ctx) threads; the result does not depend on it.
  * The rulebook keeps a reference to @p indices. *out has one reference.

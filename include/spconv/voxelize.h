@@ -1,6 +1,6 @@
 /**
  * @file voxelize.h
- * @brief Points to voxels on the CPU, with the semantics of spconv's Point2VoxelCPU3d.
+ * @brief Points to voxels on the CPU or a GPU, with the semantics of spconv's Point2VoxelCPU3d.
  *
  * Geometry, in float32 arithmetic exactly as spconv computes it:
  *  - grid size per axis: round((max - min) / size) (x, y, z);
@@ -83,9 +83,11 @@ spconv_status spconv_voxelize_grid_size(const spconv_voxelize_params *params,
                                         int64_t grid_size[3]);
 
 /**
- * Voxelize @p points (float32 or float64 [P, F], F >= 3, x, y, z first, CPU, any layout; float64
- * is converted to float32 first). Uses spconv_context_num_threads(ctx) threads; the result does
- * not depend on it. On success every tensor in @p out is new (one reference each); on failure
+ * Voxelize @p points (float32 or float64 [P, F], F >= 3, x, y, z first, any layout; float64
+ * is converted to float32 first) on their device: the CPU (spconv_context_num_threads(ctx)
+ * threads; the result does not depend on it) or a CUDA device, where the outputs stay, bit for
+ * bit the CPU's. In a batch the first scan's device decides; a CUDA batch copies other scans
+ * there, a CPU batch refuses CUDA scans. On success every tensor in @p out is new (one reference each); on failure
  * @p out is zeroed.
  */
 spconv_status spconv_voxelize(spconv_context *ctx, const spconv_tensor *points,

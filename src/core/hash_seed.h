@@ -43,11 +43,16 @@ static inline SPCONV_HASH_HD uint64_t spconv__hash_seeded(const spconv__hash_see
     return (h * seed->multiplier) >> (64 - bits);
 }
 
-#ifndef __CUDACC__
+#ifdef __cplusplus
+extern "C" {
+#endif
 /* A fresh seed: getrandom(2) without blocking, or (where that fails) a mix of the clocks and
  * addresses of this process. Tests may force one with the environment variable SPCONV_HASH_SEED
- * (an unsigned integer, any base strtoull reads), to check that results do not depend on it. */
+ * (an unsigned integer, any base strtoull reads), to check that results do not depend on it.
+ * Host code only; the CUDA backend draws on the host and hands the seed to its kernels. */
 void spconv__hash_seed_draw(spconv__hash_seed *seed);
+#ifdef __cplusplus
+}
 #endif
 
 #endif /* SPCONV_CORE_HASH_SEED_H */

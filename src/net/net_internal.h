@@ -107,6 +107,9 @@ spconv_status spconv__net_to_dense_gather(spconv_context *ctx, const spconv_tens
  * that a network fails up front rather than half way. */
 spconv_status spconv__net_check_backend(const char *func, const spconv_net *net,
                                         spconv_device device, int training);
+/* The same against the table @p be (tests hand it a table with slots removed). */
+spconv_status spconv__net_check_kernels(const char *func, const spconv_net *net,
+                                        const spconv_backend *be, int training);
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 

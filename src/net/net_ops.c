@@ -120,6 +120,11 @@ spconv_status spconv__net_check_backend(const char *func, const spconv_net *net,
                                         spconv_device device, int training) {
     const spconv_backend *be;
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &be));
+    return spconv__net_check_kernels(func, net, be, training);
+}
+
+spconv_status spconv__net_check_kernels(const char *func, const spconv_net *net,
+                                        const spconv_backend *be, int training) {
     for (int i = 0; i < net->num_layers; ++i) {
         const char *what = missing_kernel(be, net->layers[i].desc.kind, training);
         if (what == NULL) continue;

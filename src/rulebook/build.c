@@ -46,7 +46,8 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
     int64_t out_shape[3];
     SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
     spconv_tensor *rows;
-    SPCONV_FORWARD_IF_ERROR(spconv__indices_contiguous(ctx, func, indices, &rows));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__indices_contiguous(ctx, func, indices, SPCONV_DEVICE_CPU, &rows));
     spconv_rulebook *rb;
     spconv_status st =
         spconv__rulebook_alloc(func, params, spatial_shape, out_shape, batch_size, &rb);

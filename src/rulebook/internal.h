@@ -7,6 +7,10 @@
 #include "rulebook/rulebook_impl.h"
 #include "spconv/rulebook.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Axis letters for messages, indexed like params and shapes (z, y, x). */
 #define SPCONV__AXIS_NAME(axis) ((axis) == 0 ? 'z' : (axis) == 1 ? 'y' : 'x')
 
@@ -18,10 +22,11 @@ spconv_status spconv__conv_geometry(const char *func, const spconv_conv_params *
 /* Check a batch size for int32 batch indices. */
 spconv_status spconv__check_batch_size(const char *func, int64_t batch_size);
 
-/* Check that @p indices is a CPU int32 [N, 4] tensor with N <= INT32_MAX and return it
- * contiguous (one new reference, possibly @p indices itself). */
+/* Check that @p indices is an int32 [N, 4] tensor on a device of @p device_type with
+ * N <= INT32_MAX and return it contiguous (one new reference, possibly @p indices itself). */
 spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
-                                         const spconv_tensor *indices, spconv_tensor **out);
+                                         const spconv_tensor *indices,
+                                         spconv_device_type device_type, spconv_tensor **out);
 
 /* A rulebook with one reference, the given geometry, no pairs, no active offsets and no tensors
  * yet. */
@@ -55,4 +60,7 @@ static inline void spconv__chunk_bounds(int64_t n, int64_t num_chunks, int64_t c
     *end = *begin + base + (chunk < extra ? 1 : 0);
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* SPCONV_RULEBOOK_INTERNAL_H */

@@ -62,7 +62,8 @@ spconv_status spconv__rulebook_alloc_pairs(spconv_rulebook *rb) {
 }
 
 spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
-                                         const spconv_tensor *indices, spconv_tensor **out) {
+                                         const spconv_tensor *indices,
+                                         spconv_device_type device_type, spconv_tensor **out) {
     *out = NULL;
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(indices) != SPCONV_I32, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: indices must be int32, got %s", func,
@@ -73,9 +74,11 @@ spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
                            "(%" PRId64 ", %" PRId64 ", ...)",
                            func, spconv_tensor_ndim(indices), spconv_tensor_size(indices, 0),
                            spconv_tensor_size(indices, 1));
-    SPCONV_RETURN_ERROR_IF(
-        spconv_tensor_device(indices).type != SPCONV_DEVICE_CPU, SPCONV_ERR_NOT_SUPPORTED,
-        "%s: indices are on a CUDA device; rulebooks are built on the CPU", func);
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_device(indices).type != device_type,
+                           SPCONV_ERR_NOT_SUPPORTED, "%s: indices are on a %s device, not on the "
+                           "device of this rulebook builder (%s)", func,
+                           spconv_tensor_device(indices).type == SPCONV_DEVICE_CPU ? "CPU" : "CUDA",
+                           device_type == SPCONV_DEVICE_CPU ? "CPU" : "CUDA");
     SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
                            "%s: %" PRId64 " indices rows exceed int32 row numbers", func,
                            spconv_tensor_size(indices, 0));

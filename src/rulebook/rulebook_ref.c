@@ -197,7 +197,8 @@ spconv_status spconv__rulebook_build_ref(const spconv_tensor *indices,
     SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(FUNC, params, spatial_shape, out_shape));
     SPCONV_FORWARD_IF_ERROR(spconv__check_batch_size(FUNC, batch_size));
     spconv_tensor *rows;
-    SPCONV_FORWARD_IF_ERROR(spconv__indices_contiguous(NULL, FUNC, indices, &rows));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__indices_contiguous(NULL, FUNC, indices, SPCONV_DEVICE_CPU, &rows));
     spconv_rulebook *rb;
     spconv_status st =
         spconv__rulebook_alloc(FUNC, params, spatial_shape, out_shape, batch_size, &rb);

@@ -35,8 +35,8 @@ static int64_t first_out_of_range(int num_threads, const int32_t *rows, int64_t 
     return first;
 }
 
-static spconv_status report_out_of_range(const char *func, const int32_t *row, int64_t r,
-                                         const int64_t shape[3], int64_t batch_size) {
+spconv_status spconv__report_out_of_range(const char *func, const int32_t row[4], int64_t r,
+                                          const int64_t shape[3], int64_t batch_size) {
     SPCONV_RETURN_ERROR_IF(row[0] < 0 || row[0] >= batch_size, SPCONV_ERR_OUT_OF_RANGE,
                            "%s: indices row %" PRId64 " = (%d, %d, %d, %d) has batch index %d "
                            "outside batch size %" PRId64,
@@ -46,6 +46,13 @@ static spconv_status report_out_of_range(const char *func, const int32_t *row, i
                         " = (%d, %d, %d, %d) is outside spatial shape (%" PRId64 ", %" PRId64
                         ", %" PRId64 ")",
                         func, r, row[0], row[1], row[2], row[3], shape[0], shape[1], shape[2]);
+}
+
+spconv_status spconv__report_duplicate(const char *func, const int32_t row[4], int64_t r,
+                                       int64_t owner) {
+    SPCONV_RETURN_ERROR(SPCONV_ERR_DUPLICATE_INDEX,
+                        "%s: indices row %" PRId64 " = (%d, %d, %d, %d) duplicates row %" PRId64,
+                        func, r, row[0], row[1], row[2], row[3], owner);
 }
 
 static uint64_t row_key(const spconv__key_layout *layout, const int32_t *row) {
@@ -127,12 +134,11 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
     if (duplicate < bad_row) {
         const int32_t *row = rows + 4 * duplicate;
         const int32_t owner = spconv__hash_find(&table->hash, row_key(&table->layout, row));
-        SPCONV_FAIL_GOTO(st, fail, SPCONV_ERR_DUPLICATE_INDEX,
-                         "%s: indices row %" PRId64 " = (%d, %d, %d, %d) duplicates row %d", func,
-                         duplicate, row[0], row[1], row[2], row[3], owner);
+        st = spconv__report_duplicate(func, row, duplicate, owner);
+        goto fail;
     }
     if (bad_row < num_rows) {
-        st = report_out_of_range(func, rows + 4 * bad_row, bad_row, shape, batch_size);
+        st = spconv__report_out_of_range(func, rows + 4 * bad_row, bad_row, shape, batch_size);
         goto fail;
     }
     return SPCONV_OK;

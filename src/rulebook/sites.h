@@ -7,6 +7,10 @@
 #include "rulebook/hash.h"
 #include "spconv/status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct spconv__site_table {
     spconv__key_layout layout; /* for (batch_size, shape) */
     /* capacity: power of two >= 4 * number of rows (spconv__hash_capacity_for); seed drawn
@@ -33,4 +37,15 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
 
 void spconv__site_table_free(spconv__site_table *table);
 
+/* The errors of a bad row as spconv__site_table_build words them, for builders that validate
+ * elsewhere (the CUDA backend): @p row (host copy) is row @p r and lies outside the batch or the
+ * shape; or it repeats row @p owner. Both return the status they record. */
+spconv_status spconv__report_out_of_range(const char *func, const int32_t row[4], int64_t r,
+                                          const int64_t shape[3], int64_t batch_size);
+spconv_status spconv__report_duplicate(const char *func, const int32_t row[4], int64_t r,
+                                       int64_t owner);
+
+#ifdef __cplusplus
+}
+#endif
 #endif /* SPCONV_RULEBOOK_SITES_H */

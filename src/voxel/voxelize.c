@@ -333,7 +333,7 @@ static spconv_status prepare_scans(spconv_context *ctx, const char *func,
     *total_points = 0;
     for (int64_t b = 0; b < num_scans; ++b) {
         SPCONV_FORWARD_IF_ERROR(spconv__voxel_input_prepare(ctx, func, batch_column ? b : -1,
-                                                            scans[b], &states[b].in));
+                                                            scans[b], spconv_cpu(), &states[b].in));
         SPCONV_RETURN_ERROR_IF(states[b].in.num_features != states[0].in.num_features,
                                SPCONV_ERR_SHAPE_MISMATCH,
                                "%s: scan %lld has %lld features per point, scan 0 has %lld", func,

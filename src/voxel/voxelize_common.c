@@ -65,7 +65,8 @@ spconv_status spconv_voxelize_grid_size(const spconv_voxelize_params *params,
 }
 
 spconv_status spconv__voxel_input_prepare(spconv_context *ctx, const char *func, int64_t index,
-                                          const spconv_tensor *points, spconv__voxel_input *in) {
+                                          const spconv_tensor *points, spconv_device device,
+                                          spconv__voxel_input *in) {
     memset(in, 0, sizeof *in);
     char which[48] = "points";
     if (index >= 0) snprintf(which, sizeof which, "scan %lld", (long long)index);
@@ -79,14 +80,22 @@ spconv_status spconv__voxel_input_prepare(spconv_context *ctx, const char *func,
     SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: %s must be f32 or f64, got %s", func, which,
                            spconv_dtype_name(dtype));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_device(points).type != SPCONV_DEVICE_CPU,
+    /* A CUDA voxelizer copies points from elsewhere to its device; the CPU one does not reach
+     * into device memory (the first scan's device chose the backend). */
+    SPCONV_RETURN_ERROR_IF(device.type == SPCONV_DEVICE_CPU &&
+                               spconv_tensor_device(points).type != SPCONV_DEVICE_CPU,
                            SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: %s is on a CUDA device; the voxelizer runs on the CPU (copy the "
-                           "points with spconv_tensor_to_device)", func, which);
+                           "%s: %s is on a CUDA device but the first scan is on the CPU, where "
+                           "this batch is voxelized (copy the points with spconv_tensor_to_device)",
+                           func, which);
     SPCONV_RETURN_ERROR_IF(spconv_tensor_size(points, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
                            "%s: %s has %lld points, more than 2^31 - 1", func, which,
                            (long long)spconv_tensor_size(points, 0));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_to_dtype(ctx, points, SPCONV_F32, &in->tensor));
+    spconv_tensor *on_device;
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_to_device(ctx, points, device, &on_device));
+    const spconv_status st = spconv_tensor_to_dtype(ctx, on_device, SPCONV_F32, &in->tensor);
+    spconv_tensor_release(on_device);
+    SPCONV_FORWARD_IF_ERROR(st);
     in->points = spconv_tensor_data(in->tensor);
     in->num_points = spconv_tensor_size(in->tensor, 0);
     in->num_features = spconv_tensor_size(in->tensor, 1);

@@ -8,6 +8,9 @@
 #include "spconv/config.h"
 #include "spconv/voxelize.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Voxel keys pack (z, y, x) into the bits of an int64, x lowest: decoding is shifts and masks.
  * Bits needed for the coordinates 0 .. extent - 1 of one axis: */
@@ -31,14 +34,20 @@ typedef struct spconv__voxel_input {
     int64_t num_features;
 } spconv__voxel_input;
 
-/* Check @p points (2-d, F >= 3, f32 or f64, CPU, at most INT32_MAX rows) and make it contiguous
- * f32. Messages name @p func and, for a batch, the scan @p index (-1 for a single scan). */
+/* Check @p points (2-d, F >= 3, f32 or f64, at most INT32_MAX rows) and make it contiguous f32 on
+ * @p device (copied there when it is on another CUDA device or, for a CUDA device, on the CPU; a
+ * CUDA scan for the CPU voxelizer is an error). Messages name @p func and, for a batch, the scan
+ * @p index (-1 for a single scan). */
 spconv_status spconv__voxel_input_prepare(spconv_context *ctx, const char *func, int64_t index,
-                                          const spconv_tensor *points, spconv__voxel_input *in);
+                                          const spconv_tensor *points, spconv_device device,
+                                          spconv__voxel_input *in);
 
 /* The obviously-correct reference: one scan, a linear search over the voxels found so far for
  * each point. The same outputs as spconv_voxelize (coords [M, 3]); for tests. */
 spconv_status spconv__voxelize_ref(const spconv_tensor *points,
                                    const spconv_voxelize_params *params, spconv_voxels *out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif /* SPCONV_VOXEL_VOXELIZE_IMPL_H */

@@ -108,7 +108,7 @@ spconv_status spconv__voxelize_ref(const spconv_tensor *points,
     int64_t grid[3];
     SPCONV_FORWARD_IF_ERROR(spconv__voxel_grid(func, params, grid));
     spconv__voxel_input in;
-    SPCONV_FORWARD_IF_ERROR(spconv__voxel_input_prepare(NULL, func, -1, points, &in));
+    SPCONV_FORWARD_IF_ERROR(spconv__voxel_input_prepare(NULL, func, -1, points, spconv_cpu(), &in));
     const int64_t P = in.num_points, F = in.num_features;
     const int64_t cap = P < params->max_voxels ? P : params->max_voxels;
     ref_state s = {0};

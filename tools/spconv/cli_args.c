@@ -161,6 +161,28 @@ int cli_parse_path(const char *cmd, const char *flag, const char *text, const ch
     return 0;
 }
 
+int cli_parse_device(const char *cmd, const char *flag, const char *text, spconv_device *out) {
+    *out = spconv_cpu();
+    if (text == NULL || strcmp(text, "cpu") == 0) return 0;
+    long long index = 0;
+    if (strcmp(text, "cuda") != 0) {
+        char *end = NULL;
+        if (strncmp(text, "cuda:", 5) != 0 || text[5] < '0' || text[5] > '9')
+            return cli_error(cmd, "%s '%s': expected cpu, cuda or cuda:N", flag, text);
+        index = strtoll(text + 5, &end, 10);
+        if (*end != '\0' || index > INT32_MAX)
+            return cli_error(cmd, "%s '%s': expected cpu, cuda or cuda:N", flag, text);
+    }
+    if (!spconv_has_cuda())
+        return cli_error(cmd, "%s %s: this build of spconv has no CUDA backend", flag, text);
+    const int count = spconv_cuda_device_count();
+    if (index >= count)
+        return cli_error(cmd, "%s %s: no CUDA device %lld on this machine (%d found)", flag, text,
+                         index, count);
+    *out = spconv_cuda((int)index);
+    return 0;
+}
+
 /* ---- option tables --------------------------------------------------------------------------- */
 
 const cli_option *cli_find_option(const cli_spec *spec, const char *name) {

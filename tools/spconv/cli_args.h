@@ -48,6 +48,9 @@ int cli_parse_int_triple(const char *cmd, const char *flag, const char *text, in
  *  float32 (neither overflowing to inf nor a non-zero value that would become 0). */
 int cli_parse_float_list(const char *cmd, const char *flag, const char *text, int count,
                          double *out);
+/** "cpu" (or NULL: the default), "cuda" (device 0) or "cuda:N", present in this build and on this
+ *  machine (the host emulation's device counts). */
+int cli_parse_device(const char *cmd, const char *flag, const char *text, spconv_device *out);
 /** A non-empty path. */
 int cli_parse_path(const char *cmd, const char *flag, const char *text, const char **out);
 

@@ -27,6 +27,7 @@ typedef struct layer_args {
     int transposed;
     int64_t threads;
     const char *out_dir;
+    const char *device; /* rulebook only; NULL: the CPU */
 } layer_args;
 
 /* What every command holds while it runs; released by job_free. */
@@ -262,10 +263,20 @@ static int load_sites(layer_job *job) {
             if (rows[4 * i] > largest) largest = rows[4 * i];
         a->batch_size = largest + 1;
     }
-    spconv_status st = spconv_context_create(spconv_cpu(), &job->ctx);
+    spconv_device device;
+    rc = cli_parse_device(job->cmd, "--device", a->device, &device);
+    if (rc != 0) return rc;
+    spconv_status st = spconv_context_create(device, &job->ctx);
     if (st == SPCONV_OK && a->threads > 0)
         st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
-    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "creating the context");
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "creating the context");
+    if (device.type == SPCONV_DEVICE_CPU) return 0;
+    spconv_tensor *on_device;
+    st = spconv_tensor_to_device(job->ctx, job->indices, device, &on_device);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "copying --indices to the device");
+    spconv_tensor_release(job->indices);
+    job->indices = on_device;
+    return 0;
 }
 
 static int build_rulebook(layer_job *job) {
@@ -649,6 +660,9 @@ int spconv_cmd_rulebook(int argc, char **argv) {
     int n = 0;
     add_site_options(&job.args, opts, &n);
     add_geometry_options(&job.args, opts, &n, GEOMETRY_RULEBOOK);
+    opts[n++] = (cli_option){.name = "--device", .kind = CLI_PATH, .value = &job.args.device,
+                             .metavar = "cpu|cuda[:N]",
+                             .help = "where to build (default cpu; the rulebook is the same)"};
     spconv_tensor *counts = NULL, *pairs = NULL;
     int status;
     if (parse_job(&job, opts, n, "The rulebook of a sparse conv: which input row feeds which "

@@ -120,6 +120,7 @@ typedef struct voxelize_args {
     int64_t columns;    /* 0: from the name */
     int64_t threads;    /* 0: all cores */
     const char *out_dir;
+    const char *device; /* NULL: the CPU */
 } voxelize_args;
 
 /* Voxel centres (x, y, z) followed by the mean of every field and the point count: a PCD that
@@ -230,6 +231,9 @@ static void voxelize_options(voxelize_args *a, cli_option *opts, int *n) {
     opts[(*n)++] = (cli_option){.name = "--out", .kind = CLI_PATH, .value = &a->out_dir,
                                 .metavar = "DIR",
                                 .help = "output folder (created; files appear only on success)"};
+    opts[(*n)++] = (cli_option){.name = "--device", .kind = CLI_PATH, .value = &a->device,
+                                .metavar = "cpu|cuda[:N]",
+                                .help = "where to voxelize (default cpu; the results are the same)"};
 }
 
 /* Each axis of --voxel-size and --range on its own, so that the message names the option at
@@ -306,6 +310,31 @@ static int check_voxels_size(const char *cmd, const voxelize_args *a, spconv_con
                      (double)m * row / gib, what, limit / gib);
 }
 
+/* Voxelize on the device of @p ctx (the points copied there) and bring the results back to the
+ * host, where they are written and summarised. */
+static spconv_status voxelize_on(spconv_context *ctx, const spconv_tensor *points,
+                                 const spconv_voxelize_params *vp, spconv_voxels *v) {
+    const spconv_device device = spconv_context_device(ctx);
+    if (device.type == SPCONV_DEVICE_CPU) return spconv_voxelize(ctx, points, vp, v);
+    spconv_tensor *on_device;
+    spconv_status st = spconv_tensor_to_device(ctx, points, device, &on_device);
+    if (st != SPCONV_OK) return st;
+    st = spconv_voxelize(ctx, on_device, vp, v);
+    spconv_tensor_release(on_device);
+    spconv_tensor **outputs[5] = {&v->voxels, &v->features, &v->coords, &v->num_points,
+                                  &v->point_voxel};
+    for (int i = 0; i < 5 && st == SPCONV_OK; ++i) {
+        if (*outputs[i] == NULL) continue;
+        spconv_tensor *host;
+        st = spconv_tensor_to_device(ctx, *outputs[i], spconv_cpu(), &host);
+        if (st != SPCONV_OK) break;
+        spconv_tensor_release(*outputs[i]);
+        *outputs[i] = host;
+    }
+    if (st != SPCONV_OK) spconv_voxels_release(v);
+    return st;
+}
+
 static int run_voxelize(const char *cmd, const voxelize_args *a, spconv_context *ctx,
                         const spconv_voxelize_params *vp) {
     spconv_point_cloud *pc;
@@ -320,7 +349,7 @@ static int run_voxelize(const char *cmd, const voxelize_args *a, spconv_context 
     }
     spconv_voxels v;
     t0 = now_ms();
-    spconv_status st = spconv_voxelize(ctx, spconv_point_cloud_points(pc), vp, &v);
+    spconv_status st = voxelize_on(ctx, spconv_point_cloud_points(pc), vp, &v);
     ms[1] = now_ms() - t0;
     if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "voxelizing");
     if (rc == 0 && a->out_dir != NULL) {
@@ -337,7 +366,7 @@ static int run_voxelize(const char *cmd, const voxelize_args *a, spconv_context 
 int spconv_cmd_voxelize(int argc, char **argv) {
     static const char cmd[] = "voxelize";
     voxelize_args a = {.max_points = 5};
-    cli_option opts[8];
+    cli_option opts[9];
     int n = 0;
     voxelize_options(&a, opts, &n);
     cli_spec spec = {
@@ -358,9 +387,11 @@ int spconv_cmd_voxelize(int argc, char **argv) {
     static const char *const out_names[] = {"coords.npy",     "features.npy", "voxels.npy",
                                             "num_points.npy", "centres.pcd",  NULL};
     if (rc == 0 && a.out_dir != NULL) rc = cli_outdir_check(cmd, a.out_dir, out_names);
+    spconv_device device;
+    if (rc == 0) rc = cli_parse_device(cmd, "--device", a.device, &device);
     if (rc != 0) return rc;
     spconv_context *ctx;
-    spconv_status st = spconv_context_create(spconv_cpu(), &ctx);
+    spconv_status st = spconv_context_create(device, &ctx);
     if (st != SPCONV_OK) return cli_status_error(cmd, st, "creating a context");
     st = spconv_context_set_num_threads(ctx, (int)a.threads);
     rc = st == SPCONV_OK ? run_voxelize(cmd, &a, ctx, &vp) : cli_status_error(cmd, st, "--threads");

@@ -1,0 +1,500 @@
+/* Rulebooks on the GPU, bit for bit the CPU's (src/rulebook/; orders in docs/design.md):
+ *  1. validation and the site table: a key per row, the first row outside the batch or the shape
+ *     (atomicMin), the rows before it inserted into a seeded table of packed 64-bit keys
+ *     (hash_table.cu: atomicCAS on the key, atomicMin on the row, capacity checked), and, when a
+ *     key repeated, the first row that does not own its key; the messages are the CPU's
+ *     (rulebook/sites.h);
+ *  2. the pairs as 64-bit sort keys (offset k << 32 | out_row) with the input row beside them:
+ *     SUBM probes the table at the offsets below the centre and each hit also gives its mirror
+ *     (k and KV-1-k are opposite displacements), the centre is the identity; REGULAR and
+ *     TRANSPOSED list every (input, offset) that reaches an output as a candidate (output key,
+ *     input row << 32 | k), sort the candidates by output key, and number the distinct keys:
+ *     those are the output sites, in (b, z, y, x) order;
+ *  3. one sort of the pair keys groups the pairs by offset, in increasing out_row within each
+ *     (keys are unique: an output meets an offset at most once), and a run-length encoding of k
+ *     gives the non-empty offsets and their counts, the only part that comes back to the host.
+ * Counts are int64 throughout. The host waits where it must know a size to allocate (pairs,
+ * outputs, runs) and where validation must say which row is bad. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+#include "maps_common.h"
+#include "rulebook/internal.h"
+#include "rulebook/sites.h"
+#include "spconv/tensor.h"
+
+/* ---- validation and the site table ----------------------------------------------------------- */
+
+__global__ void site_keys_kernel(const int32_t *rows, int64_t n, spconv__key_layout layout,
+                                 int64_t batch_size, int64_t d, int64_t h, int64_t w,
+                                 uint64_t *keys, unsigned long long *first_bad) {
+    SPCONV_CUDA_GRID_LOOP(r, n) {
+        const int32_t *row = rows + 4 * r;
+        if (row[0] < 0 || row[0] >= batch_size || row[1] < 0 || row[1] >= d || row[2] < 0 ||
+            row[2] >= h || row[3] < 0 || row[3] >= w) {
+            keys[r] = SPCONV_HASH_EMPTY;
+            atomicMin(first_bad, (unsigned long long)r);
+        } else {
+            keys[r] = spconv__key_pack(&layout, row[0], row[1], row[2], row[3]);
+        }
+    }
+}
+
+/* The table keeps a repeated key's smallest row, so a row that does not own its key repeats an
+ * earlier one. */
+__global__ void first_duplicate_kernel(spconv__hash_table table, const uint64_t *keys, int64_t n,
+                                       unsigned long long *first) {
+    SPCONV_CUDA_GRID_LOOP(r, n) {
+        if (spconv__hash_find(&table, keys[r]) != (int32_t)r)
+            atomicMin(first, (unsigned long long)r);
+    }
+}
+
+__global__ void owner_kernel(spconv__hash_table table, const uint64_t *keys, int64_t r,
+                             int32_t *owner) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *owner = spconv__hash_find(&table, keys[r]);
+}
+
+#define LAUNCH_MAP(stream, n, kernel, ...)                                                   \
+    do {                                                                                      \
+        int blocks_;                                                                          \
+        SPCONV_FORWARD_IF_ERROR(spconv__cuda_map_blocks((n), &blocks_));                      \
+        SPCONV_CUDA_LAUNCH(kernel, blocks_, SPCONV_CUDA_MAP_THREADS, 0, stream, __VA_ARGS__); \
+        CUDA_TRY(cudaGetLastError());                                                         \
+    } while (0)
+
+/* What every builder of this file shares. */
+struct build_state {
+    const char *func;
+    cudaStream_t stream;
+    spconv_device device;
+    const int32_t *rows; /* device, [N, 4], validated */
+    int64_t num_in;
+    spconv__key_layout in_layout;
+    spconv__device_array<uint64_t> keys; /* [N] packed input keys */
+    spconv__device_array<spconv__hash_slot> slots;
+    spconv__hash_table table;
+};
+
+static spconv_status read_u64(cudaStream_t stream, const unsigned long long *device_value,
+                              unsigned long long *value) {
+    CUDA_TRY(cudaMemcpyAsync(value, device_value, sizeof *value, cudaMemcpyDeviceToHost, stream));
+    CUDA_TRY(cudaStreamSynchronize(stream));
+    return SPCONV_OK;
+}
+
+static spconv_status read_row(cudaStream_t stream, const int32_t *rows, int64_t r,
+                              int32_t row[4]) {
+    CUDA_TRY(cudaMemcpyAsync(row, rows + 4 * r, 4 * sizeof *row, cudaMemcpyDeviceToHost, stream));
+    CUDA_TRY(cudaStreamSynchronize(stream));
+    return SPCONV_OK;
+}
+
+static spconv_status build_site_table(build_state *s, const int64_t shape[3],
+                                      int64_t batch_size) {
+    const char *func = s->func;
+    const int64_t n = s->num_in;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__key_layout_checked(func, "input", batch_size, shape, &s->in_layout));
+    SPCONV_FORWARD_IF_ERROR(s->keys.alloc(func, n, "site keys"));
+    spconv__device_array<unsigned long long> marks;
+    SPCONV_FORWARD_IF_ERROR(marks.alloc(func, 2, "validation marks"));
+    CUDA_TRY(cudaMemsetAsync(marks.get(), 0xff, 2 * sizeof(unsigned long long), s->stream));
+    if (n > 0)
+        LAUNCH_MAP(s->stream, n, site_keys_kernel, s->rows, n, s->in_layout, batch_size, shape[0],
+                   shape[1], shape[2], s->keys.get(), marks.get());
+    unsigned long long first_bad;
+    SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get(), &first_bad));
+    /* Rows before the first bad one still go in, so that a duplicate before it is named first. */
+    const int64_t bad = first_bad < (unsigned long long)n ? (int64_t)first_bad : n;
+    const uint64_t capacity = spconv__hash_capacity_for(n);
+    SPCONV_RETURN_ERROR_IF(capacity == 0, SPCONV_ERR_OVERFLOW,
+                           "%s: a hash table for %" PRId64 " sites is too large", func, n);
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_hash_table_init(func, s->stream, capacity, &s->slots, &s->table));
+    int64_t repeated;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_hash_insert_all(func, s->stream, &s->table, s->keys.get(), bad, &repeated));
+    int32_t row[4];
+    if (repeated > 0) {
+        LAUNCH_MAP(s->stream, bad, first_duplicate_kernel, s->table, s->keys.get(), bad,
+                   marks.get() + 1);
+        unsigned long long first_dup;
+        SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get() + 1, &first_dup));
+        if (first_dup < (unsigned long long)bad) {
+            spconv__device_array<int32_t> owner;
+            SPCONV_FORWARD_IF_ERROR(owner.alloc(func, 1, "a row owner"));
+            SPCONV_CUDA_LAUNCH(owner_kernel, 1, 1, 0, s->stream, s->table, s->keys.get(),
+                               (int64_t)first_dup, owner.get());
+            CUDA_TRY(cudaGetLastError());
+            int32_t owner_row = -1;
+            CUDA_TRY(cudaMemcpyAsync(&owner_row, owner.get(), sizeof owner_row,
+                                     cudaMemcpyDeviceToHost, s->stream));
+            SPCONV_FORWARD_IF_ERROR(read_row(s->stream, s->rows, (int64_t)first_dup, row));
+            return spconv__report_duplicate(func, row, (int64_t)first_dup, owner_row);
+        }
+    }
+    if (bad < n) {
+        SPCONV_FORWARD_IF_ERROR(read_row(s->stream, s->rows, bad, row));
+        return spconv__report_out_of_range(func, row, bad, shape, batch_size);
+    }
+    return SPCONV_OK;
+}
+
+/* ---- submanifold pairs ---------------------------------------------------------------------- */
+
+typedef struct subm_geometry {
+    int64_t kernel[3], dilation[3], shape[3];
+    int64_t half; /* KV / 2: the centre, and the number of probed offsets */
+    int64_t kernel_volume;
+} subm_geometry;
+
+/* The input row at offset k of output row @p row, or -1. */
+static __device__ __forceinline__ int32_t subm_neighbour(const subm_geometry *g,
+                                                         const spconv__hash_table *table,
+                                                         const spconv__key_layout *layout,
+                                                         const int32_t *row, int64_t k) {
+    const int64_t kx = k % g->kernel[2], ky = (k / g->kernel[2]) % g->kernel[1],
+                  kz = k / (g->kernel[2] * g->kernel[1]);
+    const int64_t z = row[1] + (kz - g->kernel[0] / 2) * g->dilation[0];
+    const int64_t y = row[2] + (ky - g->kernel[1] / 2) * g->dilation[1];
+    const int64_t x = row[3] + (kx - g->kernel[2] / 2) * g->dilation[2];
+    if (z < 0 || z >= g->shape[0] || y < 0 || y >= g->shape[1] || x < 0 || x >= g->shape[2])
+        return -1;
+    return spconv__hash_find(table, spconv__key_pack(layout, row[0], z, y, x));
+}
+
+__global__ void subm_count_kernel(subm_geometry g, spconv__hash_table table,
+                                  spconv__key_layout layout, const int32_t *rows, int64_t n,
+                                  int64_t *hits) {
+    SPCONV_CUDA_GRID_LOOP(o, n) {
+        int64_t count = 0;
+        for (int64_t k = 0; k < g.half; ++k)
+            count += subm_neighbour(&g, &table, &layout, rows + 4 * o, k) >= 0;
+        hits[o] = count;
+    }
+}
+
+/* Hit (input i reaches output o through k) is pair key k << 32 | o, and its mirror, input o
+ * reaching output i through KV-1-k, goes after every lower hit; the centre pairs come last. */
+__global__ void subm_write_kernel(subm_geometry g, spconv__hash_table table,
+                                  spconv__key_layout layout, const int32_t *rows, int64_t n,
+                                  const int64_t *starts, int64_t total_hits, uint64_t *pair_keys,
+                                  int32_t *pair_in) {
+    SPCONV_CUDA_GRID_LOOP(o, n) {
+        int64_t at = starts[o];
+        for (int64_t k = 0; k < g.half; ++k) {
+            const int32_t i = subm_neighbour(&g, &table, &layout, rows + 4 * o, k);
+            if (i < 0) continue;
+            pair_keys[at] = (uint64_t)k << 32 | (uint64_t)o;
+            pair_in[at] = i;
+            pair_keys[total_hits + at] = (uint64_t)(g.kernel_volume - 1 - k) << 32 | (uint64_t)i;
+            pair_in[total_hits + at] = (int32_t)o;
+            ++at;
+        }
+        pair_keys[2 * total_hits + o] = (uint64_t)g.half << 32 | (uint64_t)o;
+        pair_in[2 * total_hits + o] = (int32_t)o;
+    }
+}
+
+/* ---- regular and transposed candidates ------------------------------------------------------ */
+
+typedef struct axis_rule {
+    int64_t kernel, stride, padding, dilation, out_size;
+    int transposed;
+} axis_rule;
+
+typedef struct strided_geometry {
+    axis_rule axes[3];
+    spconv__key_layout out_layout;
+} strided_geometry;
+
+/* Output of coordinate c through offset k on one axis: 1 with *o set, 0 when k reaches no output,
+ * -1 when no larger k can (o only moves away from the grid as k grows). */
+static __device__ __forceinline__ int axis_target(const axis_rule *a, int64_t c, int64_t k,
+                                                  int64_t *o) {
+    if (a->transposed) {
+        *o = c * a->stride - a->padding + k * a->dilation;
+        if (*o >= a->out_size) return -1;
+        return *o >= 0;
+    }
+    const int64_t span = c + a->padding - k * a->dilation;
+    if (span < 0) return -1;
+    if (span % a->stride != 0 || span / a->stride >= a->out_size) return 0;
+    *o = span / a->stride;
+    return 1;
+}
+
+static __device__ __forceinline__ int64_t axis_count(const axis_rule *a, int64_t c) {
+    int64_t count = 0, o;
+    for (int64_t k = 0; k < a->kernel; ++k) {
+        const int step = axis_target(a, c, k, &o);
+        if (step < 0) break;
+        count += step;
+    }
+    return count;
+}
+
+__global__ void candidate_count_kernel(strided_geometry g, const int32_t *rows, int64_t n,
+                                       int64_t *counts) {
+    SPCONV_CUDA_GRID_LOOP(r, n) {
+        const int32_t *row = rows + 4 * r;
+        counts[r] = axis_count(&g.axes[0], row[1]) * axis_count(&g.axes[1], row[2]) *
+                    axis_count(&g.axes[2], row[3]);
+    }
+}
+
+__global__ void candidate_write_kernel(strided_geometry g, const int32_t *rows, int64_t n,
+                                       const int64_t *starts, uint64_t *out_keys,
+                                       uint64_t *values) {
+    SPCONV_CUDA_GRID_LOOP(r, n) {
+        const int32_t *row = rows + 4 * r;
+        int64_t at = starts[r];
+        const int64_t kh = g.axes[1].kernel, kw = g.axes[2].kernel;
+        int64_t oz, oy, ox;
+        for (int64_t kz = 0; kz < g.axes[0].kernel; ++kz) {
+            const int sz = axis_target(&g.axes[0], row[1], kz, &oz);
+            if (sz < 0) break;
+            if (sz == 0) continue;
+            for (int64_t ky = 0; ky < kh; ++ky) {
+                const int sy = axis_target(&g.axes[1], row[2], ky, &oy);
+                if (sy < 0) break;
+                if (sy == 0) continue;
+                for (int64_t kx = 0; kx < kw; ++kx) {
+                    const int sx = axis_target(&g.axes[2], row[3], kx, &ox);
+                    if (sx < 0) break;
+                    if (sx == 0) continue;
+                    out_keys[at] = spconv__key_pack(&g.out_layout, row[0], oz, oy, ox);
+                    values[at] = (uint64_t)r << 32 | (uint64_t)((kz * kh + ky) * kw + kx);
+                    ++at;
+                }
+            }
+        }
+    }
+}
+
+__global__ void output_heads_kernel(const uint64_t *sorted_keys, int64_t n, int64_t *heads) {
+    SPCONV_CUDA_GRID_LOOP(j, n) heads[j] = j == 0 || sorted_keys[j] != sorted_keys[j - 1];
+}
+
+/* heads now holds the inclusive sums: candidate j belongs to output row heads[j] - 1. */
+__global__ void outputs_kernel(spconv__key_layout layout, const uint64_t *sorted_keys,
+                               const uint64_t *values, const int64_t *heads, int64_t n,
+                               int32_t *out_rows, uint64_t *pair_keys, int32_t *pair_in) {
+    SPCONV_CUDA_GRID_LOOP(j, n) {
+        const int64_t out_row = heads[j] - 1;
+        if (j == 0 || sorted_keys[j] != sorted_keys[j - 1])
+            spconv__key_unpack(&layout, sorted_keys[j], out_rows + 4 * out_row);
+        pair_keys[j] = (values[j] & UINT32_MAX) << 32 | (uint64_t)out_row;
+        pair_in[j] = (int32_t)(values[j] >> 32);
+    }
+}
+
+/* ---- pairs by offset -------------------------------------------------------------------------- */
+
+__global__ void pairs_out_kernel(const uint64_t *pair_keys, int64_t n, int32_t *pairs_out) {
+    SPCONV_CUDA_GRID_LOOP(j, n) pairs_out[j] = (int32_t)(pair_keys[j] & UINT32_MAX);
+}
+
+struct offset_of_pair {
+    __host__ __device__ int64_t operator()(uint64_t key) const { return (int64_t)(key >> 32); }
+};
+
+/* The rulebook's non-empty offsets (increasing) and their pair counts, on the host, into the
+ * rulebook's active-offset lists: the one place that knows their layout. */
+static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb, int64_t num_active,
+                                       const int64_t *active, const int64_t *counts) {
+    int64_t *starts = (int64_t *)malloc((size_t)(num_active + 1) * sizeof *starts);
+    SPCONV_RETURN_ERROR_IF(starts == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for %" PRId64 " offset counts", func,
+                           num_active);
+    starts[0] = 0;
+    for (int64_t a = 0; a < num_active; ++a) starts[a + 1] = starts[a] + counts[a];
+    const spconv_status st = spconv__rulebook_set_offsets(func, rb, num_active, active, starts);
+    free(starts);
+    return st;
+}
+
+/* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
+ * rb->pairs_in already; write rb->pairs_out and the per-offset counts. */
+static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
+                                  int64_t n, spconv_rulebook *rb) {
+    const char *func = s->func;
+    int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
+    if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
+    uint64_t *keys = pair_keys->get();
+    thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), keys, keys + n, pair_in);
+    LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
+               (int32_t *)spconv_tensor_data(rb->pairs_out));
+    spconv__device_array<int64_t> active, counts;
+    const int64_t most = n < rb->kernel_volume ? n : rb->kernel_volume;
+    SPCONV_FORWARD_IF_ERROR(active.alloc(func, most, "active offsets"));
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(func, most, "pair counts"));
+    const auto offsets_begin = thrust::make_transform_iterator(keys, offset_of_pair());
+    const auto ends = thrust::reduce_by_key(
+        SPCONV_THRUST_ON(s->stream), offsets_begin, offsets_begin + n,
+        thrust::make_constant_iterator<int64_t>(1), active.get(), counts.get());
+    const int64_t num_active = ends.first - active.get();
+    int64_t *host = (int64_t *)malloc((size_t)(2 * num_active) * sizeof *host);
+    SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for %" PRId64 " offset counts", func,
+                           num_active);
+    cudaError_t err = cudaMemcpyAsync(host, active.get(), (size_t)num_active * sizeof *host,
+                                      cudaMemcpyDeviceToHost, s->stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(host + num_active, counts.get(), (size_t)num_active * sizeof *host,
+                              cudaMemcpyDeviceToHost, s->stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s->stream);
+    spconv_status st = SPCONV_OK;
+    if (err == cudaSuccess) st = set_offset_counts(func, rb, num_active, host, host + num_active);
+    free(host);
+    CUDA_TRY(err);
+    return st;
+}
+
+/* ---- the builders --------------------------------------------------------------------------- */
+
+static spconv_status exclusive_sums(const build_state *s, const int64_t *counts, int64_t n,
+                                    int64_t *starts, int64_t *total) {
+    *total = 0;
+    if (n == 0) return SPCONV_OK;
+    thrust::exclusive_scan(SPCONV_THRUST_ON(s->stream), counts, counts + n, starts, (int64_t)0);
+    int64_t last_start = 0, last_count = 0;
+    CUDA_TRY(cudaMemcpyAsync(&last_start, starts + n - 1, sizeof last_start,
+                             cudaMemcpyDeviceToHost, s->stream));
+    CUDA_TRY(cudaMemcpyAsync(&last_count, counts + n - 1, sizeof last_count,
+                             cudaMemcpyDeviceToHost, s->stream));
+    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    *total = last_start + last_count;
+    return SPCONV_OK;
+}
+
+static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
+    const char *func = s->func;
+    const int64_t n = s->num_in;
+    rb->out_indices = rb->in_indices;
+    spconv_tensor_retain(rb->out_indices);
+    rb->num_out = n;
+    rb->center_is_identity = 1;
+    subm_geometry g;
+    for (int a = 0; a < 3; ++a) {
+        g.kernel[a] = rb->params.kernel[a];
+        g.dilation[a] = rb->params.dilation[a];
+        g.shape[a] = rb->in_shape[a];
+    }
+    g.kernel_volume = rb->kernel_volume;
+    g.half = rb->kernel_volume / 2;
+    spconv__device_array<int64_t> hits, starts;
+    SPCONV_FORWARD_IF_ERROR(hits.alloc(func, n, "neighbour counts"));
+    SPCONV_FORWARD_IF_ERROR(starts.alloc(func, n, "neighbour starts"));
+    if (n > 0)
+        LAUNCH_MAP(s->stream, n, subm_count_kernel, g, s->table, s->in_layout, s->rows, n,
+                   hits.get());
+    int64_t total_hits;
+    SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, hits.get(), n, starts.get(), &total_hits));
+    const int64_t num_pairs = 2 * total_hits + n;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv_tensor_empty(s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
+    spconv__device_array<uint64_t> pair_keys;
+    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, num_pairs, "pair keys"));
+    if (n > 0)
+        LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
+                   starts.get(), total_hits, pair_keys.get(),
+                   (int32_t *)spconv_tensor_data(rb->pairs_in));
+    return finish_pairs(s, &pair_keys, num_pairs, rb);
+}
+
+static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
+    const char *func = s->func;
+    const int64_t n = s->num_in;
+    strided_geometry g;
+    for (int a = 0; a < 3; ++a)
+        g.axes[a] = axis_rule{rb->params.kernel[a],   rb->params.stride[a],
+                              rb->params.padding[a],  rb->params.dilation[a],
+                              rb->out_shape[a],       rb->params.kind == SPCONV_CONV_TRANSPOSED};
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", rb->batch_size,
+                                                       rb->out_shape, &g.out_layout));
+    spconv__device_array<int64_t> counts, starts;
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(func, n, "candidate counts"));
+    SPCONV_FORWARD_IF_ERROR(starts.alloc(func, n, "candidate starts"));
+    if (n > 0) LAUNCH_MAP(s->stream, n, candidate_count_kernel, g, s->rows, n, counts.get());
+    int64_t total;
+    SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, counts.get(), n, starts.get(), &total));
+    spconv__device_array<uint64_t> out_keys, values;
+    SPCONV_FORWARD_IF_ERROR(out_keys.alloc(func, total, "candidate keys"));
+    SPCONV_FORWARD_IF_ERROR(values.alloc(func, total, "candidates"));
+    if (n > 0)
+        LAUNCH_MAP(s->stream, n, candidate_write_kernel, g, s->rows, n, starts.get(),
+                   out_keys.get(), values.get());
+    counts.release();
+    starts.release();
+    thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), out_keys.get(), out_keys.get() + total,
+                        values.get());
+    spconv__device_array<int64_t> heads;
+    SPCONV_FORWARD_IF_ERROR(heads.alloc(func, total, "output numbers"));
+    int64_t num_out = 0;
+    if (total > 0) {
+        LAUNCH_MAP(s->stream, total, output_heads_kernel, out_keys.get(), total, heads.get());
+        thrust::inclusive_scan(SPCONV_THRUST_ON(s->stream), heads.get(), heads.get() + total,
+                               heads.get());
+        CUDA_TRY(cudaMemcpyAsync(&num_out, heads.get() + total - 1, sizeof num_out,
+                                 cudaMemcpyDeviceToHost, s->stream));
+        CUDA_TRY(cudaStreamSynchronize(s->stream));
+    }
+    SPCONV_RETURN_ERROR_IF(num_out > INT32_MAX, SPCONV_ERR_OVERFLOW,
+                           "%s: %" PRId64 " output sites exceed int32 row numbers", func, num_out);
+    rb->num_out = num_out;
+    const int64_t out_sizes[2] = {num_out, 4};
+    SPCONV_FORWARD_IF_ERROR(
+        spconv_tensor_empty(s->device, SPCONV_I32, 2, out_sizes, &rb->out_indices));
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
+    spconv__device_array<uint64_t> pair_keys;
+    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, total, "pair keys"));
+    if (total > 0)
+        LAUNCH_MAP(s->stream, total, outputs_kernel, g.out_layout, out_keys.get(), values.get(),
+                   heads.get(), total, (int32_t *)spconv_tensor_data(rb->out_indices),
+                   pair_keys.get(), (int32_t *)spconv_tensor_data(rb->pairs_in));
+    return finish_pairs(s, &pair_keys, total, rb);
+}
+
+spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                          const int64_t spatial_shape[3], int64_t batch_size,
+                                          const spconv_conv_params *params,
+                                          spconv_rulebook **out) {
+    const char *func = "spconv_rulebook_build";
+    int64_t out_shape[3];
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
+    const spconv_device device = spconv_tensor_device(indices);
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device.index));
+    spconv_tensor *rows;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__indices_contiguous(ctx, func, indices, SPCONV_DEVICE_CUDA, &rows));
+    spconv_rulebook *rb;
+    spconv_status st =
+        spconv__rulebook_alloc(func, params, spatial_shape, out_shape, batch_size, &rb);
+    if (st != SPCONV_OK) {
+        spconv_tensor_release(rows);
+        return st;
+    }
+    rb->in_indices = rows; /* the rulebook owns the reference now */
+    rb->num_in = spconv_tensor_size(rows, 0);
+    build_state s;
+    s.func = func;
+    s.stream = spconv__cuda_stream_for(ctx, device.index);
+    s.device = device;
+    s.rows = (const int32_t *)spconv_tensor_data(rows);
+    s.num_in = rb->num_in;
+    st = build_site_table(&s, spatial_shape, batch_size);
+    if (st == SPCONV_OK)
+        st = params->kind == SPCONV_CONV_SUBM ? build_subm(&s, rb) : build_strided(&s, rb);
+    if (st != SPCONV_OK) {
+        spconv_rulebook_release(rb);
+        return st;
+    }
+    *out = rb;
+    return SPCONV_OK;
+}
