@@ -248,7 +248,8 @@ static void test_run_voxel_errors(void **state) {
                                              (const int64_t[]){2, 4}, rows, &t));
     write_npy(vox, "indices.npy", t);
     spconv_tensor_release(t);
-    snprintf(line, sizeof line, "'%s' is f32 [2, 4]; --net basic takes floating [2, 3]",
+    snprintf(line, sizeof line, "spconv run: SCAN: '%s' is f32 [2, 4]; --net basic takes "
+             "floating [2, 3]",
              spconv_test_join(vox, "features.npy", path, PATH_CAP));
     spconv_tool_expect_usage_error(f, (const char *[]){"run", vox, "--net", "basic", "--out", out,
                                                        NULL}, line);
