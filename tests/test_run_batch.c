@@ -12,11 +12,14 @@
  * against the float64 network (see rounding_bound). */
 #define _XOPEN_SOURCE 700
 
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/run_tool.h"
@@ -401,6 +404,60 @@ static void test_run_batch_errors(void **state) {
     assert_int_equal(spconv_test_count_entries(taken), 1);
 }
 
+/* Start the tool with @p args, its stderr on a pipe (*err_fd); returns the pid. */
+static pid_t start_tool(const fixture *f, const char *const *args, int *err_fd) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fds[1], STDERR_FILENO);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, STDOUT_FILENO);
+        close(fds[0]);
+        const char *argv[32] = {f->tool};
+        for (int i = 0; args[i] != NULL && i < 30; ++i) argv[i + 1] = args[i];
+        execv(f->tool, (char *const *)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    *err_fd = fds[0];
+    return pid;
+}
+
+/* Interrupted after its first batch, a run of many scans removes the outputs it had written
+ * under temporary names and the folders it made, and dies of the signal. */
+static void test_run_batch_interrupted_leaves_nothing(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char scans[PATH_CAP], path[PATH_CAP], out[PATH_CAP];
+    assert_int_equal(mkdir(in_dir(f, "scans", scans), 0777), 0);
+    for (int i = 0; i < 40; ++i) {
+        char name[64];
+        snprintf(name, sizeof name, "scans/s%02d.bin", i);
+        part_scan(f, name, i % 3, 6000, path);
+    }
+    int err_fd;
+    pid_t pid = start_tool(f, (const char *[]){"run", scans, "--net", "unet", "--progress",
+                                               "--quiet", "--out", in_dir(f, "out", out), NULL},
+                           &err_fd);
+    char text[4096] = "";
+    size_t used = 0;
+    while (strstr(text, "progress: 1/40 scans") == NULL && used + 1 < sizeof text) {
+        ssize_t n = read(err_fd, text + used, sizeof text - 1 - used);
+        assert_true(n > 0);
+        used += (size_t)n;
+        text[used] = '\0';
+    }
+    assert_true(spconv_test_exists(out)); /* the first scan's folder, with its temporaries */
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    close(err_fd);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGINT)
+        fail_msg("the run did not die of SIGINT (status %d): it finished 40 scans first?", status);
+    assert_false(spconv_test_exists(out));
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -410,6 +467,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_run_batches_second, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_list_and_progress, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_batch_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_batch_interrupted_leaves_nothing, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,6 +458,16 @@ static void print_totals(const run_batch_config *c, int batches, const batch_tot
 
 /* ---- the batches ------------------------------------------------------------------------------ */
 
+/* The signal that asked the run to stop (0: none). The one piece of global state: a signal
+ * handler can only set a flag. Between batches the run stops, removes what it wrote and dies
+ * of that signal, so that an interrupted run of many scans leaves nothing, as one of one scan. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define NUM_STOP_SIGNALS ((int)(sizeof stop_signals / sizeof stop_signals[0]))
+
 /* Before any work: every scan's folder can take its outputs. */
 static int check_outputs(const run_batch_config *c) {
     for (int i = 0; i < c->items->count; ++i) {
@@ -477,7 +488,7 @@ static int run_all(const run_batch_config *c, cli_outdir *dirs) {
     batch_totals totals = {0};
     int dense = 1, rc = 0;
     const double start = net_now_ms();
-    for (int index = 0; rc == 0 && index < batches; ++index) {
+    for (int index = 0; rc == 0 && index < batches && !stop_signal; ++index) {
         batch b = {.first = (int)(index * c->batch_size)};
         b.count = (int)(n - b.first < c->batch_size ? n - b.first : c->batch_size);
         const int64_t voxels_before = totals.voxels;
@@ -495,7 +506,8 @@ static int run_all(const run_batch_config *c, cli_outdir *dirs) {
         batch_release(&b);
         if (rc == 0 && show) show_progress(c, tty, done, index, batches, net_now_ms() - start);
     }
-    if (rc != 0 && show && tty) fprintf(stderr, "\r\033[K");
+    if ((rc != 0 || stop_signal) && show && tty) fprintf(stderr, "\r\033[K");
+    if (stop_signal) return CLI_EXIT_FAILURE; /* no commit; the caller dies of the signal */
     const double commit_start = net_now_ms();
     for (int i = 0; rc == 0 && i < n; ++i) rc = cli_outdir_commit(&dirs[i]);
     totals.write_ms += net_now_ms() - commit_start;
@@ -508,9 +520,15 @@ int run_batches(const run_batch_config *c) {
     if (rc != 0) return rc;
     cli_outdir *dirs = calloc((size_t)c->items->count, sizeof *dirs);
     if (dirs == NULL) return cli_error(c->cmd, "out of memory");
+    struct sigaction stop = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART},
+                     before[NUM_STOP_SIGNALS];
+    sigemptyset(&stop.sa_mask);
+    for (int i = 0; i < NUM_STOP_SIGNALS; ++i) sigaction(stop_signals[i], &stop, &before[i]);
     rc = run_all(c, dirs);
     /* Innermost folders first: the last scan's folder may sit in a --out the first one made. */
     for (int i = c->items->count - 1; i >= 0; --i) cli_outdir_close(&dirs[i]);
     free(dirs);
+    for (int i = 0; i < NUM_STOP_SIGNALS; ++i) sigaction(stop_signals[i], &before[i], NULL);
+    if (stop_signal) raise(stop_signal);
     return rc;
 }
