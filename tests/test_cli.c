@@ -704,6 +704,100 @@ static void expect_error_line(fixture *f, arglist *a, const char *line) {
     assert_string_equal(f->err_text, want);
 }
 
+/* conv --inverse: the inverse of the regular conv of the given geometry on --indices, forward
+ * and backward, as spconv_rulebook_inverse + spconv_conv_forward / backward compute it; and its
+ * errors. */
+static void test_conv_inverse_matches_c_api(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    static const struct {
+        const char *name;
+        int64_t kernel, stride, padding;
+    } geometries[] = {{"kernel 3, stride 2, padding 1", 3, 2, 1}, {"kernel 2, stride 2", 2, 2, 0}};
+    for (size_t g = 0; g < sizeof geometries / sizeof geometries[0]; ++g) {
+        print_message("inverse of: %s\n", geometries[g].name);
+        const int64_t n = 60, c_in = 5, c_out = 3, k = geometries[g].kernel;
+        spconv_tensor *indices = random_indices(n, 2, shape_567);
+        spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+        for (int i = 0; i < 3; ++i) {
+            params.kernel[i] = k;
+            params.stride[i] = geometries[g].stride;
+            params.padding[i] = geometries[g].padding;
+        }
+        spconv_context *ctx = NULL;
+        spconv_rulebook *forward = NULL, *inverse = NULL;
+        SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+        SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, 1));
+        SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, indices, shape_567, 2, &params, &forward));
+        SPCONV_ASSERT_OK(spconv_rulebook_inverse(forward, &inverse));
+        const int64_t m = spconv_rulebook_num_out(forward);
+        spconv_tensor *features = random_values(SPCONV_F32, 2, (const int64_t[2]){m, c_in});
+        spconv_tensor *weight =
+            random_values(SPCONV_F32, 3, (const int64_t[3]){k * k * k, c_in, c_out});
+        spconv_tensor *bias = random_values(SPCONV_F32, 1, &c_out);
+        spconv_tensor *grad = random_values(SPCONV_F32, 2, (const int64_t[2]){n, c_out});
+        spconv_tensor *out = NULL, *grad_features = NULL, *grad_weight = NULL, *grad_bias = NULL;
+        SPCONV_ASSERT_OK(spconv_conv_forward(ctx, inverse, features, weight, bias, &out));
+        SPCONV_ASSERT_OK(spconv_conv_backward(ctx, inverse, features, weight, grad, &grad_features,
+                                              &grad_weight, &grad_bias));
+        save(f, "in_indices.npy", indices);
+        save(f, "in_features.npy", features);
+        save(f, "in_weight.npy", weight);
+        save(f, "in_bias.npy", bias);
+        save(f, "in_grad.npy", grad);
+        arglist a = {0};
+        const char *args[] = {"conv", "--indices", "@in_indices.npy", "--spatial-shape", "5,6,7",
+                              "--features", "@in_features.npy", "--weight", "@in_weight.npy",
+                              "--bias", "@in_bias.npy", "--grad-out", "@in_grad.npy",
+                              "--inverse", "--threads", "1", "--out", "@out"};
+        for (size_t i = 0; i < sizeof args / sizeof args[0]; ++i) arg_add(&a, f, "%s", args[i]);
+        arg_triple(&a, f, "--kernel", params.kernel);
+        arg_triple(&a, f, "--stride", params.stride);
+        arg_triple(&a, f, "--padding", params.padding);
+        assert_success(f, &a);
+        char out_dir[PATH_CAP];
+        spconv_test_join(f->dir, "out", out_dir, sizeof out_dir);
+        assert_output(out_dir, "indices.npy", indices); /* the forward's input, in its order */
+        assert_output(out_dir, "features.npy", out);
+        assert_output(out_dir, "grad_features.npy", grad_features);
+        assert_output(out_dir, "grad_weight.npy", grad_weight);
+        assert_output(out_dir, "grad_bias.npy", grad_bias);
+        assert_int_equal(spconv_test_remove_tree(out_dir), 0);
+        /* Features on the forward's input sites instead of its outputs: the count is named. */
+        if (m != n) {
+            spconv_tensor *on_inputs = random_values(SPCONV_F32, 2, (const int64_t[2]){n, c_in});
+            save(f, "in_features.npy", on_inputs);
+            spconv_tensor_release(on_inputs);
+            char line[512];
+            snprintf(line, sizeof line, "spconv conv: --features: expected f32 or f64 [N, C] "
+                     "with N = %lld (the output sites of the regular conv that --inverse "
+                     "inverts, as `spconv rulebook` lists them), got f32 [%lld, %lld]",
+                     (long long)m, (long long)n, (long long)c_in);
+            expect_error_line(f, &a, line);
+            assert_false(spconv_test_exists(out_dir));
+        }
+        spconv_tensor *tensors[] = {indices, features, weight,      bias,     grad,
+                                    out,     grad_features, grad_weight, grad_bias};
+        for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+            spconv_tensor_release(tensors[i]);
+        spconv_rulebook_release(forward);
+        spconv_rulebook_release(inverse);
+        spconv_context_destroy(ctx);
+    }
+    /* An inverse of a submanifold or transposed conv is not a thing. */
+    static const char *const kinds[] = {"--subm", "--transposed"};
+    for (int i = 0; i < 2; ++i) {
+        arglist a = {0};
+        const char *args[] = {"conv", "--indices", "@in_indices.npy", "--spatial-shape", "5,6,7",
+                              "--features", "@in_features.npy", "--weight", "@in_weight.npy",
+                              "--inverse", kinds[i], "--out", "@out"};
+        for (size_t j = 0; j < sizeof args / sizeof args[0]; ++j) arg_add(&a, f, "%s", args[j]);
+        char line[128];
+        snprintf(line, sizeof line, "spconv conv: --inverse inverts a regular conv: it excludes "
+                 "%s", kinds[i]);
+        expect_error_line(f, &a, line);
+    }
+}
+
 /* --out is judged before any input is read (here --indices does not even exist, so any later
  * check would name it instead), and a failed check creates nothing. */
 static void test_out_checked_before_the_work(void **state) {
@@ -793,6 +887,7 @@ int main(void) {
                                         teardown),
         cmocka_unit_test_setup_teardown(test_failed_output_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_out_checked_before_the_work, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_conv_inverse_matches_c_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help_command, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -439,7 +439,8 @@ static void check_bench_json(const char *path, int layers, int backward) {
         "\"threads\"", "\"repeat\"", "\"warmup\"", "\"sgemm_peak_gflops\"", "\"passes\"",
         "\"forward\"", "\"wall_ms\"", "\"phases_ms\"", "\"rulebook\"", "\"gather\"", "\"gemm\"",
         "\"scatter\"", "\"other\"", "\"median\"", "\"min\"", "\"max\"", "\"gflops\"",
-        "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\""};
+        "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\"", "\"per_pass\"",
+        "\"start_unix_ms\"", "\"forward_ms_per_pass\""};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
         if (strstr(text, keys[k]) == NULL) fail_msg("%s has no key %s", path, keys[k]);
     int entries = 0;
@@ -447,17 +448,35 @@ static void check_bench_json(const char *path, int layers, int backward) {
         ++entries;
     assert_int_equal(entries, layers);
     assert_int_equal(strstr(text, "\"backward_ms\"") != NULL, backward);
+    assert_int_equal(strstr(text, "\"backward_ms_per_pass\"") != NULL, backward);
     free(text);
+}
+
+/* Count of @p needle in the file @p path. */
+static int count_in_file(const char *path, const char *needle) {
+    size_t n = 0;
+    char *text = spconv_test_read_bytes(path, &n);
+    assert_non_null(text);
+    int count = 0;
+    for (const char *c = strstr(text, needle); c != NULL; c = strstr(c + 1, needle)) ++count;
+    free(text);
+    return count;
 }
 
 static void test_bench_json(void **state) {
     fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], json[PATH_CAP];
     small_scan(f, 5000, scan);
-    expect_success(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat", "1",
+    expect_success(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat", "2",
                                        "--warmup", "0", "--backward", "--peak-size", "128",
                                        "--json", in_dir(f, "unet.json", json), NULL});
     check_bench_json(json, zoo_layers("unet"), 1);
+    /* Every pass is there: 2 forwards and 2 backwards, each with its start and its phases; each
+     * layer has 2 values per phase and direction. */
+    assert_int_equal(count_in_file(json, "{\"rep\": "), 4);
+    assert_int_equal(count_in_file(json, "{\"rep\": 1, \"start_unix_ms\": "), 2);
+    assert_int_equal(count_in_file(json, "\"forward_ms_per_pass\": {\"total\": ["),
+                     zoo_layers("unet"));
     expect_in_stdout(f, "forward (training)");
     expect_in_stdout(f, "backward: ");
     expect_in_stdout(f, "% of the sgemm peak");

@@ -17,8 +17,10 @@ int bench_samples_init(bench_samples *s, int repeat, int layers) {
     s->layer = calloc((size_t)repeat * (size_t)(layers > 0 ? layers : 1) * BENCH_PHASES,
                       sizeof *s->layer);
     s->wall = calloc((size_t)repeat, sizeof *s->wall);
+    s->start = calloc((size_t)repeat, sizeof *s->start);
     s->scratch = calloc((size_t)repeat, sizeof *s->scratch);
-    return s->layer != NULL && s->wall != NULL && s->scratch != NULL ? 0 : -1;
+    return s->layer != NULL && s->wall != NULL && s->start != NULL &&
+                   s->scratch != NULL ? 0 : -1;
 }
 
 double *bench_sample(bench_samples *s, int rep, int layer) {
@@ -28,6 +30,7 @@ double *bench_sample(bench_samples *s, int rep, int layer) {
 static void samples_free(bench_samples *s) {
     free(s->layer);
     free(s->wall);
+    free(s->start);
     free(s->scratch);
     memset(s, 0, sizeof *s);
 }
@@ -239,6 +242,26 @@ static void json_config(const bench_run *run, FILE *out) {
     fputs("},\n", out);
 }
 
+/* Every timed pass in the order it ran: when it began, its wall time and its phases summed over
+ * the layers, so that a script can compare runs pass by pass (or interleave two runs). */
+static void json_pass_samples(bench_samples *s, FILE *out) {
+    fputs(",\n      \"per_pass\": [", out);
+    for (int r = 0; r < s->repeat; ++r) {
+        fprintf(out, "%s{\"rep\": %d, \"start_unix_ms\": %.3f, \"wall_ms\": ",
+                r ? ",\n                   " : "", r, s->start[r]);
+        json_number(out, s->wall[r]);
+        fputs(", \"phases_ms\": {", out);
+        for (int k = 0; k < BENCH_PHASES; ++k) {
+            double sum = 0.0;
+            for (int l = 0; l < s->layers; ++l) sum += bench_sample(s, r, l)[k];
+            fprintf(out, "%s\"%s\": ", k ? ", " : "", phase_keys[k]);
+            json_number(out, sum);
+        }
+        fputs("}}", out);
+    }
+    fputc(']', out);
+}
+
 static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out) {
     pass_summary p = summarize(run, s, backward);
     fprintf(out, "{\"mode\": \"%s\", \"wall_ms\": ",
@@ -258,6 +281,7 @@ static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out)
     fputs(", \"gemm_share_of_peak\": ", out);
     if (run->peak_gflops > 0.0) json_number(out, p.gemm_share);
     else fputs("null", out);
+    json_pass_samples(s, out);
     fputc('}', out);
 }
 
@@ -266,6 +290,20 @@ static void json_layer_phases(bench_samples *s, int layer, FILE *out) {
     for (int k = 0; k < BENCH_PHASES; ++k) {
         fprintf(out, "%s\"%s\": ", k ? ", " : "", phase_keys[k]);
         json_spread(out, layer_spread(s, layer, k));
+    }
+    fputc('}', out);
+}
+
+/* Layer @p layer's phases in every pass: one array per phase, indexed by repetition. */
+static void json_layer_per_pass(bench_samples *s, int layer, FILE *out) {
+    fputc('{', out);
+    for (int k = 0; k < BENCH_PHASES; ++k) {
+        fprintf(out, "%s\"%s\": [", k ? ", " : "", phase_keys[k]);
+        for (int r = 0; r < s->repeat; ++r) {
+            if (r) fputs(", ", out);
+            json_number(out, bench_sample(s, r, layer)[k]);
+        }
+        fputc(']', out);
     }
     fputc('}', out);
 }
@@ -281,9 +319,13 @@ static void json_layer(bench_run *run, int l, FILE *out) {
     json_number(out, ly->flops * 1e-9);
     fputs(",\n     \"forward_ms\": ", out);
     json_layer_phases(&run->forward, l, out);
+    fputs(",\n     \"forward_ms_per_pass\": ", out);
+    json_layer_per_pass(&run->forward, l, out);
     if (run->with_backward) {
         fputs(",\n     \"backward_ms\": ", out);
         json_layer_phases(&run->backward, l, out);
+        fputs(",\n     \"backward_ms_per_pass\": ", out);
+        json_layer_per_pass(&run->backward, l, out);
     }
     fprintf(out, "}%s\n", l + 1 < run->num_layers ? "," : "");
 }

@@ -18,6 +18,8 @@ typedef struct bench_samples {
     int layers;
     double *layer;   /* [repeat][layers][BENCH_PHASES] */
     double *wall;    /* [repeat]: the whole pass, as the caller timed it */
+    double *start;   /* [repeat]: when the pass began, ms since the Unix epoch (CLOCK_REALTIME),
+                      * so that passes of runs made side by side can be put in one time order */
     double *scratch; /* [repeat]: for sorting */
 } bench_samples;
 

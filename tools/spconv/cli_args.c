@@ -272,11 +272,15 @@ int cli_parse(cli_spec *spec, int argc, char **argv, int *exit_status) {
         int rc;
         if (strncmp(arg, "--", 2) == 0 && arg[2] != '\0') {
             rc = parse_one_option(spec, argc, argv, &i);
-        } else if (spec->positional != NULL && positionals == 0 && arg[0] != '\0' &&
-                   (arg[0] != '-' || arg[1] == '\0')) {
-            *spec->positional_value = arg;
+        } else if (spec->positional != NULL && arg[0] != '\0' && (arg[0] != '-' || arg[1] == '\0') &&
+                   positionals < (spec->positional_max > 1 ? spec->positional_max : 1)) {
+            if (positionals == 0) *spec->positional_value = arg;
+            if (spec->positional_max > 1) spec->positional_values[positionals] = arg;
             ++positionals;
             rc = 0;
+        } else if (spec->positional_max > 1 && positionals == spec->positional_max) {
+            rc = cli_error(cmd, "more than %d %s arguments", spec->positional_max,
+                           spec->positional);
         } else {
             rc = cli_error(cmd, "unexpected argument '%s' (see `spconv %s --help`)", arg, cmd);
         }
@@ -285,6 +289,7 @@ int cli_parse(cli_spec *spec, int argc, char **argv, int *exit_status) {
             return 0;
         }
     }
+    if (spec->positional_max > 1) *spec->positional_count = positionals;
     if (spec->positional != NULL && positionals == 0 && !spec->positional_optional) {
         *exit_status = cli_error(cmd, "missing %s (see `spconv %s --help`)", spec->positional, cmd);
         return 0;
@@ -310,7 +315,8 @@ static void print_usage_line(const cli_spec *spec, FILE *stream) {
     int indent = fprintf(stream, "usage: spconv %s", spec->command);
     int column = indent;
     if (spec->positional != NULL)
-        column += fprintf(stream, spec->positional_optional ? " [%s]" : " %s", spec->positional);
+        column += fprintf(stream, spec->positional_optional ? " [%s%s]" : " %s%s",
+                          spec->positional, spec->positional_max > 1 ? "..." : "");
     for (int i = 0; i < spec->num_options; ++i) {
         char item[128], synopsis[120];
         option_synopsis(&spec->options[i], synopsis, sizeof synopsis);

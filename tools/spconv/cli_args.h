@@ -86,6 +86,11 @@ typedef struct cli_spec {
     const char *positional;        /* name of one required positional argument ("SCAN"), or NULL */
     const char **positional_value; /* receives it */
     int positional_optional;       /* 1: the positional argument may be left out */
+    int positional_max;            /* > 1: up to this many positional arguments ("SCAN..."),
+                                    * stored in order in positional_values; the first also in
+                                    * *positional_value */
+    const char **positional_values;
+    int *positional_count;         /* receives how many were given (with positional_max > 1) */
     cli_option *options;
     int num_options;
     const char *epilog;            /* more --help text (what the command writes), or NULL */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench_report.h"
@@ -61,8 +62,16 @@ static int make_grad(bench_job *job, const spconv_tensor *out) {
     return 0;
 }
 
-static void record(bench_samples *s, int rep, const spconv_net *net, int backward, double wall) {
+static double unix_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void record(bench_samples *s, int rep, const spconv_net *net, int backward, double wall,
+                   double start_unix) {
     s->wall[rep] = wall;
+    s->start[rep] = start_unix;
     for (int i = 0; i < s->layers; ++i) {
         const spconv_layer_stats *st = spconv_net_stats(net, i);
         const spconv_phase_ms *p = backward ? &st->backward : &st->forward;
@@ -79,18 +88,20 @@ static int one_pass(bench_job *job, int rep) {
     int rc = net_input_sparse(job->cmd, &job->input, &input);
     if (rc != 0) return rc;
     const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
+    double start_unix = unix_ms();
     double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
     const double forward_ms = net_now_ms() - start;
     if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
-    if (rc == 0 && rep >= 0) record(&job->run.forward, rep, job->net, 0, forward_ms);
+    if (rc == 0 && rep >= 0) record(&job->run.forward, rep, job->net, 0, forward_ms, start_unix);
     if (rc == 0 && job->args.backward && job->grad == NULL) rc = make_grad(job, out);
     if (rc == 0 && job->args.backward) {
+        start_unix = unix_ms();
         start = net_now_ms();
         st = spconv_net_backward(job->ctx, job->net, job->grad, NULL);
         const double backward_ms = net_now_ms() - start;
         if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");
-        if (rc == 0 && rep >= 0) record(&job->run.backward, rep, job->net, 1, backward_ms);
+        if (rc == 0 && rep >= 0) record(&job->run.backward, rep, job->net, 1, backward_ms, start_unix);
     }
     spconv_tensor_release(out);
     spconv_sparse_release(input);

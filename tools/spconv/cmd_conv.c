@@ -25,6 +25,7 @@ typedef struct layer_args {
     int64_t output_padding[3];
     int subm;
     int transposed;
+    int inverse; /* conv only: the inverse of the regular conv this geometry describes */
     int64_t threads;
     const char *out_dir;
     const char *device; /* rulebook only; NULL: the CPU */
@@ -42,7 +43,7 @@ typedef struct layer_job {
     spconv_rulebook *rb;
 } layer_job;
 
-#define MAX_LAYER_OPTIONS 20 /* conv, the largest command, has 17 */
+#define MAX_LAYER_OPTIONS 20 /* conv, the largest command, has 18 */
 
 static void layer_args_init(layer_args *a) {
     memset(a, 0, sizeof *a);
@@ -120,6 +121,10 @@ static void add_geometry_options(layer_args *a, cli_option *opts, int *n, geomet
         opts[(*n)++] = (cli_option){.name = "--transposed", .kind = CLI_SWITCH,
                                     .value = &a->transposed, .help = "transposed convolution"};
     }
+    if (cmd == GEOMETRY_CONV)
+        opts[(*n)++] = (cli_option){.name = "--inverse", .kind = CLI_SWITCH, .value = &a->inverse,
+                                    .help = "inverse of the regular conv of this geometry on "
+                                            "--indices"};
     opts[(*n)++] = (cli_option){.name = "--threads", .kind = CLI_INT, .value = &a->threads,
                                 .metavar = "N", .min = 1, .max = SPCONV_MAX_THREADS,
                                 .help = "CPU threads (default: all cores)"};
@@ -142,6 +147,9 @@ static int check_flag_combinations(const layer_job *job) {
     const layer_args *a = &job->args;
     if (a->subm && a->transposed)
         return cli_error(job->cmd, "--subm and --transposed exclude each other");
+    if (a->inverse && (a->subm || a->transposed))
+        return cli_error(job->cmd, "--inverse inverts a regular conv: it excludes %s",
+                         a->subm ? "--subm" : "--transposed");
     if (given(job, "--output-padding") && !a->transposed)
         return cli_error(job->cmd, "--output-padding needs --transposed");
     const int64_t one[3] = {1, 1, 1};
@@ -247,6 +255,17 @@ static int require_features(const layer_job *job, const spconv_tensor *features)
                           expected);
 }
 
+/* --features of --inverse: a row per output site of the regular conv it inverts. */
+static int require_inverse_features(const layer_job *job, const spconv_tensor *features) {
+    const int64_t n = spconv_rulebook_num_in(job->rb);
+    char expected[200];
+    snprintf(expected, sizeof expected, "f32 or f64 [N, C] with N = %lld (the output sites of "
+             "the regular conv that --inverse inverts, as `spconv rulebook` lists them)",
+             (long long)n);
+    return require_tensor(job->cmd, "--features", features, -1, 2, (const int64_t[2]){n, -1},
+                          expected);
+}
+
 /* Read --indices, default the batch size, and make the context. */
 static int load_sites(layer_job *job) {
     layer_args *a = &job->args;
@@ -284,6 +303,14 @@ static int build_rulebook(layer_job *job) {
     if (rc != 0) return rc;
     spconv_status st = spconv_rulebook_build(job->ctx, job->indices, job->args.spatial_shape,
                                              job->args.batch_size, &job->params, &job->rb);
+    if (st == SPCONV_OK && job->args.inverse) {
+        /* The forward conv's pairs, swapped: outputs are the --indices rows, in their order. */
+        spconv_rulebook *forward = job->rb;
+        job->rb = NULL;
+        st = spconv_rulebook_inverse(forward, &job->rb);
+        spconv_rulebook_release(forward);
+        if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "inverting the rulebook");
+    }
     if (st == SPCONV_OK) return 0;
     if (st < 100 || st >= 200) return cli_status_error(job->cmd, st, "building the rulebook");
     /* The geometry was checked above: what the builder still refuses is a row of --indices
@@ -409,7 +436,8 @@ static int weight_to_rsck(conv_job *j) {
 static int conv_load(conv_job *j) {
     layer_job *job = &j->base;
     int rc = cli_read_npy(job->cmd, "--features", j->features_path, &j->features);
-    if (rc == 0) rc = require_features(job, j->features);
+    /* An inverse conv's features sit on the forward conv's outputs: checked once it is built. */
+    if (rc == 0 && !job->args.inverse) rc = require_features(job, j->features);
     if (rc == 0) rc = cli_read_npy(job->cmd, "--weight", j->weight_path, &j->weight_given);
     if (rc != 0) return rc;
     spconv_dtype dtype = spconv_tensor_dtype(j->features);
@@ -483,6 +511,7 @@ static int conv_run(conv_job *j) {
     if (rc == 0) rc = conv_load(j);
     if (rc == 0) rc = make_params(job);
     if (rc == 0) rc = build_rulebook(job);
+    if (rc == 0 && job->args.inverse) rc = require_inverse_features(job, j->features);
     if (rc != 0) return rc;
     spconv_status st = spconv_conv_forward(job->ctx, job->rb, j->features, j->weight, j->bias,
                                            &j->out);
@@ -529,10 +558,17 @@ int spconv_cmd_conv(int argc, char **argv) {
     opts[n++] = grad_out_option(&j.grad_out_path);
     add_geometry_options(&j.base.args, opts, &n, GEOMETRY_CONV);
     int status;
-    if (parse_job(&j.base, opts, n, "Sparse 3D convolution: regular, --subm or --transposed.",
+    if (parse_job(&j.base, opts, n, "Sparse 3D convolution: regular, --subm, --transposed or "
+                  "--inverse.",
                   "writes DIR/indices.npy (int32 [N_out, 4]), DIR/features.npy ([N_out, C_out]);\n"
                   "with --grad-out also DIR/grad_features.npy, DIR/grad_weight.npy (the weight's\n"
-                  "layout) and, with --bias, DIR/grad_bias.npy.",
+                  "layout) and, with --bias, DIR/grad_bias.npy.\n"
+                  "--inverse (spconv's SparseInverseConv3d): the geometry options and --indices\n"
+                  "describe the regular conv that is inverted (its forward input); --features\n"
+                  "holds a row per output site of that conv, in its order (sorted by b, z, y, x:\n"
+                  "`spconv rulebook` with the same options writes them as out_indices.npy). The\n"
+                  "pairs are that conv's, swapped, and the output sites are the --indices rows in\n"
+                  "their order (indices.npy = --indices).",
                   argc, argv, &status)) {
         conv_output_names(&j);
         status = check_out(&j.base);

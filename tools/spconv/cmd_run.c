@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -11,10 +12,16 @@
 #include "commands.h"
 #include "net_args.h"
 #include "net_picture.h"
+#include "run_batch.h"
 #include "spconv/spconv.h"
 
 typedef struct run_args {
-    const char *scan;
+    const char *scan;     /* the first of the inputs, NULL if none */
+    const char **inputs;  /* every positional argument */
+    int num_inputs;
+    const char *list;     /* --list FILE */
+    int64_t batch_size;
+    int batch_given;
     int net;          /* index into the zoo */
     const char *weights;
     int layout;       /* index into layout_names */
@@ -115,12 +122,18 @@ static void print_summary(const run_job *job) {
     char shape[96];
     format_shape(job->output, shape, sizeof shape);
     const double flops = total_flops(job->net);
+    const double gflops = job->forward_ms > 0.0 ? flops * 1e-6 / job->forward_ms : 0.0;
+    if (in->cloud == NULL) {
+        printf("%s: %lld voxels (from voxel files) -> output %s; forward %.1f ms, %.2f GFLOP, "
+               "%.1f GFLOP/s; read %.1f ms\n", job->net_name, (long long)voxels, shape,
+               job->forward_ms, flops * 1e-9, gflops, in->read_ms);
+        return;
+    }
     printf("%s: %lld points -> %lld voxels (%lld points in range) -> output %s; forward %.1f ms, "
            "%.2f GFLOP, %.1f GFLOP/s; read %.1f ms, voxelize %.1f ms\n",
            job->net_name, (long long)spconv_point_cloud_num_points(in->cloud), (long long)voxels,
-           (long long)in->stats.voxelized, shape, job->forward_ms, flops * 1e-9,
-           job->forward_ms > 0.0 ? flops * 1e-6 / job->forward_ms : 0.0, in->read_ms,
-           in->voxelize_ms);
+           (long long)in->stats.voxelized, shape, job->forward_ms, flops * 1e-9, gflops,
+           in->read_ms, in->voxelize_ms);
     if (voxels == 0) {
         const double *r = job->zin.point_range;
         printf("note: no point of the scan lies in the network's range (x [%g, %g), y [%g, %g), "
@@ -134,6 +147,11 @@ static void print_summary(const run_job *job) {
 static int write_picture(run_job *job, int64_t size[2]) {
     if (!SPCONV_HAVE_PNG) {
         printf("note: picture.png not written: this build of spconv has no libpng\n");
+        return 0;
+    }
+    if (job->input.cloud == NULL) {
+        if (!job->args.quiet)
+            printf("note: picture.png not written: voxel files have no points to show\n");
         return 0;
     }
     const char *path;
@@ -189,21 +207,29 @@ static int forward(run_job *job) {
     return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "running the network");
 }
 
-static int run_job_steps(run_job *job) {
+/* The context and the network, with their input format. */
+static int setup_network(run_job *job) {
+    const run_args *a = &job->args;
+    spconv_status st = spconv_zoo_input(job->net_name, &job->zin);
+    if (st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
+    if (st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "setting up");
+    return net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
+                     layouts[a->layout], &job->net);
+}
+
+/* One scan (or one set of voxel files): the per-layer table, the outputs and the picture. */
+static int run_one(run_job *job) {
     const run_args *a = &job->args;
     /* Every name run may write; which of them it does depends on the network's output. */
     static const char *const out_names[] = {"output.npy", "out_indices.npy", "picture.png", NULL};
     int rc = cli_outdir_check(job->cmd, a->out_dir, out_names);
     if (rc == 0 && a->scan == NULL) rc = net_sample_scan(job->cmd, &job->args.scan);
-    spconv_status st = SPCONV_OK;
-    if (rc == 0) st = spconv_zoo_input(job->net_name, &job->zin);
-    if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
-    if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
-    if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
-    if (rc == 0)
-        rc = net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
-                       layouts[a->layout], &job->net);
-    if (rc == 0)
+    if (rc == 0) rc = setup_network(job);
+    if (rc == 0 && net_input_is_voxels(a->scan))
+        rc = net_input_from_voxels(job->cmd, job->ctx, job->net_name, &job->zin, a->scan,
+                                   &job->input);
+    else if (rc == 0)
         rc = net_input_from_scan(job->cmd, job->ctx, job->net_name, &job->zin, a->scan,
                                  &job->input);
     if (rc == 0) rc = forward(job);
@@ -211,6 +237,36 @@ static int run_job_steps(run_job *job) {
     if (rc == 0) print_summary(job);
     if (rc == 0) rc = write_outputs(job);
     return rc;
+}
+
+/* Several inputs, in batches of --batch-size: one output folder per input. */
+static int run_many(run_job *job) {
+    const run_args *a = &job->args;
+    run_items items;
+    int rc = run_items_collect(job->cmd, a->inputs, a->num_inputs, a->list, &items);
+    if (rc == 0) rc = cli_outdir_check(job->cmd, a->out_dir, NULL);
+    if (rc == 0) rc = setup_network(job);
+    if (rc == 0) {
+        const run_batch_config config = {
+            .cmd = job->cmd, .ctx = job->ctx, .net = job->net, .net_name = job->net_name,
+            .zin = &job->zin, .items = &items, .batch_size = a->batch_size,
+            .out_dir = a->out_dir, .quiet = a->quiet, .progress = a->progress};
+        rc = run_batches(&config);
+    }
+    run_items_free(&items);
+    return rc;
+}
+
+/* Several inputs, a list or a folder of scans are many; one scan or voxel files are one. */
+static int run_job_steps(run_job *job) {
+    const run_args *a = &job->args;
+    /* --batch-size alone makes a run "many", so that a script's glob matching one file still
+     * gets the layout of many. */
+    const int many = a->num_inputs > 1 || a->list != NULL || a->batch_given ||
+                     (a->num_inputs == 1 && run_is_scan_folder(a->scan));
+    if (many && a->num_inputs == 0 && a->list == NULL)
+        return cli_error(job->cmd, "--batch-size needs inputs: scans, folders of scans or --list");
+    return many ? run_many(job) : run_one(job);
 }
 
 static void run_free(run_job *job) {
@@ -223,21 +279,35 @@ static void run_free(run_job *job) {
 }
 
 static const char run_epilog[] =
-    "SCAN is a KITTI/nuScenes .bin, a PCD or a PLY file; without it the bundled sample\n"
-    "data/sample_scan.bin is used (or $SPCONV_SAMPLE_SCAN). The scan is voxelized as the network\n"
+    "SCAN is a KITTI/nuScenes .bin, a PCD or a PLY file, or voxel files as bench --input takes\n"
+    "them (a folder with indices.npy + features.npy or spconv_test_indices.i32 +\n"
+    "spconv_test_features.f32, or a prefix P of P_indices.i32 + P_features.f32, on the network's\n"
+    "spatial shape): with --weights, a network with given weights on given voxels, to compare\n"
+    "with another engine. Without SCAN the bundled sample data/sample_scan.bin is used (or\n"
+    "$SPCONV_SAMPLE_SCAN). The scan is voxelized as the network\n"
     "expects (`second`, `unet`: KITTI grid, mean of x, y, z, intensity; `basic`: 0.1 m voxels of\n"
     "x, y, z), run once for inference, and the layers are listed with their active sites,\n"
     "rulebook pairs and time. Without --weights the parameters come from --seed.\n"
     "Writes into DIR: output.npy (second: the dense BEV map [1, 256, 200, 176]; the others:\n"
     "float32 [N, C] features of the output sites), out_indices.npy (int32 [N, 4] b, z, y, x of a\n"
     "sparse output) and picture.png: the output as a bird's-eye heat map of feature norms (left)\n"
-    "beside the occupancy of the input points (right), x to the right, y up, brighter = more.";
+    "beside the occupancy of the input points (right), x to the right, y up, brighter = more\n"
+    "(not for voxel files).\n"
+    "\n"
+    "Many scans: several SCANs, a folder of scans (its .bin, .pcd and .ply files in name order),\n"
+    "--list FILE (one path a line, relative to FILE's folder; # comments) or --batch-size run\n"
+    "them B at a time, scan j of a batch as batch index j (as detection training batches), and\n"
+    "write DIR/<scan name>/output.npy (and out_indices.npy, batch index 0): what a run of that\n"
+    "scan alone gives (the same sites; the same features bit for bit with the plain-C GEMM,\n"
+    "within float32 rounding with OpenBLAS). One line per batch and a total with scans per\n"
+    "second; a progress bar on a terminal (--progress: one line per batch elsewhere). No\n"
+    "picture. All the files appear only once every scan ran.";
 
 int spconv_cmd_run(int argc, char **argv) {
     static const char cmd[] = "run";
     const char *zoo[NET_ZOO_MAX + 1];
     net_zoo_choices(zoo);
-    run_job job = {.cmd = cmd, .args = {.seed = 1, .out_dir = "spconv-out"}};
+    run_job job = {.cmd = cmd, .args = {.seed = 1, .out_dir = "spconv-out", .batch_size = 1}};
     run_args *a = &job.args;
     cli_option opts[] = {
         {.name = "--net", .kind = CLI_CHOICE, .value = &a->net, .choices = zoo,
@@ -256,18 +326,34 @@ int spconv_cmd_run(int argc, char **argv) {
         {.name = "--quiet", .kind = CLI_SWITCH, .value = &a->quiet,
          .help = "print only the summary line"},
         {.name = "--progress", .kind = CLI_SWITCH, .value = &a->progress,
-         .help = "report each layer on stderr even when it is not a terminal"},
+         .help = "report each layer (many scans: each batch) on stderr off a terminal too"},
+        {.name = "--list", .kind = CLI_PATH, .value = &a->list, .metavar = "FILE",
+         .help = "also run the scans listed in FILE, one path a line"},
+        {.name = "--batch-size", .kind = CLI_INT, .value = &a->batch_size, .metavar = "B",
+         .min = 1, .max = 4096, .help = "scans per batch with many scans (default 1)"},
     };
     cli_spec spec = {.command = cmd,
                      .summary = "voxelize a LiDAR scan, run a sparse backbone on it, report every "
                                 "layer and write the output and a picture",
                      .positional = "SCAN", .positional_value = &a->scan,
-                     .positional_optional = 1, .options = opts,
+                     .positional_optional = 1, .positional_max = argc > 1 ? argc : 2,
+                     .positional_count = &a->num_inputs,
+                     .options = opts,
                      .num_options = (int)(sizeof opts / sizeof opts[0]), .epilog = run_epilog};
     int status;
-    if (!cli_parse(&spec, argc, argv, &status)) return status;
-    job.net_name = zoo[a->net];
-    int rc = run_job_steps(&job);
+    const char **inputs = calloc((size_t)(argc > 1 ? argc : 2), sizeof *inputs);
+    if (inputs == NULL) return cli_error(cmd, "out of memory");
+    spec.positional_values = inputs;
+    a->inputs = inputs;
+    int rc;
+    if (cli_parse(&spec, argc, argv, &status)) {
+        job.net_name = zoo[a->net];
+        a->batch_given = cli_find_option(&spec, "--batch-size")->given;
+        rc = run_job_steps(&job);
+    } else {
+        rc = status;
+    }
     run_free(&job);
+    free(inputs);
     return rc;
 }

@@ -25,6 +25,11 @@ void net_zoo_choices(const char *names[NET_ZOO_MAX + 1]) {
     names[count] = NULL;
 }
 
+/* What the messages about voxel files call them: bench's option, or run's argument. */
+static const char *flag_of(const char *cmd) {
+    return strcmp(cmd, "bench") == 0 ? "--input" : "SCAN";
+}
+
 static int is_file(const char *path) {
     struct stat info;
     return stat(path, &info) == 0 && S_ISREG(info.st_mode);
@@ -122,7 +127,7 @@ static int read_whole(const char *cmd, const char *path, void **data, size_t *by
     *bytes = 0;
     char *buf = NULL;
     size_t len = 0;
-    spconv_status st = spconv__file_read_all("--input", path, SIZE_MAX - 1, &buf, &len);
+    spconv_status st = spconv__file_read_all(flag_of(cmd), path, SIZE_MAX - 1, &buf, &len);
     if (st != SPCONV_OK) return cli_error(cmd, "%s", spconv_last_error());
     if (len == 0) {
         free(buf);
@@ -154,8 +159,8 @@ static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *net,
     if (rc == 0) rc = read_whole(cmd, features_path, &values, &value_bytes);
     const int64_t n = (int64_t)(row_bytes / 16);
     if (rc == 0 && row_bytes % 16 != 0)
-        rc = cli_error(cmd, "--input: '%s' has %zu bytes, not a whole number of int32 [N, 4] rows",
-                       indices_path, row_bytes);
+        rc = cli_error(cmd, "%s: '%s' has %zu bytes, not a whole number of int32 [N, 4] rows",
+                       flag_of(cmd), indices_path, row_bytes);
     if (rc == 0 && value_bytes != (size_t)n * (size_t)channels * 4) {
         /* Say it in channels, the unit the user chose the network by, when the bytes allow. */
         const size_t row = (size_t)n * 4;
@@ -163,15 +168,15 @@ static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *net,
             const int64_t held = (int64_t)(value_bytes / row);
             char others[128];
             nets_taking(held, others, sizeof others);
-            rc = cli_error(cmd, "--input: '%s' holds %lld float32 channels for each of the %lld "
-                           "rows; --net %s takes %lld; networks that take %lld: %s",
+            rc = cli_error(cmd, "%s: '%s' holds %lld float32 channels for each of the %lld "
+                           "rows; --net %s takes %lld; networks that take %lld: %s", flag_of(cmd),
                            features_path, (long long)held, (long long)n, net,
                            (long long)channels, (long long)held, others);
         } else {
-            rc = cli_error(cmd, "--input: '%s' has %zu bytes, not a whole number of float32 "
+            rc = cli_error(cmd, "%s: '%s' has %zu bytes, not a whole number of float32 "
                            "channels for each of the %lld rows; --net %s takes %lld channels "
-                           "(%lld bytes)", features_path, value_bytes, (long long)n, net,
-                           (long long)channels, (long long)(n * channels * 4));
+                           "(%lld bytes)", flag_of(cmd), features_path, value_bytes, (long long)n,
+                           net, (long long)channels, (long long)(n * channels * 4));
         }
     }
     if (rc == 0) {
@@ -182,7 +187,7 @@ static int read_raw_pair(const char *cmd, spconv_context *ctx, const char *net,
         if (st == SPCONV_OK)
             st = spconv_tensor_from_host(ctx, spconv_cpu(), SPCONV_F32, 2,
                                          (int64_t[]){n, channels}, values, &out->features);
-        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "--input");
+        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, flag_of(cmd));
     }
     free(rows);
     free(values);
@@ -197,26 +202,26 @@ static int indices_as_int32(const char *cmd, spconv_context *ctx, const char *pa
         (dtype != SPCONV_I32 && dtype != SPCONV_I64)) {
         char held[160];
         cli_describe_tensor(t, held, sizeof held);
-        return cli_error(cmd, "--input: '%s' is %s; it must be int32 or int64 [N, 4] (batch, z, "
-                         "y, x)", path, held);
+        return cli_error(cmd, "%s: '%s' is %s; it must be int32 or int64 [N, 4] (batch, z, "
+                         "y, x)", flag_of(cmd), path, held);
     }
     if (dtype == SPCONV_I64) {
         const int64_t *v = spconv_tensor_data(t);
         for (int64_t i = 0; i < spconv_tensor_numel(t); ++i)
             if (v[i] < INT32_MIN || v[i] > INT32_MAX)
-                return cli_error(cmd, "--input: '%s' row %lld holds %lld, beyond int32", path,
-                                 (long long)(i / 4), (long long)v[i]);
+                return cli_error(cmd, "%s: '%s' row %lld holds %lld, beyond int32", flag_of(cmd),
+                                 path, (long long)(i / 4), (long long)v[i]);
     }
     spconv_status st = spconv_tensor_to_dtype(ctx, t, SPCONV_I32, out);
-    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--input");
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, flag_of(cmd));
 }
 
 static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *net,
                          const char *indices_path, const char *features_path, int64_t channels,
                          net_input *out) {
     spconv_tensor *indices = NULL, *features = NULL;
-    int rc = cli_read_npy(cmd, "--input", indices_path, &indices);
-    if (rc == 0) rc = cli_read_npy(cmd, "--input", features_path, &features);
+    int rc = cli_read_npy(cmd, flag_of(cmd), indices_path, &indices);
+    if (rc == 0) rc = cli_read_npy(cmd, flag_of(cmd), features_path, &features);
     if (rc == 0) rc = indices_as_int32(cmd, ctx, indices_path, indices, &out->indices);
     if (rc == 0 && (spconv_tensor_ndim(features) != 2 ||
                     !spconv_dtype_is_floating(spconv_tensor_dtype(features)) ||
@@ -224,14 +229,14 @@ static int read_npy_pair(const char *cmd, spconv_context *ctx, const char *net,
                     spconv_tensor_size(features, 1) != channels)) {
         char held[160];
         cli_describe_tensor(features, held, sizeof held);
-        rc = cli_error(cmd, "--input: '%s' is %s; --net %s takes floating [%lld, %lld] (a row "
-                       "per index row, %lld channels)", features_path, held, net,
+        rc = cli_error(cmd, "%s: '%s' is %s; --net %s takes floating [%lld, %lld] (a row "
+                       "per index row, %lld channels)", flag_of(cmd), features_path, held, net,
                        (long long)spconv_tensor_size(indices, 0), (long long)channels,
                        (long long)channels);
     }
     if (rc == 0) {
         spconv_status st = spconv_tensor_to_dtype(ctx, features, SPCONV_F32, &out->features);
-        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, "--input");
+        if (st != SPCONV_OK) rc = cli_status_error(cmd, st, flag_of(cmd));
     }
     spconv_tensor_release(indices);
     spconv_tensor_release(features);
@@ -251,8 +256,9 @@ static int read_voxel_files(const char *cmd, spconv_context *ctx, const char *ne
         snprintf(features, sizeof features, "%s/features.npy", path);
         if (is_file(indices))
             return read_npy_pair(cmd, ctx, net, indices, features, channels, out);
-        return cli_error(cmd, "--input: folder '%s' has neither spconv_test_indices.i32 + "
-                         "spconv_test_features.f32 nor indices.npy + features.npy", path);
+        return cli_error(cmd, "%s: folder '%s' has neither spconv_test_indices.i32 + "
+                         "spconv_test_features.f32 nor indices.npy + features.npy", flag_of(cmd),
+                         path);
     }
     snprintf(indices, sizeof indices, "%s_indices.i32", path);
     snprintf(features, sizeof features, "%s_features.f32", path);
@@ -277,7 +283,7 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
     if (rc != 0) return rc;
     spconv_status st = spconv_sparse_validate(ctx, sp);
     spconv_sparse_release(sp);
-    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--input");
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, flag_of(cmd));
 }
 
 /* ---- both ------------------------------------------------------------------------------------- */
