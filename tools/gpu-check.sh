@@ -127,23 +127,25 @@ if [ -x "$sanitizer" ] && [ -x "$build/tests/test_cuda_tensor" ]; then
 else
   echo "compute-sanitizer: not found, memcheck skipped"
 fi
-# The map builders (voxelizer, rulebooks) under memcheck, and under racecheck for their shared
-# memory (Thrust's sorts and scans): test_backend_ops compares them with the CPU on random inputs
-# and on the data scans.
-if [ -x "$sanitizer" ] && [ -x "$build/tests/test_backend_ops" ]; then
-  : >"$out/sanitizer-maps.log"
+# The map builders (voxelizer, rulebooks; test_backend_ops) and the executors (conv, pool and the
+# network's layers; test_cuda_conv) under memcheck, and under racecheck for shared memory
+# (Thrust's sorts and scans): both compare with the CPU on random inputs and on the data scans.
+for test in test_backend_ops test_cuda_conv; do
+  [ -x "$sanitizer" ] && [ -x "$build/tests/$test" ] || continue
+  log="$out/sanitizer-$test.log"
+  : >"$log"
   for tool in memcheck racecheck; do
-    echo "### $tool" >>"$out/sanitizer-maps.log"
+    echo "### $tool" >>"$log"
     if SPCONV_DATA_DIR=$data_dir timeout 600 "$sanitizer" --tool "$tool" --error-exitcode 1 \
-         "$build/tests/test_backend_ops" >>"$out/sanitizer-maps.log" 2>&1; then
-      echo "compute-sanitizer $tool of test_backend_ops: clean"
+         "$build/tests/$test" >>"$log" 2>&1; then
+      echo "compute-sanitizer $tool of $test: clean"
     else
-      tail -20 "$out/sanitizer-maps.log"
-      echo "compute-sanitizer $tool of test_backend_ops: FAILED (sanitizer-maps.log)"
+      tail -20 "$log"
+      echo "compute-sanitizer $tool of $test: FAILED ($(basename "$log"))"
       status=1
     fi
   done
-fi
+done
 
 # ---- 5. benchmarks ---------------------------------------------------------------------------
 section "benchmarks"
