@@ -391,6 +391,106 @@ static void test_maxpool_matches_c_api(void **state) {
     spconv_context_destroy(ctx);
 }
 
+/* conv and maxpool --device cuda:0: the files hold what the C API computes on that device, bit
+ * for bit (where a device, or the host emulation, is); a device that is not there is one line
+ * and exit status 2. */
+static spconv_tensor *to_cuda(const spconv_tensor *t) {
+    spconv_tensor *d = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, t, spconv_cuda(0), &d));
+    return d;
+}
+
+static void test_conv_and_maxpool_on_device(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    const int devices = spconv_has_cuda() ? spconv_cuda_device_count() : 0;
+    spconv_tensor *indices = random_indices(70, 2, shape_567);
+    spconv_tensor *features = random_values(SPCONV_F32, 2, (const int64_t[2]){70, 3});
+    spconv_tensor *weight = random_values(SPCONV_F32, 3, (const int64_t[3]){27, 3, 4});
+    spconv_tensor *bias = random_values(SPCONV_F32, 1, (const int64_t[1]){4});
+    save(f, "in_indices.npy", indices);
+    save(f, "in_features.npy", features);
+    save(f, "in_weight.npy", weight);
+    save(f, "in_bias.npy", bias);
+    char missing[32];
+    snprintf(missing, sizeof missing, "cuda:%d", devices);
+    for (int pool = 0; pool < 2; ++pool) {
+        arglist a = {0};
+        arg_add(&a, f, pool ? "maxpool" : "conv");
+        const char *common[] = {"--indices", "@in_indices.npy", "--features", "@in_features.npy",
+                                "--spatial-shape", "5,6,7", "--kernel", "3,3,3", "--device",
+                                missing, "--out", "@absent"};
+        for (size_t i = 0; i < sizeof common / sizeof common[0]; ++i)
+            arg_add(&a, f, "%s", common[i]);
+        if (!pool) {
+            arg_add(&a, f, "--weight");
+            arg_add(&a, f, "@in_weight.npy");
+        }
+        assert_int_equal(run_tool(f, &a), 2);
+        assert_non_null(strstr(f->err_text, spconv_has_cuda() ? "no CUDA device"
+                                                              : "has no CUDA backend"));
+        char absent[PATH_CAP];
+        assert_false(spconv_test_exists(spconv_test_join(f->dir, "absent", absent, PATH_CAP)));
+    }
+    if (devices == 0) {
+        spconv_tensor *tensors[] = {indices, features, weight, bias};
+        for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+            spconv_tensor_release(tensors[i]);
+        print_message("skip: no CUDA device for the --device cuda runs\n");
+        skip();
+    }
+    spconv_tensor *di = to_cuda(indices), *dx = to_cuda(features), *dw = to_cuda(weight),
+                  *db = to_cuda(bias);
+    spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    params.padding[0] = params.padding[1] = params.padding[2] = 1;
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, di, shape_567, 2, &params, &rb));
+    spconv_tensor *out = NULL, *grad = NULL, *dgrad = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, dx, dw, db, &out));
+    grad = random_values(SPCONV_F32, 2, spconv_tensor_sizes(out));
+    dgrad = to_cuda(grad);
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, dx, dw, dgrad, &gx, &gw, &gb));
+    save(f, "in_grad.npy", grad);
+    arglist a = {0};
+    const char *conv_args[] = {"conv", "--indices", "@in_indices.npy", "--features",
+                               "@in_features.npy", "--weight", "@in_weight.npy", "--bias",
+                               "@in_bias.npy", "--grad-out", "@in_grad.npy", "--spatial-shape",
+                               "5,6,7", "--kernel", "3,3,3", "--padding", "1,1,1", "--device",
+                               "cuda:0", "--out", "@gpu_conv"};
+    for (size_t i = 0; i < sizeof conv_args / sizeof conv_args[0]; ++i)
+        arg_add(&a, f, "%s", conv_args[i]);
+    assert_success(f, &a);
+    char out_dir[PATH_CAP];
+    spconv_test_join(f->dir, "gpu_conv", out_dir, sizeof out_dir);
+    assert_output(out_dir, "indices.npy", spconv_rulebook_out_indices(rb));
+    assert_output(out_dir, "features.npy", out);
+    assert_output(out_dir, "grad_features.npy", gx);
+    assert_output(out_dir, "grad_weight.npy", gw);
+    assert_output(out_dir, "grad_bias.npy", gb);
+    spconv_tensor *pooled = NULL, *argmax = NULL, *pool_grad = NULL;
+    SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, rb, dx, &pooled, &argmax));
+    spconv_tensor *pgrad = random_values(SPCONV_F32, 2, spconv_tensor_sizes(pooled));
+    spconv_tensor *dpgrad = to_cuda(pgrad);
+    SPCONV_ASSERT_OK(spconv_maxpool_backward(NULL, rb, argmax, dpgrad, &pool_grad));
+    save(f, "in_pool_grad.npy", pgrad);
+    arglist b = {0};
+    const char *pool_args[] = {"maxpool", "--indices", "@in_indices.npy", "--features",
+                               "@in_features.npy", "--grad-out", "@in_pool_grad.npy",
+                               "--spatial-shape", "5,6,7", "--kernel", "3,3,3", "--stride",
+                               "1,1,1", "--padding", "1,1,1", "--device", "cuda", "--out",
+                               "@gpu_pool"};
+    for (size_t i = 0; i < sizeof pool_args / sizeof pool_args[0]; ++i)
+        arg_add(&b, f, "%s", pool_args[i]);
+    assert_success(f, &b);
+    spconv_test_join(f->dir, "gpu_pool", out_dir, sizeof out_dir);
+    assert_output(out_dir, "features.npy", pooled);
+    assert_output(out_dir, "grad_features.npy", pool_grad);
+    spconv_tensor *tensors[] = {indices, features, weight, bias, di, dx, dw, db, out, grad, dgrad,
+                                gx, gw, gb, pooled, argmax, pgrad, dpgrad, pool_grad};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
+        spconv_tensor_release(tensors[i]);
+    spconv_rulebook_release(rb);
+}
+
 /* counts [KV] and pairs [M, 3] (offset, in_row, out_row) as the tool must write them. */
 static void rulebook_tables(const spconv_rulebook *rb, spconv_tensor **counts,
                             spconv_tensor **pairs) {
@@ -881,6 +981,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_conv_matches_c_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_maxpool_matches_c_api, setup, teardown),
+cmocka_unit_test_setup_teardown(test_conv_and_maxpool_on_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rulebook_matches_c_api, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help_lists_the_contract, setup, teardown),
         cmocka_unit_test_setup_teardown(test_errors_exit_2_with_one_line_and_no_outputs, setup,

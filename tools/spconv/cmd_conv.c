@@ -28,7 +28,7 @@ typedef struct layer_args {
     int inverse; /* conv only: the inverse of the regular conv this geometry describes */
     int64_t threads;
     const char *out_dir;
-    const char *device; /* rulebook only; NULL: the CPU */
+    const char *device; /* rulebook, conv, maxpool; NULL: the CPU */
 } layer_args;
 
 /* What every command holds while it runs; released by job_free. */
@@ -432,6 +432,26 @@ static int weight_to_rsck(conv_job *j) {
     return 0;
 }
 
+/* @p *t moved to the context's device (nothing to do on the CPU): the .npy files are read on
+ * the host, the layer runs where --device says, and the outputs are copied back when written. */
+static int to_job_device(layer_job *job, spconv_tensor **t, const char *what) {
+    const spconv_device device = spconv_context_device(job->ctx);
+    if (*t == NULL || spconv_device_equal(spconv_tensor_device(*t), device)) return 0;
+    spconv_tensor *moved = NULL;
+    const spconv_status st = spconv_tensor_to_device(job->ctx, *t, device, &moved);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, what);
+    spconv_tensor_release(*t);
+    *t = moved;
+    return 0;
+}
+
+static cli_option device_option(layer_args *a) {
+    return (cli_option){.name = "--device", .kind = CLI_PATH, .value = &a->device,
+                        .metavar = "cpu|cuda[:N]",
+                        .help = "where the rulebook and the layer run (default cpu; the inputs are "
+                                "read and the outputs written on the host)"};
+}
+
 /* Features, weight and bias: read, shapes and dtypes checked against each other. */
 static int conv_load(conv_job *j) {
     layer_job *job = &j->base;
@@ -497,6 +517,7 @@ static int read_grad_out(const char *cmd, const char *path, const spconv_tensor 
 static int conv_backward(conv_job *j) {
     layer_job *job = &j->base;
     int rc = read_grad_out(job->cmd, j->grad_out_path, j->out, "C_out", &j->grad_out);
+    if (rc == 0) rc = to_job_device(job, &j->grad_out, "--grad-out");
     if (rc != 0) return rc;
     spconv_status st = spconv_conv_backward(job->ctx, job->rb, j->features, j->weight,
                                             j->grad_out, &j->grad_features, &j->grad_weight_rsck,
@@ -512,6 +533,9 @@ static int conv_run(conv_job *j) {
     if (rc == 0) rc = make_params(job);
     if (rc == 0) rc = build_rulebook(job);
     if (rc == 0 && job->args.inverse) rc = require_inverse_features(job, j->features);
+    if (rc == 0) rc = to_job_device(job, &j->features, "--features");
+    if (rc == 0) rc = to_job_device(job, &j->weight, "--weight");
+    if (rc == 0) rc = to_job_device(job, &j->bias, "--bias");
     if (rc != 0) return rc;
     spconv_status st = spconv_conv_forward(job->ctx, job->rb, j->features, j->weight, j->bias,
                                            &j->out);
@@ -556,6 +580,7 @@ int spconv_cmd_conv(int argc, char **argv) {
     opts[n++] = (cli_option){.name = "--bias", .kind = CLI_PATH, .value = &j.bias_path,
                              .metavar = "BIAS.npy", .help = "bias [C_out]"};
     opts[n++] = grad_out_option(&j.grad_out_path);
+    opts[n++] = device_option(&j.base.args);
     add_geometry_options(&j.base.args, opts, &n, GEOMETRY_CONV);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D convolution: regular, --subm, --transposed or "
@@ -589,6 +614,7 @@ typedef struct pool_job {
 static int pool_backward(pool_job *j) {
     layer_job *job = &j->base;
     int rc = read_grad_out(job->cmd, j->grad_out_path, j->out, "C", &j->grad_out);
+    if (rc == 0) rc = to_job_device(job, &j->grad_out, "--grad-out");
     if (rc != 0) return rc;
     spconv_status st = spconv_maxpool_backward(job->ctx, job->rb, j->argmax, j->grad_out,
                                                &j->grad_features);
@@ -602,6 +628,7 @@ static int pool_run(pool_job *j) {
     if (rc == 0) rc = require_features(job, j->features);
     if (rc == 0) rc = make_params(job);
     if (rc == 0) rc = build_rulebook(job);
+    if (rc == 0) rc = to_job_device(job, &j->features, "--features");
     if (rc != 0) return rc;
     spconv_status st = spconv_maxpool_forward(job->ctx, job->rb, j->features, &j->out,
                                               j->grad_out_path ? &j->argmax : NULL);
@@ -622,6 +649,7 @@ int spconv_cmd_maxpool(int argc, char **argv) {
     add_site_options(&j.base.args, opts, &n);
     opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C]");
     opts[n++] = grad_out_option(&j.grad_out_path);
+    opts[n++] = device_option(&j.base.args);
     add_geometry_options(&j.base.args, opts, &n, GEOMETRY_POOL);
     int status;
     if (parse_job(&j.base, opts, n, "Sparse 3D max pooling (the regular conv geometry).",
