@@ -30,6 +30,7 @@ typedef struct bench_args {
     int64_t warmup;
     int backward;
     int64_t threads;    /* 0: all cores */
+    const char *device; /* --device; NULL: the CPU */
     int64_t peak_size;  /* 0: do not measure the sgemm peak */
     int64_t seed;
     const char *json;
@@ -59,6 +60,12 @@ static int make_grad(bench_job *job, const spconv_tensor *out) {
         state = state * 6364136223846793005u + 1442695040888963407u; /* speed, not quality */
         g[i] = (float)(state >> 40) * 0x1.0p-23f - 1.0f;
     }
+    /* On the device of the output (where the network ran); a reference on the CPU. */
+    spconv_tensor *moved = NULL;
+    st = spconv_tensor_to_device(job->ctx, job->grad, spconv_tensor_device(out), &moved);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "the output gradient");
+    spconv_tensor_release(job->grad);
+    job->grad = moved;
     return 0;
 }
 
@@ -85,7 +92,7 @@ static void record(bench_samples *s, int rep, const spconv_net *net, int backwar
 static int one_pass(bench_job *job, int rep) {
     spconv_sparse_tensor *input = NULL;
     spconv_tensor *out = NULL;
-    int rc = net_input_sparse(job->cmd, &job->input, &input);
+    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, &input);
     if (rc != 0) return rc;
     const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
     double start_unix = unix_ms();
@@ -138,8 +145,10 @@ static int setup(bench_job *job) {
     const bench_args *a = &job->args;
     int rc = a->json != NULL ? cli_outfile_check(job->cmd, "--json", a->json) : 0;
     spconv_status st = SPCONV_OK;
+    spconv_device device = spconv_cpu();
+    if (rc == 0) rc = cli_parse_device(job->cmd, "--device", a->device, &device);
     if (rc == 0) st = spconv_zoo_input(job->run.net_name, &job->run.zin);
-    if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
+    if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(device, &job->ctx);
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
     if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
     if (rc == 0)
@@ -217,6 +226,8 @@ int spconv_cmd_bench(int argc, char **argv) {
          .help = "time training forward + backward"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
          .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
+        {.name = "--device", .kind = CLI_PATH, .value = &a->device, .metavar = "cpu|cuda[:N]",
+         .help = "where the network runs (default cpu; host clock around each synchronous pass)"},
         {.name = "--peak-size", .kind = CLI_INT, .value = &a->peak_size, .metavar = "PEAK",
          .min = 0, .max = 16384,
          .help = "sgemm size of the peak measurement (default 2048; 0: skip)"},

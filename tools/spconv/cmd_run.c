@@ -27,6 +27,7 @@ typedef struct run_args {
     int layout;       /* index into layout_names */
     int64_t seed;
     int64_t threads;  /* 0: all cores */
+    const char *device; /* --device; NULL: the CPU */
     const char *out_dir;
     int quiet;
     int progress;
@@ -195,7 +196,7 @@ static int forward(run_job *job) {
     const int show = job->args.progress || (ps.tty && !job->args.quiet);
     if (show) spconv_net_set_progress(job->net, on_progress, &ps);
     spconv_sparse_tensor *input = NULL;
-    int rc = net_input_sparse(job->cmd, &job->input, &input);
+    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, &input);
     if (rc != 0) return rc;
     const double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, SPCONV_NET_INFERENCE,
@@ -204,14 +205,18 @@ static int forward(run_job *job) {
     if (show && ps.tty) fprintf(stderr, "\r\033[K");
     spconv_net_set_progress(job->net, NULL, NULL);
     spconv_sparse_release(input);
-    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "running the network");
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "running the network");
+    return net_outputs_to_host(job->cmd, job->ctx, &job->output, &job->out_sparse);
 }
 
 /* The context and the network, with their input format. */
 static int setup_network(run_job *job) {
     const run_args *a = &job->args;
+    spconv_device device;
+    int rc = cli_parse_device(job->cmd, "--device", a->device, &device);
+    if (rc != 0) return rc;
     spconv_status st = spconv_zoo_input(job->net_name, &job->zin);
-    if (st == SPCONV_OK) st = spconv_context_create(spconv_cpu(), &job->ctx);
+    if (st == SPCONV_OK) st = spconv_context_create(device, &job->ctx);
     if (st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "setting up");
     return net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
@@ -321,6 +326,8 @@ int spconv_cmd_run(int argc, char **argv) {
          .max = INT64_MAX, .help = "seed of the initial parameters (default 1)"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
          .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
+        {.name = "--device", .kind = CLI_PATH, .value = &a->device, .metavar = "cpu|cuda[:N]",
+         .help = "where the network runs (default cpu; scans are read and voxelized on the host)"},
         {.name = "--out", .kind = CLI_PATH, .value = &a->out_dir, .metavar = "DIR",
          .help = "output folder (default spconv-out; files appear only on success)"},
         {.name = "--quiet", .kind = CLI_SWITCH, .value = &a->quiet,

@@ -279,7 +279,7 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
     for (int64_t i = 0; i < n; ++i) largest = rows[4 * i] > largest ? rows[4 * i] : largest;
     out->batch_size = largest + 1;
     spconv_sparse_tensor *sp = NULL;
-    rc = net_input_sparse(cmd, out, &sp);
+    rc = net_input_sparse(cmd, NULL, out, &sp); /* validated on the host */
     if (rc != 0) return rc;
     spconv_status st = spconv_sparse_validate(ctx, sp);
     spconv_sparse_release(sp);
@@ -288,10 +288,57 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
 
 /* ---- both ------------------------------------------------------------------------------------- */
 
-int net_input_sparse(const char *cmd, const net_input *in, spconv_sparse_tensor **out) {
+int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
+                     spconv_sparse_tensor **out) {
     spconv_status st =
         spconv_sparse_create(in->features, in->indices, in->spatial_shape, in->batch_size, out);
-    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "making the input sparse tensor");
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "making the input sparse tensor");
+    return net_sparse_to_context_device(cmd, ctx, out);
+}
+
+/* @p sp's features and sites on @p device, as a new sparse tensor. */
+static spconv_status sparse_on(spconv_context *ctx, const spconv_sparse_tensor *sp,
+                               spconv_device device, spconv_sparse_tensor **out) {
+    spconv_tensor *f = NULL, *i = NULL;
+    int64_t shape[3];
+    spconv_sparse_spatial_shape(sp, shape);
+    spconv_status st = spconv_tensor_to_device(ctx, spconv_sparse_features(sp), device, &f);
+    if (st == SPCONV_OK) st = spconv_tensor_to_device(ctx, spconv_sparse_indices(sp), device, &i);
+    if (st == SPCONV_OK) st = spconv_sparse_create(f, i, shape, spconv_sparse_batch_size(sp), out);
+    spconv_tensor_release(f);
+    spconv_tensor_release(i);
+    return st;
+}
+
+int net_sparse_to_context_device(const char *cmd, spconv_context *ctx, spconv_sparse_tensor **in) {
+    const spconv_device device = spconv_context_device(ctx);
+    if (spconv_device_equal(spconv_tensor_device(spconv_sparse_features(*in)), device)) return 0;
+    spconv_sparse_tensor *moved = NULL;
+    const spconv_status st = sparse_on(ctx, *in, device, &moved);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "copying the input to the device");
+    spconv_sparse_release(*in);
+    *in = moved;
+    return 0;
+}
+
+int net_outputs_to_host(const char *cmd, spconv_context *ctx, spconv_tensor **output,
+                        spconv_sparse_tensor **out_sparse) {
+    if (spconv_device_equal(spconv_tensor_device(*output), spconv_cpu())) return 0;
+    spconv_tensor *host = NULL;
+    spconv_status st = spconv_tensor_to_device(ctx, *output, spconv_cpu(), &host);
+    if (st == SPCONV_OK) {
+        spconv_tensor_release(*output);
+        *output = host;
+    }
+    if (st == SPCONV_OK && out_sparse != NULL && *out_sparse != NULL) {
+        spconv_sparse_tensor *moved = NULL;
+        st = sparse_on(ctx, *out_sparse, spconv_cpu(), &moved);
+        if (st == SPCONV_OK) {
+            spconv_sparse_release(*out_sparse);
+            *out_sparse = moved;
+        }
+    }
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "copying the output to the host");
 }
 
 void net_input_release(net_input *in) {

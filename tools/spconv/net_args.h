@@ -53,7 +53,16 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
                           const spconv_net_input *zin, const char *path, net_input *out);
 
 /** A new sparse tensor over the input's features and indices, with an empty rulebook cache. */
-int net_input_sparse(const char *cmd, const net_input *in, spconv_sparse_tensor **out);
+int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
+                     spconv_sparse_tensor **out);
+
+/** The sparse tensor @p *in on the device of @p ctx (replaced; nothing to do on the CPU). */
+int net_sparse_to_context_device(const char *cmd, spconv_context *ctx, spconv_sparse_tensor **in);
+
+/** A network's outputs copied to the host where the network ran on a device (replaced; nothing
+ *  to do on the CPU), for the writers and the picture. @p out_sparse may be NULL. */
+int net_outputs_to_host(const char *cmd, spconv_context *ctx, spconv_tensor **output,
+                        spconv_sparse_tensor **out_sparse);
 
 /** Release what the input holds; a zeroed struct is a no-op. */
 void net_input_release(net_input *in);

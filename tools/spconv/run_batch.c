@@ -330,7 +330,8 @@ static int concatenate(const run_batch_config *c, const batch *b, spconv_sparse_
     spconv_tensor_release(i);
     free(features);
     free(indices);
-    return st == SPCONV_OK ? 0 : cli_status_error(c->cmd, st, "making the batch's input");
+    if (st != SPCONV_OK) return cli_status_error(c->cmd, st, "making the batch's input");
+    return net_sparse_to_context_device(c->cmd, c->ctx, out);
 }
 
 static int forward(const run_batch_config *c, batch *b, batch_totals *totals) {
@@ -343,6 +344,8 @@ static int forward(const run_batch_config *c, batch *b, batch_totals *totals) {
     totals->forward_ms += net_now_ms() - start;
     spconv_sparse_release(input);
     if (st != SPCONV_OK) return cli_status_error(c->cmd, st, "running the network");
+    rc = net_outputs_to_host(c->cmd, c->ctx, &b->output, &b->out_sparse);
+    if (rc != 0) return rc;
     if (spconv_tensor_ndim(b->output) == 4) return 0;
     /* A sparse output is split by batch index: copy it to the host once for all its scans. */
     b->rows = spconv_tensor_size(b->output, 0);
