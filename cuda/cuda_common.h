@@ -85,6 +85,14 @@ spconv_status spconv__cuda_maxpool_backward(spconv_context *ctx, const spconv_ru
                                             const spconv_tensor *grad_out,
                                             spconv_tensor **grad_features);
 
+/* Sparse <-> dense [B, C, D, H, W] (dense.cu). */
+spconv_status spconv__cuda_sparse_to_dense(spconv_context *ctx, const spconv_tensor *features,
+                                           const spconv_tensor *indices,
+                                           const int64_t spatial_shape[3], int64_t batch_size,
+                                           spconv_tensor **out);
+spconv_status spconv__cuda_dense_to_sparse(spconv_context *ctx, const spconv_tensor *dense,
+                                           spconv_tensor **features, spconv_tensor **indices);
+
 /* The network's layers (net.cu). */
 spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x,
                                            double eps, double *mean, double *invstd,

@@ -488,6 +488,68 @@ static void test_zoo_networks_match_cpu(void **state) {
     spconv_point_cloud_destroy(pc);
 }
 
+/* sparse <-> dense on the device: bit for bit the CPU's dense map, sites and features (with
+ * zeros, -0 and NaN in the map), and the CPU's messages for a bad row. */
+static void test_dense_matches_cpu(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    for (int trial = 0; trial < 4; ++trial) {
+        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
+        const int64_t batch = 1 + trial / 2, per_batch = spconv_test_rand_int(1, 200);
+        const int64_t c = CHANNELS[spconv_test_rand_int(0, 2)], n = batch * per_batch;
+        int32_t *rows = spconv_test_random_sites(batch, SHAPE, per_batch);
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+        free(rows);
+        spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n, c});
+        /* a row of zeros (dropped by dense_to_sparse), a -0 and a NaN (a -0 row is dropped too) */
+        spconv_tensor *row0 = NULL;
+        SPCONV_ASSERT_OK(spconv_tensor_select(x, 0, 0, &row0));
+        SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, row0, trial % 2 ? 0.0 : -0.0));
+        spconv_tensor_release(row0);
+        if (n > 1) {
+            SPCONV_ASSERT_OK(spconv_tensor_select(x, 0, 1, &row0));
+            SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, row0, NAN));
+            spconv_tensor_release(row0);
+        }
+        spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
+        spconv_tensor *dense = NULL, *dense_d = NULL;
+        SPCONV_ASSERT_OK(spconv_sparse_to_dense(NULL, x, indices, SHAPE, batch, &dense));
+        SPCONV_ASSERT_OK(spconv_sparse_to_dense(NULL, xd, id, SHAPE, batch, &dense_d));
+        assert_same_bytes("sparse_to_dense", dense_d, dense);
+        spconv_tensor *f = NULL, *i = NULL, *fd = NULL, *i_d = NULL;
+        SPCONV_ASSERT_OK(spconv_dense_to_sparse(NULL, dense, &f, &i));
+        SPCONV_ASSERT_OK(spconv_dense_to_sparse(NULL, dense_d, &fd, &i_d));
+        assert_true(spconv_device_equal(spconv_tensor_device(fd), spconv_cuda(0)));
+        assert_int_equal(spconv_tensor_size(fd, 0), n - 1);
+        assert_same_bytes("dense_to_sparse features", fd, f);
+        assert_same_bytes("dense_to_sparse indices", i_d, i);
+        spconv_tensor *all[] = {indices, x, xd, id, dense, dense_d, f, i, fd, i_d};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; ++k) spconv_tensor_release(all[k]);
+    }
+    /* Bad rows: row 3 outside (x = W), row 2 repeating row 0, and both (the first one counts). */
+    const int32_t cases[3][4][4] = {
+        {{0, 1, 1, 1}, {0, 2, 2, 2}, {0, 3, 3, 3}, {0, 1, 2, 11}},
+        {{0, 1, 1, 1}, {0, 2, 2, 2}, {0, 1, 1, 1}, {0, 4, 4, 4}},
+        {{0, 1, 1, 1}, {0, 2, 2, 2}, {0, 1, 1, 1}, {0, 1, 2, 11}},
+    };
+    for (int k = 0; k < 3; ++k) {
+        spconv_tensor *indices = spconv_test_indices_tensor(&cases[k][0][0], 4);
+        spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){4, 2});
+        spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices), *out = NULL;
+        const spconv_status want = spconv_sparse_to_dense(NULL, x, indices, SHAPE, 1, &out);
+        assert_true(want != SPCONV_OK);
+        char message[512];
+        snprintf(message, sizeof message, "%s", spconv_last_error());
+        SPCONV_ASSERT_FAILS(spconv_sparse_to_dense(NULL, xd, id, SHAPE, 1, &out), want, message);
+        assert_null(out);
+        spconv_tensor *all[] = {indices, x, xd, id};
+        for (size_t j = 0; j < sizeof all / sizeof all[0]; ++j) spconv_tensor_release(all[j]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_matches_cpu),
@@ -495,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_dtype),
         cmocka_unit_test(test_net_layers_match_cpu),
         cmocka_unit_test(test_net_to_dense_bad_sites),
+        cmocka_unit_test(test_dense_matches_cpu),
         cmocka_unit_test(test_zoo_networks_match_cpu),
     };
     spconv_test_seed();
