@@ -73,11 +73,13 @@ def load_jit(build_dir=None, verbose=False):
 def load():
     """Load the operators: the installed extension, else the just-in-time build."""
     if os.environ.get("SPCONV_C_JIT") != "1":
-        try:
-            from . import _C  # noqa: F401  (registers torch.ops.spconv_c)
+        # The installed extension is a plain shared library of operators (no Python module):
+        # loading it registers torch.ops.spconv_c.
+        installed = sorted(PACKAGE_DIR.glob("_C*.so"))
+        if installed:
+            import torch
+            torch.ops.load_library(str(installed[0]))
             return "aot"
-        except ImportError:
-            pass
     load_jit(verbose=os.environ.get("SPCONV_C_VERBOSE") == "1")
     return "jit"
 
