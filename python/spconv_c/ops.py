@@ -55,25 +55,10 @@ class FakeRulebook:
         return self._kv
 
 
-def _volume(kernel_size):
-    k = list(kernel_size)
-    if len(k) == 1:
-        k = k * 3
-    return k[0] * k[1] * k[2]
-
-
-@torch.library.register_fake("spconv_c::build_rulebook")
-def _(indices, spatial_shape, batch_size, kind, kernel_size, stride, padding, dilation,
-      output_padding):
-    n = indices.shape[0]
-    # Submanifold outputs are the input sites; other kinds find their sites in the data.
-    num_out = n if kind == SUBM else torch.library.get_ctx().new_dynamic_size()
-    return FakeRulebook(kind, n, num_out, _volume(kernel_size))
-
-
-@torch.library.register_fake("spconv_c::inverse_rulebook")
-def _(forward):
-    return FakeRulebook(INVERSE, forward.num_out(), forward.num_in(), forward.kernel_volume())
+# build_rulebook and inverse_rulebook have no fake kernels: they return a rulebook handle (a
+# torchbind object), which PyTorch's fake tensors cannot produce, and their output sizes depend
+# on the data anyway. Under torch.compile they run eagerly (build_rulebook below is a graph
+# break); the conv and pool ops that consume a rulebook trace through FakeRulebook.
 
 
 @torch.library.register_fake("spconv_c::conv_forward")
@@ -179,6 +164,7 @@ def _triple(v):
     return v * 3 if len(v) == 1 else v
 
 
+@torch.compiler.disable
 def build_rulebook(indices, spatial_shape, batch_size, kind, kernel_size, stride=1, padding=0,
                    dilation=1, output_padding=0):
     """The rulebook of a conv or pool of ``kind`` (REGULAR, SUBM, TRANSPOSED) over ``indices``."""
@@ -187,6 +173,7 @@ def build_rulebook(indices, spatial_shape, batch_size, kind, kernel_size, stride
                                _triple(dilation), _triple(output_padding))
 
 
+@torch.compiler.disable
 def inverse_rulebook(forward):
     return _ops.inverse_rulebook(forward)
 

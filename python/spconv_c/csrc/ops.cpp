@@ -390,6 +390,35 @@ voxelize(const at::Tensor &points, std::vector<double> voxel_size, std::vector<d
             to_torch(std::move(num)), to_torch(std::move(pv)), grid};
 }
 
+// Pickling (deepcopy, torch.save, AOT tracing copies): a rulebook is rebuilt from what defines
+// it, its input sites and geometry, which gives the same rulebook (builds are deterministic).
+// An inverse rulebook is saved as the regular one it inverts.
+using RulebookState = std::tuple<at::Tensor, std::vector<int64_t>>;
+
+RulebookState rulebook_state(const c10::intrusive_ptr<Rulebook> &self) {
+    const spconv_rulebook *rb = self->rb;
+    const spconv_conv_params *p = spconv_rulebook_params(rb);
+    bool inverse = p->kind == SPCONV_CONV_INVERSE;
+    int64_t shape[3];
+    if (inverse) spconv_rulebook_out_shape(rb, shape);
+    else spconv_rulebook_in_shape(rb, shape);
+    std::vector<int64_t> ints = {inverse ? int64_t(SPCONV_CONV_REGULAR) : int64_t(p->kind),
+                                 inverse ? 1 : 0, spconv_rulebook_batch_size(rb)};
+    for (const int64_t *v : {static_cast<const int64_t *>(shape), p->kernel, p->stride, p->padding, p->dilation, p->output_padding})
+        ints.insert(ints.end(), v, v + 3);
+    spconv_tensor *sites = inverse ? spconv_rulebook_out_indices(rb) : spconv_rulebook_in_indices(rb);
+    return {borrowed_to_torch(sites).clone(), ints};
+}
+
+c10::intrusive_ptr<Rulebook> rulebook_from_state(RulebookState state) {
+    const std::vector<int64_t> &v = std::get<1>(state);
+    TORCH_CHECK(v.size() == 21, "spconv_c.Rulebook: a saved rulebook has 21 integers, got ", v.size());
+    auto three = [&](size_t at) { return std::vector<int64_t>(v.begin() + at, v.begin() + at + 3); };
+    auto rb = build_rulebook(std::get<0>(state), three(3), v[2], v[0], three(6), three(9), three(12),
+                             three(15), three(18));
+    return v[1] ? inverse_rulebook(rb) : rb;
+}
+
 } // namespace
 } // namespace spconv_c
 
@@ -411,7 +440,16 @@ TORCH_LIBRARY(spconv_c, m) {
         .def("pairs_out", &Rulebook::pairs_out)
         .def("in_indices", &Rulebook::in_indices)
         .def("out_indices", &Rulebook::out_indices)
-        .def("__obj_flatten__", &Rulebook::obj_flatten);
+        .def("__obj_flatten__", &Rulebook::obj_flatten)
+        // A rulebook is not a container: PyTorch's schema checker asks for len() of every
+        // argument to find lists of tensors, and 0 says "not one".
+        .def("__len__", [](const c10::intrusive_ptr<Rulebook> &) -> int64_t { return 0; })
+        .def_pickle([](const c10::intrusive_ptr<Rulebook> &self) { return rulebook_state(self); },
+                    [](RulebookState state) { return rulebook_from_state(std::move(state)); })
+        // Identity: two handles are equal when they hold the same engine rulebook.
+        .def("__eq__", [](const c10::intrusive_ptr<Rulebook> &a, const c10::intrusive_ptr<Rulebook> &b) {
+            return a->rb == b->rb;
+        });
 
     m.def("build_rulebook(Tensor indices, int[] spatial_shape, int batch_size, int kind, "
           "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "
