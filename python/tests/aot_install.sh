@@ -2,7 +2,10 @@
 # The ahead-of-time build: pip install ./python into a temporary folder (the C library taken from
 # $SPCONV_C_BUILD_DIR when set), then use it from outside the checkout.
 set -euo pipefail
-py=$(command -v "${1:-python3}")
+py=${1:-python3}
+# An absolute path (the check runs from another folder); not resolved through symlinks, which
+# would leave the virtual environment.
+case $py in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; *) py=$(command -v "$py") ;; esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
