@@ -154,4 +154,10 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .copy_on_device  = */ cuda_copy_on_device,
     /* .copy_strided    = */ spconv__cuda_copy_strided,
     /* .fill            = */ spconv__cuda_fill,
+    /* .voxelize        = */ NULL,
+    /* .rulebook_build  = */ NULL,
+    /* .conv_forward    = */ spconv__cuda_conv_forward,
+    /* .conv_backward   = */ spconv__cuda_conv_backward,
+    /* .maxpool_forward = */ spconv__cuda_maxpool_forward,
+    /* .maxpool_backward = */ spconv__cuda_maxpool_backward,
 };

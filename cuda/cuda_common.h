@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/backend.h"
 #include "core/context_impl.h"
 #include "cuda_check.h"
 #include "launch.h"
@@ -60,5 +61,27 @@ spconv_status spconv__cuda_resident_blocks(int threads_per_block, int *blocks);
 spconv_status spconv__cuda_copy_strided(spconv_context *ctx, spconv_tensor *dst,
                                         const spconv_tensor *src);
 spconv_status spconv__cuda_fill(spconv_context *ctx, spconv_tensor *dst, double value);
+
+/* The conv and pooling slots (conv.cu). */
+extern "C" {
+spconv_status spconv__cuda_conv_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                        const spconv_tensor *features, const spconv_tensor *weight,
+                                        const spconv_tensor *bias,
+                                        const spconv__conv_options *options, spconv_tensor **out);
+spconv_status spconv__cuda_conv_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                         const spconv_tensor *features,
+                                         const spconv_tensor *weight,
+                                         const spconv_tensor *grad_out,
+                                         const spconv__conv_options *options,
+                                         spconv_tensor **grad_features,
+                                         spconv_tensor **grad_weight, spconv_tensor **grad_bias);
+spconv_status spconv__cuda_maxpool_forward(spconv_context *ctx, const spconv_rulebook *rb,
+                                           const spconv_tensor *features, spconv_tensor **out,
+                                           spconv_tensor **argmax);
+spconv_status spconv__cuda_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                            const spconv_tensor *argmax,
+                                            const spconv_tensor *grad_out,
+                                            spconv_tensor **grad_features);
+}
 
 #endif /* SPCONV_CUDA_COMMON_H */

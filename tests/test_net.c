@@ -1098,6 +1098,51 @@ static void test_run_errors_arguments(void **state) {
     spconv_net_destroy(net);
 }
 
+/* Every layer runs on the backend of the input's device, so a network on a device whose backend
+ * lacks one of its kernels fails before any layer runs, naming the layer, the backend and the
+ * kernel (CUDA has no conv kernels yet). Runs where a CUDA device (or the host emulation) is. */
+static void test_run_on_a_backend_without_the_kernels(void **state) {
+    (void)state;
+    static const spconv_layer_desc layers[] = {
+        {.kind = SPCONV_LAYER_RELU, .name = "r"},
+        {.kind = SPCONV_LAYER_SUBM, .name = "a", .in_channels = 3, .out_channels = 3,
+         .kernel = {3, 3, 3}},
+    };
+    const int64_t shape[3] = {8, 8, 8};
+    spconv_sparse_tensor *in = random_input(SPCONV_F32, 3, shape, shape, 1, 50);
+    spconv_tensor *features = NULL, *indices = NULL;
+    if (spconv_tensor_to_device(NULL, spconv_sparse_features(in), spconv_cuda(0), &features) !=
+        SPCONV_OK) {
+        spconv_sparse_release(in);
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    SPCONV_ASSERT_OK(
+        spconv_tensor_to_device(NULL, spconv_sparse_indices(in), spconv_cuda(0), &indices));
+    spconv_sparse_tensor *on_device = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_create(features, indices, shape, 1, &on_device));
+    spconv_net *net = create_net(SPCONV_F32, 3, layers, 2);
+    spconv_tensor *out = NULL;
+    for (int training = 0; training < 2; ++training) {
+        SPCONV_ASSERT_FAILS(spconv_net_forward(NULL, net, on_device,
+                                               training ? SPCONV_NET_TRAINING
+                                                        : SPCONV_NET_INFERENCE,
+                                               &out, NULL),
+                            SPCONV_ERR_NOT_SUPPORTED,
+                            "the input is on the cuda backend, which has no");
+        /* The first layer whose kernel is missing is named; no layer has run. */
+        SPCONV_ASSERT_ERROR_CONTAINS("spconv_net_forward: layer ");
+        assert_null(out);
+        for (int i = 0; i < spconv_net_num_layers(net); ++i)
+            assert_int_equal(spconv_net_stats(net, i)->sites_in, 0);
+    }
+    spconv_net_destroy(net);
+    spconv_sparse_release(on_device);
+    spconv_tensor_release(features);
+    spconv_tensor_release(indices);
+    spconv_sparse_release(in);
+}
+
 /* ---- empty inputs ---------------------------------------------------------------------------- */
 
 /* A scan whose points all fall outside every zoo range voxelizes to N = 0 and still runs. */
@@ -1297,6 +1342,7 @@ int main(void) {
         cmocka_unit_test(test_create_errors_in_arguments),
         cmocka_unit_test(test_run_errors_sites),
         cmocka_unit_test(test_run_errors_arguments),
+        cmocka_unit_test(test_run_on_a_backend_without_the_kernels),
         cmocka_unit_test(test_zero_voxels),
         cmocka_unit_test(test_zoo_on_sample_scan),
         cmocka_unit_test(test_zoo_on_kitti),

@@ -32,6 +32,45 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* C = alpha op(A) op(B) + beta C, column-major; beta 0 ignores C's old contents (NaN included),
+ * as cuBLAS does. Arguments are checked as cuBLAS checks them. */
+template <typename T>
+static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const T *alpha, const T *A,
+                           int lda, const T *B, int ldb, const T *beta, T *C, int ldc) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) ||
+        ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1) || alpha == NULL || beta == NULL)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < m; ++i) {
+            T sum = 0;
+            for (int p = 0; p < k; ++p) {
+                const T a = transa == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
+                const T b = transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
+                sum += a * b;
+            }
+            T *c = &C[i + (size_t)j * ldc];
+            *c = *beta == 0 ? *alpha * sum : *alpha * sum + *beta * *c;
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float *alpha,
+                           const float *A, int lda, const float *B, int ldb, const float *beta,
+                           float *C, int ldc) {
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const double *alpha,
+                           const double *A, int lda, const double *B, int ldb, const double *beta,
+                           double *C, int ldc) {
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 const char *cublasGetStatusName(cublasStatus_t status) {
     switch (status) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";

@@ -90,9 +90,25 @@ int64_t spconv_rulebook_num_out(const spconv_rulebook *rb);
 int64_t spconv_rulebook_batch_size(const spconv_rulebook *rb);
 void spconv_rulebook_in_shape(const spconv_rulebook *rb, int64_t shape[3]);
 void spconv_rulebook_out_shape(const spconv_rulebook *rb, int64_t shape[3]);
-/** Host array of kernel_volume + 1 prefix sums: pairs of offset k are [offsets[k], offsets[k+1]). */
-const int64_t *spconv_rulebook_offsets(const spconv_rulebook *rb);
-/** Total number of pairs (offsets[kernel_volume]). */
+/*
+ * Pairs are grouped by kernel offset, and only the offsets that have pairs are listed: a 255^3
+ * kernel on a handful of sites has 16.6 M offsets but only the few that pair two sites cost
+ * memory. Active offset j is kernel offset active_offsets[j] (increasing in j), and its pairs are
+ * [active_starts[j], active_starts[j + 1]) of pairs_in / pairs_out. Every offset not listed has
+ * no pairs.
+ */
+/** Number of kernel offsets that have at least one pair (<= kernel volume, <= pairs). */
+int64_t spconv_rulebook_num_active_offsets(const spconv_rulebook *rb);
+/** Host int64 [num_active]: the kernel offsets that have pairs, increasing. */
+const int64_t *spconv_rulebook_active_offsets(const spconv_rulebook *rb);
+/** Host int64 [num_active + 1] prefix sums: the pairs of active offset j are
+ *  [starts[j], starts[j + 1]); starts[0] = 0 and starts[num_active] = the number of pairs. */
+const int64_t *spconv_rulebook_active_starts(const spconv_rulebook *rb);
+/** The pairs [*begin, *end) of kernel offset @p k (0 <= k < kernel volume; empty for an offset
+ *  without pairs or out of range). A binary search over the active offsets. */
+void spconv_rulebook_offset_range(const spconv_rulebook *rb, int64_t k, int64_t *begin,
+                                  int64_t *end);
+/** Total number of pairs. */
 int64_t spconv_rulebook_num_pairs(const spconv_rulebook *rb);
 /** Borrowed int32 [num_pairs] tensors of input rows and output rows, grouped by offset. */
 spconv_tensor *spconv_rulebook_pairs_in(const spconv_rulebook *rb);

@@ -143,14 +143,15 @@ static void backward_block(const backward_args *a, int64_t r0, int64_t r1, char 
     if (a->grad_in != NULL) memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
     /* Without channels on either side every product is empty: zeros are the answer. */
-    for (int64_t k = 0; k < plan->kernel_volume && plan->c_in > 0 && plan->c_out > 0; ++k) {
+    for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0 && plan->c_out > 0; ++j) {
+        const int64_t k = a->pairs.active[j];
         char *sums_k = sums != NULL ? sums + (size_t)k * sum_bytes : NULL;
         if (k == plan->identity_k) {
             backward_identity(a, r0, r1, sums_k, clock);
             continue;
         }
         int64_t first, end;
-        spconv__pairs_range(&a->pairs, k, r0, r1, &first, &end);
+        spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
         for (; first < end; first += plan->chunk)
             backward_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk,
                            sums_k, clock, buffer);
@@ -255,13 +256,14 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
 static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook *rb,
                                       const int32_t *in_rows, const int32_t *out_rows, int threads,
                                       backward_args *a, spconv_context **temp) {
-    const int64_t kv = spconv_rulebook_kernel_volume(rb), pairs = spconv_rulebook_num_pairs(rb);
-    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    const int64_t active = spconv_rulebook_num_active_offsets(rb),
+                  pairs = spconv_rulebook_num_pairs(rb);
+    const int64_t *starts = spconv_rulebook_active_starts(rb);
     const int need_pairs = a->grad_in != NULL || a->grad_weight != NULL;
     const int mirrored = need_pairs && spconv_rulebook_params(rb)->kind == SPCONV_CONV_SUBM &&
-                         spconv__rows_sorted(offsets, kv, out_rows, threads);
+                         spconv__rows_sorted(starts, active, out_rows, threads);
     const int sorted =
-        !need_pairs || mirrored || spconv__rows_sorted(offsets, kv, in_rows, threads);
+        !need_pairs || mirrored || spconv__rows_sorted(starts, active, in_rows, threads);
     backward_layout_t l = backward_layout(a, threads, sorted, pairs);
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, l.total, &workspace, temp));
@@ -269,15 +271,16 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     a->bias_partials = (double *)base;
     a->partials = base + l.partials_at;
     a->workspace = base + l.threads_at;
-    a->pairs.offsets = offsets;
+    a->pairs.num_active = active;
+    a->pairs.active = spconv_rulebook_active_offsets(rb);
+    a->pairs.starts = starts;
     a->pairs.source = mirrored ? in_rows : out_rows;
     a->pairs.target = mirrored ? out_rows : in_rows;
-    a->pairs.kernel_volume = kv;
     a->pairs.mirrored = mirrored;
     if (!sorted) {
         const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
         int32_t *source = (int32_t *)(base + l.sort_at), *target = source + list;
-        spconv__sort_by_target(offsets, kv, out_rows, in_rows, a->plan->num_in, target + list,
+        spconv__sort_by_target(starts, active, out_rows, in_rows, a->plan->num_in, target + list,
                                source, target, spconv__sort_threads(threads));
         a->pairs.source = source;
         a->pairs.target = target;

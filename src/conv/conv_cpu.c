@@ -59,28 +59,28 @@ int64_t spconv__block_rows(const spconv__conv_plan *plan, int64_t row_elems) {
     return rows;
 }
 
-int spconv__rows_sorted(const int64_t *offsets, int64_t kernel_volume, const int32_t *rows,
+int spconv__rows_sorted(const int64_t *starts, int64_t num_segments, const int32_t *rows,
                         int threads) {
     int sorted = 1;
     SPCONV_OMP(omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(&& : sorted))
-    for (int64_t k = 0; k < kernel_volume; ++k)
-        for (int64_t p = offsets[k] + 1; p < offsets[k + 1]; ++p)
+    for (int64_t k = 0; k < num_segments; ++k)
+        for (int64_t p = starts[k] + 1; p < starts[k + 1]; ++p)
             sorted = sorted && rows[p - 1] < rows[p];
     return sorted;
 }
 
-void spconv__sort_by_target(const int64_t *offsets, int64_t kernel_volume, const int32_t *source,
+void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const int32_t *source,
                             const int32_t *target, int64_t num_targets, int32_t *slots,
                             int32_t *sorted_source, int32_t *sorted_target, int threads) {
     SPCONV_OMP(omp parallel num_threads(threads)) {
         int32_t *slot = slots + (size_t)spconv__omp_thread() * (size_t)num_targets;
         for (int64_t r = 0; r < num_targets; ++r) slot[r] = -1;
         SPCONV_OMP(omp for schedule(dynamic, 1))
-        for (int64_t k = 0; k < kernel_volume; ++k) {
-            int64_t out = offsets[k];
-            for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) slot[target[p]] = source[p];
+        for (int64_t k = 0; k < num_segments; ++k) {
+            int64_t out = starts[k];
+            for (int64_t p = starts[k]; p < starts[k + 1]; ++p) slot[target[p]] = source[p];
             /* Read back in row order, leaving every slot at -1 for the next offset. */
-            for (int64_t r = 0; r < num_targets && out < offsets[k + 1]; ++r) {
+            for (int64_t r = 0; r < num_targets && out < starts[k + 1]; ++r) {
                 if (slot[r] < 0) continue;
                 sorted_source[out] = slot[r];
                 sorted_target[out++] = (int32_t)r;

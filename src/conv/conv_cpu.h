@@ -53,45 +53,49 @@ static inline void spconv__clock_lap(const spconv__phase_clock *clock, double *m
 /* Add one thread's clocks to the caller's totals (called once per thread, inside the region). */
 void spconv__clock_merge(const spconv__phase_clock *clock, spconv__conv_timing *timing);
 
-/* The pairs of every offset as (source, target) row lists, sorted by target row within each
- * offset: source rows are gathered, target rows accumulated into. */
+/* The pairs of every active offset (the rulebook's offsets that have pairs) as (source, target)
+ * row lists, sorted by target row within each offset: source rows are gathered, target rows
+ * accumulated into. Executors walk the active offsets, so a kernel's empty offsets cost
+ * nothing. */
 typedef struct spconv__pair_lists {
-    const int64_t *offsets; /* kernel_volume + 1 prefix sums */
+    int64_t num_active;
+    const int64_t *active; /* [num_active] kernel offsets, increasing */
+    const int64_t *starts; /* [num_active + 1] prefix sums: segment j is [starts[j], starts[j+1]) */
     const int32_t *source;
     const int32_t *target;
-    int64_t kernel_volume;
-    /* 1: offset k's pairs are the segment of offset kernel_volume - 1 - k. A subm rulebook pairs
-     * i with o through k exactly when it pairs o with i through the mirrored offset (odd kernels,
-     * centred windows), so its pairs sorted by in row for k are those of the mirrored offset,
-     * sorted by out row, with the roles swapped. */
+    /* 1: active offset j's pairs are segment num_active - 1 - j. A subm rulebook pairs i with o
+     * through k exactly when it pairs o with i through the mirrored offset KV - 1 - k (odd
+     * kernels, centred windows), so its active offsets are symmetric, and its pairs sorted by in
+     * row for k are those of the mirrored offset, sorted by out row, with the roles swapped. */
     int mirrored;
 } spconv__pair_lists;
 
 /* First index in [lo, hi) of the increasing @p rows whose row is >= @p value. */
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value);
 
-/* [*first, *end): the pairs of offset @p k whose target row lies in [r0, r1). */
-static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t k, int64_t r0,
+/* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1). */
+static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t j, int64_t r0,
                                        int64_t r1, int64_t *first, int64_t *end) {
-    const int64_t segment = lists->mirrored ? lists->kernel_volume - 1 - k : k;
-    *first = spconv__lower_bound(lists->target, lists->offsets[segment],
-                                 lists->offsets[segment + 1], r0);
-    *end = spconv__lower_bound(lists->target, *first, lists->offsets[segment + 1], r1);
+    const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;
+    *first = spconv__lower_bound(lists->target, lists->starts[segment], lists->starts[segment + 1],
+                                 r0);
+    *end = spconv__lower_bound(lists->target, *first, lists->starts[segment + 1], r1);
 }
 
-/* 1 when @p rows is increasing within every offset. */
-int spconv__rows_sorted(const int64_t *offsets, int64_t kernel_volume, const int32_t *rows,
+/* 1 when @p rows is increasing within every one of the @p num_segments segments of @p starts. */
+int spconv__rows_sorted(const int64_t *starts, int64_t num_segments, const int32_t *rows,
                         int threads);
 
 /* Threads that sort pairs: each needs a slot array as long as the target rows, so at most a
  * few, whatever the core count (sorting costs little next to the products). */
 static inline int spconv__sort_threads(int threads) { return threads < 4 ? threads : 4; }
 
-/* Copy the pairs (source, target) sorted by target within each offset into @p sorted_source and
+/* Copy the pairs (source, target) sorted by target within each segment of @p starts (an offset's
+ * pairs) into @p sorted_source and
  * @p sorted_target ([num_pairs] each), using @p slots (threads * num_targets int32, contents
  * ignored; threads from spconv__sort_threads) as scratch: each target row appears at most once
  * per offset, so a pair can be put in its target's slot and the slots read back in row order. */
-void spconv__sort_by_target(const int64_t *offsets, int64_t kernel_volume, const int32_t *source,
+void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const int32_t *source,
                             const int32_t *target, int64_t num_targets, int32_t *slots,
                             int32_t *sorted_source, int32_t *sorted_target, int threads);
 

@@ -63,7 +63,8 @@ static void forward_block(const forward_args *a, int64_t r0, int64_t r1, spconv_
     forward_init(a, r0, r1);
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
     /* Without input channels every product is empty: out is the bias alone. */
-    for (int64_t k = 0; k < plan->kernel_volume && plan->c_in > 0; ++k) {
+    for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0; ++j) {
+        const int64_t k = a->pairs.active[j];
         if (k == plan->identity_k) {
             mark = spconv__clock_start(clock);
             spconv__gemm(plan->dtype, plan->gemm, 0, 0, r1 - r0, plan->c_out, plan->c_in,
@@ -74,7 +75,7 @@ static void forward_block(const forward_args *a, int64_t r0, int64_t r1, spconv_
             continue;
         }
         int64_t first, end;
-        spconv__pairs_range(&a->pairs, k, r0, r1, &first, &end);
+        spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
         for (; first < end; first += plan->chunk)
             forward_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk, clock,
                           buffer);
@@ -105,9 +106,10 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
 static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *rb,
                                    const int32_t *in_rows, const int32_t *out_rows, int threads,
                                    forward_args *a, spconv_context **temp) {
-    const int64_t kv = spconv_rulebook_kernel_volume(rb), pairs = spconv_rulebook_num_pairs(rb);
-    const int64_t *offsets = spconv_rulebook_offsets(rb);
-    int sorted = spconv__rows_sorted(offsets, kv, out_rows, threads);
+    const int64_t active = spconv_rulebook_num_active_offsets(rb),
+                  pairs = spconv_rulebook_num_pairs(rb);
+    const int64_t *starts = spconv_rulebook_active_starts(rb);
+    int sorted = spconv__rows_sorted(starts, active, out_rows, threads);
     size_t per_threads = (size_t)threads * a->thread_bytes;
     size_t sort_bytes = sorted ? 0
                                : 2 * spconv__align_line((size_t)pairs * sizeof(int32_t)) +
@@ -116,15 +118,16 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, per_threads + sort_bytes, &workspace, temp));
     a->workspace = workspace;
-    a->pairs.offsets = offsets;
+    a->pairs.num_active = active;
+    a->pairs.active = spconv_rulebook_active_offsets(rb);
+    a->pairs.starts = starts;
     a->pairs.source = in_rows;
     a->pairs.target = out_rows;
-    a->pairs.kernel_volume = kv;
     a->pairs.mirrored = 0;
     if (!sorted) {
         const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
         int32_t *source = (int32_t *)(a->workspace + per_threads), *target = source + list;
-        spconv__sort_by_target(offsets, kv, in_rows, out_rows, a->plan->num_out, target + list,
+        spconv__sort_by_target(starts, active, in_rows, out_rows, a->plan->num_out, target + list,
                                source, target, spconv__sort_threads(threads));
         a->pairs.source = source;
         a->pairs.target = target;

@@ -13,7 +13,8 @@ typedef struct ref_inputs {
     spconv_tensor *held[6]; /* references to release */
     int count;
     const int32_t *pairs_in, *pairs_out;
-    const int64_t *offsets;
+    int64_t num_active;
+    const int64_t *active, *starts; /* the rulebook's offsets that have pairs */
 } ref_inputs;
 
 static void ref_release(ref_inputs *in) {
@@ -37,7 +38,9 @@ static spconv_status ref_pairs(spconv_context *ctx, ref_inputs *in, const spconv
     in->held[in->count++] = pout;
     in->pairs_in = spconv_tensor_data(pin);
     in->pairs_out = spconv_tensor_data(pout);
-    in->offsets = spconv_rulebook_offsets(rb);
+    in->num_active = spconv_rulebook_num_active_offsets(rb);
+    in->active = spconv_rulebook_active_offsets(rb);
+    in->starts = spconv_rulebook_active_starts(rb);
     return SPCONV_OK;
 }
 
@@ -77,7 +80,7 @@ spconv_status spconv__conv_forward_ref(spconv_context *ctx, const spconv_ruleboo
     spconv__conv_dims d;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &d));
     SPCONV_FORWARD_IF_ERROR(ref_check_cpu(func, features));
-    ref_inputs in = {{NULL}, 0, NULL, NULL, NULL};
+    ref_inputs in = {{NULL}, 0, NULL, NULL, 0, NULL, NULL};
     const double *x, *w, *b = NULL;
     spconv_tensor *acc = NULL;
     double *y;
@@ -90,8 +93,8 @@ spconv_status spconv__conv_forward_ref(spconv_context *ctx, const spconv_ruleboo
     SPCONV_TRY_GOTO(st, ref_accumulator(ctx, 2, sizes, &acc, &y), done);
     for (int64_t o = 0; o < d.num_out && b != NULL; ++o)
         for (int64_t co = 0; co < d.c_out; ++co) y[o * d.c_out + co] = b[co];
-    for (int64_t k = 0; k < d.kernel_volume && d.c_in > 0 && d.c_out > 0; ++k)
-        for (int64_t p = in.offsets[k]; p < in.offsets[k + 1]; ++p) {
+    for (int64_t j = 0; j < in.num_active && d.c_in > 0 && d.c_out > 0; ++j)
+        for (int64_t p = in.starts[j], k = in.active[j]; p < in.starts[j + 1]; ++p) {
             const double *x_row = x + in.pairs_in[p] * d.c_in;
             double *y_row = y + in.pairs_out[p] * d.c_out;
             for (int64_t ci = 0; ci < d.c_in; ++ci)
@@ -110,8 +113,8 @@ done:
 static void ref_backward_sums(const spconv__conv_dims *d, const ref_inputs *in, const double *x,
                               const double *w, const double *g, double *gx, double *gw,
                               double *gb) {
-    for (int64_t k = 0; k < d->kernel_volume && d->c_in > 0 && d->c_out > 0; ++k)
-        for (int64_t p = in->offsets[k]; p < in->offsets[k + 1]; ++p) {
+    for (int64_t j = 0; j < in->num_active && d->c_in > 0 && d->c_out > 0; ++j)
+        for (int64_t p = in->starts[j], k = in->active[j]; p < in->starts[j + 1]; ++p) {
             const double *x_row = x + in->pairs_in[p] * d->c_in;
             const double *g_row = g + in->pairs_out[p] * d->c_out;
             for (int64_t ci = 0; ci < d->c_in; ++ci)
@@ -141,7 +144,7 @@ spconv_status spconv__conv_backward_ref(spconv_context *ctx, const spconv_rulebo
     spconv__conv_dims d;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, NULL, grad_out, &d));
     SPCONV_FORWARD_IF_ERROR(ref_check_cpu(func, features));
-    ref_inputs in = {{NULL}, 0, NULL, NULL, NULL};
+    ref_inputs in = {{NULL}, 0, NULL, NULL, 0, NULL, NULL};
     const double *x, *w, *g;
     spconv_tensor *acc[3] = {NULL, NULL, NULL};
     double *sums[3] = {NULL, NULL, NULL};
@@ -185,7 +188,7 @@ spconv_status spconv__maxpool_forward_ref(spconv_context *ctx, const spconv_rule
     SPCONV_FORWARD_IF_ERROR(ref_check_cpu(func, features));
     const int64_t num_out = spconv_rulebook_num_out(rb), c = spconv_tensor_size(features, 1);
     int64_t sizes[2] = {num_out, c};
-    ref_inputs in = {{NULL}, 0, NULL, NULL, NULL};
+    ref_inputs in = {{NULL}, 0, NULL, NULL, 0, NULL, NULL};
     const double *x;
     spconv_tensor *acc = NULL, *arg = NULL;
     double *best;
@@ -200,8 +203,8 @@ spconv_status spconv__maxpool_forward_ref(spconv_context *ctx, const spconv_rule
     /* Offsets in increasing k; the first pair of an output takes it, later ones only when
      * strictly greater: a tie keeps the smallest k. A NaN input wins over any number, and the
      * first NaN stays. */
-    for (int64_t k = 0; k < spconv_rulebook_kernel_volume(rb); ++k)
-        for (int64_t p = in.offsets[k]; p < in.offsets[k + 1]; ++p)
+    for (int64_t j = 0; j < in.num_active; ++j)
+        for (int64_t p = in.starts[j]; p < in.starts[j + 1]; ++p)
             for (int64_t ch = 0; ch < c; ++ch) {
                 double v = x[in.pairs_in[p] * c + ch], *b = &best[in.pairs_out[p] * c + ch];
                 int32_t *a = &arg_data[in.pairs_out[p] * c + ch];
@@ -234,7 +237,7 @@ spconv_status spconv__maxpool_backward_ref(spconv_context *ctx, const spconv_rul
     SPCONV_FORWARD_IF_ERROR(ref_check_cpu(func, grad_out));
     const int64_t num_out = spconv_rulebook_num_out(rb), c = spconv_tensor_size(grad_out, 1);
     int64_t sizes[2] = {spconv_rulebook_num_in(rb), c};
-    ref_inputs in = {{NULL}, 0, NULL, NULL, NULL};
+    ref_inputs in = {{NULL}, 0, NULL, NULL, 0, NULL, NULL};
     const double *g;
     spconv_tensor *arg = NULL, *acc = NULL;
     double *gx;

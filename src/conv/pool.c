@@ -23,7 +23,8 @@
 typedef struct pool_args {
     spconv_dtype dtype;
     int64_t channels, num_in, num_out;
-    const int64_t *offsets;
+    int64_t num_active;
+    const int64_t *starts; /* pairs of the rulebook's active offsets, in increasing k */
     const int32_t *pairs_in, *pairs_out;
     const void *features; /* [num_in, C] */
     void *out;            /* [num_out, C] */
@@ -62,11 +63,11 @@ static void pool_init(const pool_args *a) {
     }
 }
 
-static void pool_run(const pool_args *a, int64_t kernel_volume, int threads) {
+static void pool_run(const pool_args *a, int threads) {
     SPCONV_OMP(omp parallel num_threads(threads)) {
         pool_init(a);
-        for (int64_t k = 0; k < kernel_volume; ++k) {
-            const int64_t start = a->offsets[k], count = a->offsets[k + 1] - start;
+        for (int64_t j = 0; j < a->num_active; ++j) {
+            const int64_t start = a->starts[j], count = a->starts[j + 1] - start;
             const int64_t chunks = (count + POOL_CHUNK - 1) / POOL_CHUNK;
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t i = 0; i < chunks; ++i) {
@@ -85,7 +86,8 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
                    spconv_tensor_size(features, 1),
                    spconv_rulebook_num_in(rb),
                    spconv_rulebook_num_out(rb),
-                   spconv_rulebook_offsets(rb),
+                   spconv_rulebook_num_active_offsets(rb),
+                   spconv_rulebook_active_starts(rb),
                    NULL,
                    NULL,
                    NULL,
@@ -104,7 +106,7 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     a.out = spconv_tensor_data(y);
     a.argmax = spconv_tensor_data(arg);
     if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
-        pool_run(&a, spconv_rulebook_kernel_volume(rb), spconv_context_num_threads(ctx));
+        pool_run(&a, spconv_context_num_threads(ctx));
     *out = y, y = NULL;
     if (argmax != NULL) *argmax = arg, arg = NULL;
 done:

@@ -97,6 +97,32 @@ typedef struct spconv_backend {
                                      int64_t batch_size, spconv_tensor **out);
     spconv_status (*dense_to_sparse)(spconv_context *ctx, const spconv_tensor *dense,
                                      spconv_tensor **features, spconv_tensor **indices);
+
+    /* the network's own layers (src/net/) on contiguous f32/f64 features [n, c] of this device.
+     * Per-channel vectors (double [c]) are host arrays: batch statistics and the scale/shift
+     * gradients come back to the host, scales and shifts go with the call. y may be x (and dx
+     * may be dy) where the net works in place. */
+    spconv_status (*batchnorm_stats)(spconv_context *ctx, const spconv_tensor *x, double eps,
+                                     double *mean, double *invstd, double *var_unbiased);
+    spconv_status (*batchnorm_apply)(spconv_context *ctx, const spconv_tensor *x,
+                                     const double *scale, const double *shift, spconv_tensor *y);
+    spconv_status (*batchnorm_backward)(spconv_context *ctx, const spconv_tensor *x,
+                                        const spconv_tensor *dy, const double *mean,
+                                        const double *invstd, const double *gamma,
+                                        spconv_tensor *dx, double *dgamma, double *dbeta);
+    spconv_status (*relu_forward)(spconv_context *ctx, const spconv_tensor *x, spconv_tensor *y);
+    spconv_status (*relu_backward)(spconv_context *ctx, const spconv_tensor *y,
+                                   const spconv_tensor *dy, spconv_tensor *dx);
+    /* y += alpha * x, same numel (gradient sums of skip connections, SGD steps) */
+    spconv_status (*axpy)(spconv_context *ctx, double alpha, const spconv_tensor *x,
+                          spconv_tensor *y);
+    /* the TO_DENSE layer: features [n, C] at int32 [n, 4] sites into a zeroed [B, C*D, H, W] map
+     * with channel c*D + z (HeightCompression's order); sites outside the map or repeated are
+     * errors; and its backward, the map read back at the sites */
+    spconv_status (*to_dense_scatter)(spconv_context *ctx, const spconv_tensor *features,
+                                      const spconv_tensor *indices, spconv_tensor *dense);
+    spconv_status (*to_dense_gather)(spconv_context *ctx, const spconv_tensor *dense,
+                                     const spconv_tensor *indices, spconv_tensor *features);
 } spconv_backend;
 
 extern const spconv_backend spconv__cpu_backend;

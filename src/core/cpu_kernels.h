@@ -52,6 +52,27 @@ spconv_status spconv__cpu_sparse_to_dense(spconv_context *ctx, const spconv_tens
 spconv_status spconv__cpu_dense_to_sparse(spconv_context *ctx, const spconv_tensor *dense,
                                           spconv_tensor **features, spconv_tensor **indices);
 
+/* src/net/net_kernels.c: the network's own layers */
+spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
+                                          double *mean, double *invstd, double *var_unbiased);
+spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *scale, const double *shift,
+                                          spconv_tensor *y);
+spconv_status spconv__cpu_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
+                                             const spconv_tensor *dy, const double *mean,
+                                             const double *invstd, const double *gamma,
+                                             spconv_tensor *dx, double *dgamma, double *dbeta);
+spconv_status spconv__cpu_relu_forward(spconv_context *ctx, const spconv_tensor *x,
+                                       spconv_tensor *y);
+spconv_status spconv__cpu_relu_backward(spconv_context *ctx, const spconv_tensor *y,
+                                        const spconv_tensor *dy, spconv_tensor *dx);
+spconv_status spconv__cpu_axpy(spconv_context *ctx, double alpha, const spconv_tensor *x,
+                               spconv_tensor *y);
+spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
+                                           const spconv_tensor *indices, spconv_tensor *dense);
+spconv_status spconv__cpu_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
+                                          const spconv_tensor *indices, spconv_tensor *features);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,7 +17,6 @@ static const char backward_func[] = "spconv_net_backward";
 typedef struct back_pass {
     spconv_context *ctx;
     spconv_net *net;
-    int threads;
     int want_input;              /* the caller asked for the gradient of the input features */
     spconv_tensor *grad;         /* d loss / d (output of the running layer); one reference */
     int grad_owned;              /* 1: nothing else holds grad, in-place is safe */
@@ -84,8 +83,9 @@ static spconv_status backward_batchnorm(back_pass *b, const spconv__net_layer *l
     /* dx may overwrite dy: the kernel reads each dy element once, after its sums. */
     spconv_status st = own_grad(b);
     if (st == SPCONV_OK)
-        st = spconv__bn_backward(spconv_sparse_features(tape->in), b->grad, tape->bn_mean,
-                                 tape->bn_invstd, gamma, b->threads, b->grad, dgamma, dbeta);
+        st = spconv__net_batchnorm_backward(b->ctx, spconv_sparse_features(tape->in), b->grad,
+                                            tape->bn_mean, tape->bn_invstd, gamma, b->grad, dgamma,
+                                            dbeta);
     if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_gamma);
     if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_beta);
     if (st == SPCONV_OK) {
@@ -121,8 +121,12 @@ static spconv_status backward_concat(back_pass *b, const spconv__net_layer *laye
     if (*slot == NULL) {
         *slot = theirs;
     } else {
-        spconv__net_axpy(1.0, theirs, b->threads, *slot);
+        st = spconv__net_axpy(b->ctx, 1.0, theirs, *slot);
         spconv_tensor_release(theirs);
+        if (st != SPCONV_OK) {
+            spconv_tensor_release(mine);
+            return st;
+        }
     }
     set_grad(b, mine);
     return SPCONV_OK;
@@ -135,10 +139,14 @@ static spconv_status backward_to_dense(back_pass *b, const spconv__net_layer *la
     SPCONV_FORWARD_IF_ERROR(
         spconv_tensor_contiguous(b->ctx, spconv_sparse_indices(tape->in), &indices));
     const int64_t sizes[2] = {n, layer->c_in};
-    spconv_status st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 2, sizes, &d_in);
+    spconv_status st =
+        spconv_tensor_empty(spconv_tensor_device(b->grad), b->net->dtype, 2, sizes, &d_in);
     if (st == SPCONV_OK) {
-        spconv__dense_gather(b->grad, indices, b->threads, d_in);
-        set_grad(b, d_in);
+        st = spconv__net_to_dense_gather(b->ctx, b->grad, indices, d_in);
+        if (st == SPCONV_OK)
+            set_grad(b, d_in);
+        else
+            spconv_tensor_release(d_in);
     }
     spconv_tensor_release(indices);
     return st;
@@ -161,15 +169,14 @@ static spconv_status backward_kind(back_pass *b, const spconv__net_layer *layer,
     case SPCONV_LAYER_BATCHNORM: return backward_batchnorm(b, layer, tape);
     case SPCONV_LAYER_RELU:
         SPCONV_FORWARD_IF_ERROR(own_grad(b));
-        spconv__relu_backward(spconv_sparse_features(tape->out), b->grad, b->threads, b->grad);
-        return SPCONV_OK;
+        return spconv__net_relu_backward(b->ctx, spconv_sparse_features(tape->out), b->grad,
+                                         b->grad);
     case SPCONV_LAYER_TO_DENSE: return backward_to_dense(b, layer, tape);
     case SPCONV_LAYER_SAVE: {
         spconv_tensor *extra = b->saved_grads[layer->stats.index];
         if (extra == NULL) return SPCONV_OK;
         SPCONV_FORWARD_IF_ERROR(own_grad(b));
-        spconv__net_axpy(1.0, extra, b->threads, b->grad);
-        return SPCONV_OK;
+        return spconv__net_axpy(b->ctx, 1.0, extra, b->grad);
     }
     case SPCONV_LAYER_CONCAT: return backward_concat(b, layer);
     }
@@ -206,9 +213,11 @@ static spconv_status check_grad_out(const spconv_net *net, const spconv_tensor *
                            "%s: grad_out is %s but the network computes in %s", backward_func,
                            spconv_dtype_name(spconv_tensor_dtype(grad_out)),
                            spconv_dtype_name(net->dtype));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_device(grad_out).type != SPCONV_DEVICE_CPU,
-                           SPCONV_ERR_NOT_SUPPORTED, "%s: grad_out must be a CPU tensor",
-                           backward_func);
+    SPCONV_RETURN_ERROR_IF(
+        !spconv_device_equal(spconv_tensor_device(grad_out),
+                             spconv_tensor_device(spconv_sparse_features(tape->out))),
+        SPCONV_ERR_DEVICE_MISMATCH,
+        "%s: grad_out is not on the device of the last forward's output", backward_func);
     return SPCONV_OK;
 }
 
@@ -239,7 +248,6 @@ spconv_status spconv_net_backward(spconv_context *ctx, spconv_net *net,
     SPCONV_FORWARD_IF_ERROR(check_grad_out(net, grad_out));
     back_pass b = {.ctx = ctx,
                    .net = net,
-                   .threads = spconv_context_num_threads(ctx),
                    .want_input = grad_input != NULL};
     b.saved_grads = calloc((size_t)net->num_layers, sizeof *b.saved_grads);
     spconv_status st = SPCONV_OK;

@@ -20,7 +20,6 @@ typedef struct net_pass {
     spconv_context *ctx;
     spconv_net *net;
     int training;
-    int threads;
     spconv_sparse_tensor *cur;    /* one reference */
     int cur_owned;                /* 1: nothing else holds cur's features, in-place is safe */
     spconv_sparse_tensor **saved; /* [num_layers]: the tensor of each SAVE layer */
@@ -30,11 +29,12 @@ typedef struct net_pass {
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
 
-/* A new [rows, cols] tensor of the network's dtype. */
-static spconv_status new_matrix(const spconv_net *net, int64_t rows, int64_t cols,
+/* A new [rows, cols] tensor of the network's dtype, on the device of the current features. */
+static spconv_status new_matrix(const net_pass *p, int64_t rows, int64_t cols,
                                 spconv_tensor **out) {
     const int64_t sizes[2] = {rows, cols};
-    return spconv_tensor_empty(spconv_cpu(), net->dtype, 2, sizes, out);
+    return spconv_tensor_empty(spconv_tensor_device(cur_features(p)), p->net->dtype, 2, sizes,
+                               out);
 }
 
 /* Rulebook through @p p->cur's cache, timed as the rulebook phase. */
@@ -103,8 +103,8 @@ static spconv_status batchnorm_train_stats(net_pass *p, const spconv__net_layer 
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
                          "out of host memory for batch statistics of %" PRId64 " channels", c);
     SPCONV_TRY_GOTO(st,
-                    spconv__bn_batch_stats(cur_features(p), layer->desc.eps, p->threads,
-                                           tape->bn_mean, tape->bn_invstd, var),
+                    spconv__net_batchnorm_stats(p->ctx, cur_features(p), layer->desc.eps,
+                                                tape->bn_mean, tape->bn_invstd, var),
                     done);
     const double m = layer->desc.momentum;
     const spconv__net_param *params = &p->net->params[layer->first_param];
@@ -148,9 +148,11 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
     }
     spconv_tensor *x = cur_features(p), *y = x;
     int in_place = p->cur_owned && !p->training;
-    if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p->net, n, c, &y), done);
-    spconv__bn_apply(x, scale, shift, p->threads, y);
-    if (in_place) {
+    if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p, n, c, &y), done);
+    st = spconv__net_batchnorm_apply(p->ctx, x, scale, shift, y);
+    if (st != SPCONV_OK) {
+        if (!in_place) spconv_tensor_release(y);
+    } else if (in_place) {
         spconv_sparse_retain(p->cur);
         *next = p->cur;
     } else {
@@ -166,15 +168,15 @@ done:
 static spconv_status forward_relu(net_pass *p, spconv_sparse_tensor **next) {
     spconv_tensor *x = cur_features(p);
     if (p->cur_owned) {
-        spconv__relu_forward(x, p->threads, x);
+        SPCONV_FORWARD_IF_ERROR(spconv__net_relu_forward(p->ctx, x, x));
         spconv_sparse_retain(p->cur);
         *next = p->cur;
     } else {
         spconv_tensor *y = NULL;
         SPCONV_FORWARD_IF_ERROR(
-            new_matrix(p->net, spconv_tensor_size(x, 0), spconv_tensor_size(x, 1), &y));
-        spconv__relu_forward(x, p->threads, y);
-        spconv_status st = spconv_sparse_with_features(p->cur, y, next);
+            new_matrix(p, spconv_tensor_size(x, 0), spconv_tensor_size(x, 1), &y));
+        spconv_status st = spconv__net_relu_forward(p->ctx, x, y);
+        if (st == SPCONV_OK) st = spconv_sparse_with_features(p->cur, y, next);
         spconv_tensor_release(y);
         SPCONV_FORWARD_IF_ERROR(st);
     }
@@ -194,9 +196,10 @@ static spconv_status check_same_sites(spconv_context *ctx, const spconv_sparse_t
                            key, m, n);
     spconv_tensor *ia = spconv_sparse_indices(a), *ib = spconv_sparse_indices(b);
     if (ia == ib || n == 0) return SPCONV_OK;
+    /* Compared on the host (a reference, not a copy, for CPU tensors). */
     spconv_tensor *ca = NULL, *cb = NULL;
-    spconv_status st = spconv_tensor_contiguous(ctx, ia, &ca);
-    if (st == SPCONV_OK) st = spconv_tensor_contiguous(ctx, ib, &cb);
+    spconv_status st = spconv_tensor_to_device(ctx, ia, spconv_cpu(), &ca);
+    if (st == SPCONV_OK) st = spconv_tensor_to_device(ctx, ib, spconv_cpu(), &cb);
     if (st == SPCONV_OK) {
         const int32_t *ra = spconv_tensor_data(ca), *rb = spconv_tensor_data(cb);
         for (int64_t r = 0; r < n && st == SPCONV_OK; ++r)
@@ -228,7 +231,7 @@ static spconv_status forward_concat(net_pass *p, const spconv__net_layer *layer,
     const spconv_sparse_tensor *saved = p->saved[layer->saved_layer];
     SPCONV_FORWARD_IF_ERROR(check_same_sites(p->ctx, p->cur, saved, layer->desc.key));
     spconv_tensor *x = cur_features(p), *s = spconv_sparse_features(saved), *y = NULL;
-    SPCONV_FORWARD_IF_ERROR(new_matrix(p->net, spconv_tensor_size(x, 0), layer->c_out, &y));
+    SPCONV_FORWARD_IF_ERROR(new_matrix(p, spconv_tensor_size(x, 0), layer->c_out, &y));
     spconv_status st = copy_columns(p->ctx, y, 0, x);
     if (st == SPCONV_OK) st = copy_columns(p->ctx, y, spconv_tensor_size(x, 1), s);
     if (st == SPCONV_OK) st = spconv_sparse_with_features(p->cur, y, next);
@@ -239,16 +242,18 @@ static spconv_status forward_concat(net_pass *p, const spconv__net_layer *layer,
 
 /* Bytes for the dense map: the last map's storage when nobody but the network holds it any more,
  * since a fresh buffer of SECOND's size (36 MB) costs tens of milliseconds of page faults. */
-static spconv_status dense_storage(spconv_net *net, size_t nbytes, spconv_storage **out) {
+static spconv_status dense_storage(spconv_net *net, spconv_device device, size_t nbytes,
+                                   spconv_storage **out) {
     spconv_storage *s = net->dense_storage;
     if (s != NULL && spconv_storage_nbytes(s) == nbytes &&
+        spconv_device_equal(spconv_storage_device(s), device) &&
         __atomic_load_n(&s->refcount, __ATOMIC_ACQUIRE) == 1) {
         *out = s;
         return SPCONV_OK;
     }
     spconv_storage_release(net->dense_storage);
     net->dense_storage = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv_storage_create(spconv_cpu(), nbytes, &net->dense_storage));
+    SPCONV_FORWARD_IF_ERROR(spconv_storage_create(device, nbytes, &net->dense_storage));
     *out = net->dense_storage;
     return SPCONV_OK;
 }
@@ -270,12 +275,13 @@ static spconv_status forward_to_dense(net_pass *p, spconv_sparse_tensor **next) 
     spconv_storage *storage = NULL;
     spconv_tensor *indices = NULL;
     SPCONV_FORWARD_IF_ERROR(
-        dense_storage(p->net, (size_t)numel * spconv_dtype_size(p->net->dtype), &storage));
+        dense_storage(p->net, spconv_tensor_device(cur_features(p)), (size_t)numel * spconv_dtype_size(p->net->dtype), &storage));
     spconv_status st =
         spconv_tensor_from_storage(storage, 0, p->net->dtype, 4, sizes, NULL, &p->dense);
     if (st == SPCONV_OK)
         st = spconv_tensor_contiguous(p->ctx, spconv_sparse_indices(p->cur), &indices);
-    if (st == SPCONV_OK) st = spconv__dense_scatter(cur_features(p), indices, p->threads, p->dense);
+    if (st == SPCONV_OK)
+        st = spconv__net_to_dense_scatter(p->ctx, cur_features(p), indices, p->dense);
     spconv_tensor_release(indices);
     SPCONV_FORWARD_IF_ERROR(st);
     spconv_sparse_retain(p->cur);
@@ -349,9 +355,11 @@ static spconv_status check_input(const spconv_net *net, const spconv_sparse_tens
                            SPCONV_ERR_INVALID_ARGUMENT, "%s: mode %d is not a network mode",
                            forward_func, (int)mode);
     const spconv_tensor *f = spconv_sparse_features(input);
-    SPCONV_RETURN_ERROR_IF(
-        spconv_tensor_device(f).type != SPCONV_DEVICE_CPU, SPCONV_ERR_NOT_SUPPORTED,
-        "%s: network layers run on CPU tensors; the input is on a GPU", forward_func);
+    /* Every layer runs on the backend of the input's device: it must have each kernel the
+     * network needs. (The parameters stay on the CPU until a backend besides the CPU's has the
+     * conv kernels; then they move with the input.) */
+    SPCONV_FORWARD_IF_ERROR(spconv__net_check_backend(forward_func, net, spconv_tensor_device(f),
+                                                      mode == SPCONV_NET_TRAINING));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(f) != net->dtype, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: the input features are %s but the network computes in %s",
                            forward_func, spconv_dtype_name(spconv_tensor_dtype(f)),
@@ -385,8 +393,7 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
     reset_stats(net);
     net_pass p = {.ctx = ctx,
                   .net = net,
-                  .training = mode == SPCONV_NET_TRAINING,
-                  .threads = spconv_context_num_threads(ctx)};
+                  .training = mode == SPCONV_NET_TRAINING};
     p.saved = calloc((size_t)net->num_layers, sizeof *p.saved);
     SPCONV_RETURN_ERROR_IF(p.saved == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory",
                            forward_func);

@@ -66,44 +66,47 @@ void spconv__net_clear_tape(spconv_net *net);
 /* Allocate and initialise the parameters of every layer from @p seed (net_weights.c). */
 spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
 
-/* ---- layer kernels on contiguous CPU features [n, c] of f32 or f64 (net_kernels.c) -------------
- * Their messages name no function: the forward/backward drivers prefix the layer. */
+/* ---- the network's layer kernels, through the backend of the features' device (net_ops.c) ----
+ * Contiguous f32/f64 features [n, c]; the slots are described in core/backend.h. An op the
+ * device's backend lacks is SPCONV_ERR_NOT_SUPPORTED naming the op and the backend. Messages name
+ * no function: the forward/backward drivers prefix the layer. */
 
 /* Batch statistics: mean[c] and invstd[c] = 1 / sqrt(biased var + eps); var_unbiased may be NULL.
  * The sums run over fixed blocks of rows, so results do not depend on the thread count. */
-spconv_status spconv__bn_batch_stats(const spconv_tensor *x, double eps, int threads, double *mean,
-                                     double *invstd, double *var_unbiased);
-
+spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
+                                          double *mean, double *invstd, double *var_unbiased);
 /* y = x * scale[c] + shift[c]; y may be x (in place). */
-void spconv__bn_apply(const spconv_tensor *x, const double *scale, const double *shift, int threads,
-                      spconv_tensor *y);
-
-/* Batch-norm backward with batch statistics: dx, and dgamma / dbeta (f64 [C], added to nothing:
- * overwritten). */
-spconv_status spconv__bn_backward(const spconv_tensor *x, const spconv_tensor *dy,
-                                  const double *mean, const double *invstd, const double *gamma,
-                                  int threads, spconv_tensor *dx, double *dgamma, double *dbeta);
-
-/* y = max(x, 0); y may be x. */
-void spconv__relu_forward(const spconv_tensor *x, int threads, spconv_tensor *y);
-
+spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *scale, const double *shift,
+                                          spconv_tensor *y);
+/* Batch-norm backward with batch statistics: dx, and dgamma / dbeta (f64 [C], overwritten). */
+spconv_status spconv__net_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
+                                             const spconv_tensor *dy, const double *mean,
+                                             const double *invstd, const double *gamma,
+                                             spconv_tensor *dx, double *dgamma, double *dbeta);
+/* y = max(x, 0) (NaN passes); y may be x. */
+spconv_status spconv__net_relu_forward(spconv_context *ctx, const spconv_tensor *x,
+                                       spconv_tensor *y);
 /* dx = dy where y > 0, else 0; dx may be dy. */
-void spconv__relu_backward(const spconv_tensor *y, const spconv_tensor *dy, int threads,
-                           spconv_tensor *dx);
-
+spconv_status spconv__net_relu_backward(spconv_context *ctx, const spconv_tensor *y,
+                                        const spconv_tensor *dy, spconv_tensor *dx);
 /* y += alpha * x (same numel). */
-void spconv__net_axpy(double alpha, const spconv_tensor *x, int threads, spconv_tensor *y);
+spconv_status spconv__net_axpy(spconv_context *ctx, double alpha, const spconv_tensor *x,
+                               spconv_tensor *y);
+/* dense [B, C*D, H, W] := 0, then dense[b, ch * D + z, y, x] = features[r, ch] at the site
+ * (b, z, y, x) of row r of @p indices (contiguous int32 [n, 4]). Sites outside the map or
+ * repeated are errors, checked before anything is written. */
+spconv_status spconv__net_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
+                                           const spconv_tensor *indices, spconv_tensor *dense);
+/* features[r, ch] = dense[b, ch * D + z, y, x] at the site of row r of @p indices. */
+spconv_status spconv__net_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
+                                          const spconv_tensor *indices, spconv_tensor *features);
 
-/* features[r, ch] = dense[b, ch * D + z, y, x] at the site (b, z, y, x) of row r of @p indices
- * (contiguous int32 [n, 4]); dense is [B, C*D, H, W], features [n, C]. */
-void spconv__dense_gather(const spconv_tensor *dense, const spconv_tensor *indices, int threads,
-                          spconv_tensor *features);
-
-/* dense [B, C*D, H, W] := 0, then dense[b, ch * D + z, y, x] = features[r, ch] at the site of row r
- * of @p indices (contiguous int32 [n, 4]). Sites outside the map or repeated are errors, checked
- * before anything is written. */
-spconv_status spconv__dense_scatter(const spconv_tensor *features, const spconv_tensor *indices,
-                                    int threads, spconv_tensor *dense);
+/* SPCONV_ERR_NOT_SUPPORTED naming the layer when the backend of @p device lacks a kernel that
+ * the network's layers need for @p training (or inference): checked before any layer runs, so
+ * that a network fails up front rather than half way. */
+spconv_status spconv__net_check_backend(const char *func, const spconv_net *net,
+                                        spconv_device device, int training);
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 

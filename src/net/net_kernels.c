@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "net/net_internal.h"
 
@@ -88,8 +89,9 @@ static spconv_status blocked_sums(const spconv_tensor *x, const spconv_tensor *d
     return SPCONV_OK;
 }
 
-spconv_status spconv__bn_batch_stats(const spconv_tensor *x, double eps, int threads, double *mean,
-                                     double *invstd, double *var_unbiased) {
+spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
+                                          double *mean, double *invstd, double *var_unbiased) {
+    const int threads = spconv_context_num_threads(ctx);
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     SPCONV_FORWARD_IF_ERROR(blocked_sums(x, NULL, NULL, NULL, c, threads, mean));
     for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
@@ -103,8 +105,11 @@ spconv_status spconv__bn_batch_stats(const spconv_tensor *x, double eps, int thr
     return SPCONV_OK;
 }
 
-void spconv__bn_apply(const spconv_tensor *x, const double *scale, const double *shift, int threads,
-                      spconv_tensor *y) {
+spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *scale, const double *shift,
+                                          spconv_tensor *y) {
+    const int threads = spconv_context_num_threads(ctx);
+    (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
 #define BN_APPLY(T)                                                                                \
     do {                                                                                           \
@@ -120,11 +125,14 @@ void spconv__bn_apply(const spconv_tensor *x, const double *scale, const double 
     else
         BN_APPLY(double);
 #undef BN_APPLY
+    return SPCONV_OK;
 }
 
-spconv_status spconv__bn_backward(const spconv_tensor *x, const spconv_tensor *dy,
-                                  const double *mean, const double *invstd, const double *gamma,
-                                  int threads, spconv_tensor *dx, double *dgamma, double *dbeta) {
+spconv_status spconv__cpu_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
+                                             const spconv_tensor *dy, const double *mean,
+                                             const double *invstd, const double *gamma,
+                                             spconv_tensor *dx, double *dgamma, double *dbeta) {
+    const int threads = spconv_context_num_threads(ctx);
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     double *sums = malloc((size_t)(2 * c) * sizeof *sums);
     SPCONV_RETURN_ERROR_IF(sums == NULL, SPCONV_ERR_OUT_OF_MEMORY,
@@ -161,7 +169,10 @@ spconv_status spconv__bn_backward(const spconv_tensor *x, const spconv_tensor *d
     return SPCONV_OK;
 }
 
-void spconv__relu_forward(const spconv_tensor *x, int threads, spconv_tensor *y) {
+spconv_status spconv__cpu_relu_forward(spconv_context *ctx, const spconv_tensor *x,
+                                       spconv_tensor *y) {
+    const int threads = spconv_context_num_threads(ctx);
+    (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_numel(x);
     /* "v < 0 ? 0 : v" lets NaN through, as PyTorch's relu does. */
 #define RELU(T)                                                                                    \
@@ -176,10 +187,13 @@ void spconv__relu_forward(const spconv_tensor *x, int threads, spconv_tensor *y)
     else
         RELU(double);
 #undef RELU
+    return SPCONV_OK;
 }
 
-void spconv__relu_backward(const spconv_tensor *y, const spconv_tensor *dy, int threads,
-                           spconv_tensor *dx) {
+spconv_status spconv__cpu_relu_backward(spconv_context *ctx, const spconv_tensor *y,
+                                        const spconv_tensor *dy, spconv_tensor *dx) {
+    const int threads = spconv_context_num_threads(ctx);
+    (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_numel(y);
 #define RELU_BACKWARD(T)                                                                           \
     do {                                                                                           \
@@ -193,9 +207,13 @@ void spconv__relu_backward(const spconv_tensor *y, const spconv_tensor *dy, int 
     else
         RELU_BACKWARD(double);
 #undef RELU_BACKWARD
+    return SPCONV_OK;
 }
 
-void spconv__net_axpy(double alpha, const spconv_tensor *x, int threads, spconv_tensor *y) {
+spconv_status spconv__cpu_axpy(spconv_context *ctx, double alpha, const spconv_tensor *x,
+                               spconv_tensor *y) {
+    const int threads = spconv_context_num_threads(ctx);
+    (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_numel(x);
 #define AXPY(T)                                                                                    \
     do {                                                                                           \
@@ -209,10 +227,13 @@ void spconv__net_axpy(double alpha, const spconv_tensor *x, int threads, spconv_
     else
         AXPY(double);
 #undef AXPY
+    return SPCONV_OK;
 }
 
-void spconv__dense_gather(const spconv_tensor *dense, const spconv_tensor *indices, int threads,
-                          spconv_tensor *features) {
+spconv_status spconv__cpu_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
+                                          const spconv_tensor *indices, spconv_tensor *features) {
+    const int threads = spconv_context_num_threads(ctx);
+    (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
     /* dense is [B, C*D, H, W] with channel c*D + z (HeightCompression's order). */
     const int64_t cd = spconv_tensor_size(dense, 1), h = spconv_tensor_size(dense, 2),
@@ -235,6 +256,7 @@ void spconv__dense_gather(const spconv_tensor *dense, const spconv_tensor *indic
     else
         GATHER(double);
 #undef GATHER
+    return SPCONV_OK;
 }
 
 void spconv__net_to_doubles(const spconv_tensor *t, double *dst) {
@@ -307,8 +329,9 @@ static void zero_bytes(char *base, size_t bytes, int threads) {
     }
 }
 
-spconv_status spconv__dense_scatter(const spconv_tensor *features, const spconv_tensor *indices,
-                                    int threads, spconv_tensor *dense) {
+spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
+                                           const spconv_tensor *indices, spconv_tensor *dense) {
+    const int threads = spconv_context_num_threads(ctx);
     const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
     const int64_t dims[4] = {spconv_tensor_size(dense, 0), spconv_tensor_size(dense, 1) / c,
                              spconv_tensor_size(dense, 2), spconv_tensor_size(dense, 3)};

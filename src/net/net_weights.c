@@ -349,9 +349,9 @@ spconv_status spconv_net_sgd_step(spconv_context *ctx, spconv_net *net, double l
                            "%s: the learning rate is not finite (%g)", func, learning_rate);
     SPCONV_RETURN_ERROR_IF(!net->has_grads, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: no gradients yet: run spconv_net_backward first", func);
-    const int threads = spconv_context_num_threads(ctx);
     for (int i = 0; i < net->num_params; ++i)
         if (net->params[i].trainable && net->params[i].grad != NULL)
-            spconv__net_axpy(-learning_rate, net->params[i].grad, threads, net->params[i].value);
+            SPCONV_FORWARD_IF_ERROR(spconv__net_axpy(ctx, -learning_rate, net->params[i].grad,
+                                                     net->params[i].value));
     return SPCONV_OK;
 }

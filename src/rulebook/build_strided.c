@@ -4,7 +4,8 @@
  *  2. a stable radix sort on the keys brings each output site's candidates together, in
  *     (b, z, y, x) order;
  *  3. the distinct keys are the outputs, numbered in that order; per-(chunk, offset) counts and
- *     prefix sums place every pair, so each offset's pairs come out in increasing out_row.
+ *     prefix sums place every pair, so each offset's pairs come out in increasing out_row (with
+ *     more offsets than candidates, only the offsets that occur are counted).
  * An output and an offset determine the input, so the candidates of one output have distinct
  * offsets and no offset meets an output twice. The sorted candidates are a function of the input
  * rows alone, hence the rulebook is the same for any thread count. */
@@ -148,10 +149,11 @@ static void count_sorted_chunk(const uint64_t *keys, const uint64_t *values, int
     *heads = count;
 }
 
-/* heads[c] becomes the number of outputs before chunk c, next[c][k] the position of chunk c's
- * first pair of offset k; fills rb->offsets and rb->num_out. */
-static void place_pairs(int64_t num_chunks, int64_t *heads, int64_t *next, spconv_rulebook *rb) {
-    const int64_t kv = rb->kernel_volume;
+/* heads[c] becomes the number of outputs before chunk c, next[c][slot] the position of chunk c's
+ * first pair of that slot, starts[slot] the slot's first pair (starts[num_slots]: all pairs);
+ * fills rb->num_out. */
+static void place_pairs(int64_t num_chunks, int64_t num_slots, int64_t *heads, int64_t *next,
+                        int64_t *starts, spconv_rulebook *rb) {
     int64_t outputs = 0;
     for (int64_t c = 0; c < num_chunks; ++c) {
         const int64_t count = heads[c];
@@ -160,15 +162,15 @@ static void place_pairs(int64_t num_chunks, int64_t *heads, int64_t *next, spcon
     }
     rb->num_out = outputs;
     int64_t running = 0;
-    for (int64_t k = 0; k < kv; ++k) {
-        rb->offsets[k] = running;
+    for (int64_t k = 0; k < num_slots; ++k) {
+        starts[k] = running;
         for (int64_t c = 0; c < num_chunks; ++c) {
-            const int64_t count = next[c * kv + k];
-            next[c * kv + k] = running;
+            const int64_t count = next[c * num_slots + k];
+            next[c * num_slots + k] = running;
             running += count;
         }
     }
-    rb->offsets[kv] = running;
+    starts[num_slots] = running;
 }
 
 static void write_sorted_chunk(const strided_plan *plan, const uint64_t *keys,
@@ -187,35 +189,80 @@ static void write_sorted_chunk(const strided_plan *plan, const uint64_t *keys,
     }
 }
 
+/* A kernel with more offsets than candidates (255^3 on a few sites) would make even one counter
+ * per offset outweigh the pairs. Number the offsets that occur instead: sort the candidates'
+ * offsets, list the distinct ones in *slot_offsets (increasing), and replace each candidate's
+ * offset by its number, so that the counters below have one entry per occurring offset. */
+static spconv_status number_offsets(const strided_plan *plan, int64_t kernel_volume,
+                                    uint64_t *values, int64_t n, int64_t **slot_offsets,
+                                    int64_t *num_slots) {
+    const char *func = plan->in->func;
+    uint64_t *buffers[4];
+    spconv_status st = SPCONV_OK;
+    for (int b = 0; b < 4; ++b) buffers[b] = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
+    *slot_offsets = malloc((size_t)(n > 0 ? n : 1) * sizeof **slot_offsets);
+    if (buffers[0] == NULL || buffers[1] == NULL || buffers[2] == NULL || buffers[3] == NULL ||
+        *slot_offsets == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for the offsets of %" PRId64 " candidates", func,
+                         n);
+    for (int64_t j = 0; j < n; ++j) {
+        buffers[0][j] = values[j] & UINT32_MAX;
+        buffers[1][j] = (uint64_t)j;
+    }
+    uint64_t *ks, *where;
+    SPCONV_TRY_GOTO(st,
+                    spconv__radix_sort(func, plan->in->num_threads, n,
+                                       spconv__key_bits_for(kernel_volume),
+                                       buffers[0], buffers[1], buffers[2], buffers[3], &ks,
+                                       &where),
+                    done);
+    int64_t slots = 0;
+    for (int64_t t = 0; t < n; ++t) {
+        if (t == 0 || ks[t] != ks[t - 1]) (*slot_offsets)[slots++] = (int64_t)ks[t];
+        values[where[t]] = (values[where[t]] & ~(uint64_t)UINT32_MAX) | (uint64_t)(slots - 1);
+    }
+    *num_slots = slots;
+done:
+    for (int b = 0; b < 4; ++b) free(buffers[b]);
+    return st;
+}
+
 static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *keys,
-                                   const uint64_t *values, spconv_rulebook *rb) {
+                                   uint64_t *values, spconv_rulebook *rb) {
     const char *func = plan->in->func;
     const int num_threads = plan->in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t kv = rb->kernel_volume, n = plan->num_candidates;
-    /* Per-(chunk, offset) counters are num_chunks x KV: with one set per chunk of every thread
-     * a 255^3 kernel on 5 sites asked for 0.5 GB per thread. Fewer chunks when the kernel is
-     * large against the candidates keep them within max(KV, candidates) entries, i.e. the
-     * rulebook's own offsets or pairs, whatever the thread count. */
-    int64_t num_chunks = plan->num_chunks;
-    if (num_chunks > n / kv) num_chunks = n / kv > 1 ? n / kv : 1;
-    int64_t *heads = malloc((size_t)num_chunks * sizeof *heads);
-    int64_t *next = calloc((size_t)(num_chunks * kv), sizeof *next);
+    int64_t num_slots = kv, *slot_offsets = NULL, *heads = NULL, *next = NULL, *starts = NULL;
     spconv_status st = SPCONV_OK;
-    if (heads == NULL || next == NULL)
+    if (kv > n) SPCONV_TRY_GOTO(st, number_offsets(plan, kv, values, n, &slot_offsets, &num_slots), done);
+    /* Per-(chunk, slot) counters are num_chunks x slots: with one set per chunk of every thread
+     * a 255^3 kernel on 5 sites asked for 0.5 GB per thread. Fewer chunks when the slots are many
+     * against the candidates keep them within the candidates' count, whatever the thread count
+     * (slots <= candidates, from number_offsets). */
+    int64_t num_chunks = plan->num_chunks;
+    const int64_t per_slot = num_slots > 0 ? n / num_slots : 1;
+    if (num_chunks > per_slot) num_chunks = per_slot > 1 ? per_slot : 1;
+    heads = malloc((size_t)num_chunks * sizeof *heads);
+    next = calloc((size_t)(num_chunks * num_slots) + 1, sizeof *next);
+    starts = malloc((size_t)(num_slots + 1) * sizeof *starts);
+    if (heads == NULL || next == NULL || starts == NULL)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
                          "%s: out of host memory for pair counts", func);
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        count_sorted_chunk(keys, values, begin, end, heads + c, next + c * kv);
+        count_sorted_chunk(keys, values, begin, end, heads + c, next + c * num_slots);
     }
-    place_pairs(num_chunks, heads, next, rb);
+    place_pairs(num_chunks, num_slots, heads, next, starts, rb);
     if (rb->num_out > INT32_MAX)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OVERFLOW,
                          "%s: %" PRId64 " output sites exceed int32 row numbers", func,
                          rb->num_out);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_set_offsets(func, rb, num_slots, slot_offsets, starts),
+                    done);
     const int64_t out_sizes[2] = {rb->num_out, 4};
     SPCONV_TRY_GOTO(
         st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, out_sizes, &rb->out_indices), done);
@@ -224,11 +271,13 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        write_sorted_chunk(plan, keys, values, begin, end, heads[c], next + c * kv, rb);
+        write_sorted_chunk(plan, keys, values, begin, end, heads[c], next + c * num_slots, rb);
     }
 done:
+    free(slot_offsets);
     free(heads);
     free(next);
+    free(starts);
     return st;
 }
 

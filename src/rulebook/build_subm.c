@@ -46,6 +46,7 @@ typedef struct subm_plan {
     int64_t *counts;        /* [num_chunks][G]: hits of each offset of the group per chunk */
     int64_t *group_counts;  /* [G]: pairs of each offset of the group (and of its mirror) */
     int64_t *starts;        /* [2G]: where each column's pairs go in the group's destination */
+    int64_t *offsets;       /* [KV + 1]: pair counts, then prefix sums; KV < 2N on this path */
 } subm_plan;
 
 /* One group's pairs: the lower offsets' then (separately) the mirrors', each in offset order. */
@@ -71,9 +72,10 @@ static spconv_status plan_alloc(const char *func, int num_threads, const spconv_
     plan->counts = malloc((size_t)(plan->num_chunks * group) * sizeof *plan->counts);
     plan->group_counts = malloc((size_t)group * sizeof *plan->group_counts);
     plan->starts = malloc((size_t)(2 * group) * sizeof *plan->starts);
+    plan->offsets = calloc((size_t)rb->kernel_volume + 1, sizeof *plan->offsets);
     SPCONV_RETURN_ERROR_IF(plan->nbr == NULL || plan->displacements == NULL ||
                                plan->counts == NULL || plan->group_counts == NULL ||
-                               plan->starts == NULL,
+                               plan->starts == NULL || plan->offsets == NULL,
                            SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for neighbour columns of %" PRId64
                            " offsets x %" PRId64 " sites",
@@ -87,6 +89,7 @@ static void plan_free(subm_plan *plan) {
     free(plan->counts);
     free(plan->group_counts);
     free(plan->starts);
+    free(plan->offsets);
 }
 
 /* Make offsets [begin, end) the current group: their displacements and empty columns. */
@@ -170,9 +173,9 @@ static void compact_column(const int32_t *column, int64_t n, int64_t count, int3
     }
 }
 
-/* Probe the current group, record its pair counts in rb->offsets[k + 1] (lower offsets only; a
+/* Probe the current group, record its pair counts in plan->offsets[k + 1] (lower offsets only; a
  * mirror has its partner's count) and return the group's pairs per half. */
-static int64_t probe_group(subm_plan *plan, spconv_rulebook *rb) {
+static int64_t probe_group(subm_plan *plan) {
     const int num_threads = plan->in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
@@ -186,7 +189,7 @@ static int64_t probe_group(subm_plan *plan, spconv_rulebook *rb) {
     for (int64_t j = 0; j < used; ++j) {
         int64_t count = 0;
         for (int64_t c = 0; c < plan->num_chunks; ++c) count += plan->counts[c * group + j];
-        rb->offsets[plan->begin + j + 1] = plan->group_counts[j] = count;
+        plan->offsets[plan->begin + j + 1] = plan->group_counts[j] = count;
         total += count;
     }
     return total;
@@ -221,26 +224,30 @@ static void compact_group(subm_plan *plan, int32_t *lower_in, int32_t *lower_out
     }
 }
 
-/* rb->offsets[k + 1] holds the count of each lower offset k: make them the prefix sums of every
- * offset (mirrors copy their partner's count, the centre has one pair per site). */
-static void offsets_from_lower_counts(spconv_rulebook *rb) {
+/* offsets[k + 1] holds the count of each lower offset k: make offsets the prefix sums of every
+ * offset (mirrors copy their partner's count, the centre has one pair per site) and set rb's
+ * active offsets from them. */
+static spconv_status offsets_from_lower_counts(const char *func, spconv_rulebook *rb,
+                                               int64_t *offsets) {
     const int64_t kv = rb->kernel_volume, half = kv / 2;
     int64_t running = 0;
-    rb->offsets[0] = 0;
+    offsets[0] = 0;
     for (int64_t k = 0; k < half; ++k) {
-        running += rb->offsets[k + 1];
-        rb->offsets[k + 1] = running;
+        running += offsets[k + 1];
+        offsets[k + 1] = running;
     }
     for (int64_t k = half; k < kv; ++k) {
-        const int64_t count = k == half ? rb->num_in
-                                        : rb->offsets[kv - 1 - k + 1] - rb->offsets[kv - 1 - k];
+        const int64_t count =
+            k == half ? rb->num_in : offsets[kv - 1 - k + 1] - offsets[kv - 1 - k];
         running += count;
-        rb->offsets[k + 1] = running;
+        offsets[k + 1] = running;
     }
+    return spconv__rulebook_set_offsets(func, rb, kv, NULL, offsets);
 }
 
-static void fill_center(spconv_rulebook *rb) {
-    const int64_t n = rb->num_in, start = rb->offsets[rb->kernel_volume / 2];
+/* The centre's pairs (r, r), from pair @p start on. */
+static void fill_center(spconv_rulebook *rb, int64_t start) {
+    const int64_t n = rb->num_in;
     int32_t *pairs_in = (int32_t *)spconv_tensor_data(rb->pairs_in) + start;
     int32_t *pairs_out = (int32_t *)spconv_tensor_data(rb->pairs_out) + start;
     for (int64_t o = 0; o < n; ++o) pairs_in[o] = pairs_out[o] = (int32_t)o;
@@ -250,14 +257,14 @@ static void fill_center(spconv_rulebook *rb) {
 static spconv_status build_one_group(subm_plan *plan, spconv_rulebook *rb) {
     const int64_t half = rb->kernel_volume / 2;
     group_start(plan, &rb->params, 0, half);
-    probe_group(plan, rb);
-    offsets_from_lower_counts(rb);
+    probe_group(plan);
+    SPCONV_FORWARD_IF_ERROR(offsets_from_lower_counts(plan->in->func, rb, plan->offsets));
     SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
     int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
-    const int64_t upper = rb->offsets[half + 1];
+    const int64_t upper = plan->offsets[half + 1];
     compact_group(plan, pairs_in, pairs_out, pairs_in + upper, pairs_out + upper);
-    fill_center(rb);
+    fill_center(rb, plan->offsets[half]);
     return SPCONV_OK;
 }
 
@@ -279,7 +286,7 @@ static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
         const int64_t begin = b * group, end = begin + group < half ? begin + group : half;
         group_start(plan, &rb->params, begin, end);
         pair_block *block = &blocks[b];
-        block->count = probe_group(plan, rb);
+        block->count = probe_group(plan);
         if (block->count == 0) continue;
         block->lower_in = malloc((size_t)block->count * 4 * sizeof *block->lower_in);
         if (block->lower_in == NULL)
@@ -292,7 +299,7 @@ static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
         compact_group(plan, block->lower_in, block->lower_out, block->upper_in,
                       block->upper_out);
     }
-    offsets_from_lower_counts(rb);
+    SPCONV_TRY_GOTO(st, offsets_from_lower_counts(func, rb, plan->offsets), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
     int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
@@ -302,14 +309,14 @@ static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
         if (block->count == 0) continue;
         const int64_t end = (b + 1) * group < half ? (b + 1) * group : half;
         /* The block's mirrors start at the mirror of its last offset, kv - end. */
-        const int64_t lower = rb->offsets[b * group], upper = rb->offsets[kv - end];
+        const int64_t lower = plan->offsets[b * group], upper = plan->offsets[kv - end];
         const size_t bytes = (size_t)block->count * sizeof *pairs_in;
         memcpy(pairs_in + lower, block->lower_in, bytes);
         memcpy(pairs_out + lower, block->lower_out, bytes);
         memcpy(pairs_in + upper, block->upper_in, bytes);
         memcpy(pairs_out + upper, block->upper_out, bytes);
     }
-    fill_center(rb);
+    fill_center(rb, plan->offsets[half]);
 done:
     blocks_free(blocks, num_blocks);
     return st;
@@ -357,6 +364,7 @@ static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv
     int64_t num_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
     if (num_chunks > n) num_chunks = n;
     int64_t *starts = malloc((size_t)(num_chunks + 1) * sizeof *starts);
+    int64_t *slot_offsets = NULL, *slot_starts = NULL;
     uint64_t *buffers[4] = {NULL, NULL, NULL, NULL};
     spconv_status st = SPCONV_OK;
     if (starts == NULL)
@@ -394,8 +402,24 @@ static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv
                                        buffers[0], buffers[1], buffers[2], buffers[3], &keys,
                                        &values),
                     done);
-    for (int64_t j = 0; j < total; ++j) ++rb->offsets[keys[j] + 1];
-    for (int64_t k = 0; k < kv; ++k) rb->offsets[k + 1] += rb->offsets[k];
+    /* The offsets that occur, with where their pairs start: no array of the kernel's size. */
+    int64_t distinct = 0;
+    for (int64_t j = 0; j < total; ++j) distinct += j == 0 || keys[j] != keys[j - 1];
+    slot_offsets = malloc((size_t)(distinct > 0 ? distinct : 1) * sizeof *slot_offsets);
+    slot_starts = malloc((size_t)(distinct + 1) * sizeof *slot_starts);
+    if (slot_offsets == NULL || slot_starts == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for %" PRId64 " pair offsets", in->func,
+                         distinct);
+    distinct = 0;
+    for (int64_t j = 0; j < total; ++j)
+        if (j == 0 || keys[j] != keys[j - 1]) {
+            slot_offsets[distinct] = (int64_t)keys[j];
+            slot_starts[distinct++] = j;
+        }
+    slot_starts[distinct] = total;
+    SPCONV_TRY_GOTO(
+        st, spconv__rulebook_set_offsets(in->func, rb, distinct, slot_offsets, slot_starts), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
     int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
@@ -405,6 +429,8 @@ static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv
     }
 done:
     free(starts);
+    free(slot_offsets);
+    free(slot_starts);
     for (int b = 0; b < 4; ++b) free(buffers[b]);
     return st;
 }
@@ -414,15 +440,16 @@ spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook 
     spconv_tensor_retain(rb->out_indices);
     rb->num_out = rb->num_in;
     rb->center_is_identity = 1;
-    if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* offsets are all zero */
+    if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* no pairs */
     if (rb->num_in <= rb->kernel_volume / 2) return build_from_site_pairs(in, rb);
     if (rb->kernel_volume == 1) { /* the centre alone */
-        offsets_from_lower_counts(rb);
+        const int64_t starts[2] = {0, rb->num_in};
+        SPCONV_FORWARD_IF_ERROR(spconv__rulebook_set_offsets(in->func, rb, 1, NULL, starts));
         SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
-        fill_center(rb);
+        fill_center(rb, 0);
         return SPCONV_OK;
     }
-    subm_plan plan = {in, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL};
+    subm_plan plan = {in, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     spconv_status st = plan_alloc(in->func, in->num_threads, rb, &plan);
     if (st == SPCONV_OK)
         st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)

@@ -23,13 +23,21 @@ spconv_status spconv__check_batch_size(const char *func, int64_t batch_size);
 spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
                                          const spconv_tensor *indices, spconv_tensor **out);
 
-/* A rulebook with one reference, the given geometry, zeroed offsets [kernel_volume + 1] and no
- * tensors yet. */
+/* A rulebook with one reference, the given geometry, no pairs, no active offsets and no tensors
+ * yet. */
 spconv_status spconv__rulebook_alloc(const char *func, const spconv_conv_params *params,
                                      const int64_t in_shape[3], const int64_t out_shape[3],
                                      int64_t batch_size, spconv_rulebook **out);
 
-/* Allocate rb->pairs_in and rb->pairs_out as int32 [rb->offsets[kernel_volume]]. */
+/* Set rb's active offsets from the prefix sums @p starts [num_slots + 1] of @p num_slots pair
+ * groups: group j holds the pairs of kernel offset slot_offsets[j] (increasing in j), or of
+ * offset j when @p slot_offsets is NULL. Empty groups are left out; rb->num_pairs becomes
+ * starts[num_slots]. */
+spconv_status spconv__rulebook_set_offsets(const char *func, spconv_rulebook *rb,
+                                           int64_t num_slots, const int64_t *slot_offsets,
+                                           const int64_t *starts);
+
+/* Allocate rb->pairs_in and rb->pairs_out as int32 [rb->num_pairs]. */
 spconv_status spconv__rulebook_alloc_pairs(spconv_rulebook *rb);
 
 /* The per-axis offset k of a kernel offset index, k = (kz * KH + ky) * KW + kx. */

@@ -20,20 +20,42 @@ spconv_status spconv__rulebook_alloc(const char *func, const spconv_conv_params 
     memcpy(rb->out_shape, out_shape, sizeof rb->out_shape);
     rb->batch_size = batch_size;
     rb->kernel_volume = spconv_conv_kernel_volume(params);
-    const int64_t num_offsets = rb->kernel_volume + 1;
-    rb->offsets = calloc((size_t)num_offsets, sizeof *rb->offsets);
-    if (rb->offsets == NULL) {
-        free(rb);
-        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY,
-                            "%s: out of host memory for %" PRId64 " pair offsets", func,
-                            num_offsets);
+    const int64_t no_pairs = 0;
+    spconv_status st = spconv__rulebook_set_offsets(func, rb, 0, NULL, &no_pairs);
+    if (st != SPCONV_OK) {
+        spconv_rulebook_release(rb);
+        return st;
     }
     *out = rb;
     return SPCONV_OK;
 }
 
+spconv_status spconv__rulebook_set_offsets(const char *func, spconv_rulebook *rb,
+                                           int64_t num_slots, const int64_t *slot_offsets,
+                                           const int64_t *starts) {
+    int64_t active = 0;
+    for (int64_t j = 0; j < num_slots; ++j) active += starts[j + 1] > starts[j];
+    free(rb->active_offsets);
+    free(rb->active_starts);
+    rb->active_offsets = malloc((size_t)(active > 0 ? active : 1) * sizeof *rb->active_offsets);
+    rb->active_starts = malloc((size_t)(active + 1) * sizeof *rb->active_starts);
+    SPCONV_RETURN_ERROR_IF(rb->active_offsets == NULL || rb->active_starts == NULL,
+                           SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for %" PRId64 " pair offsets", func, active);
+    int64_t a = 0;
+    for (int64_t j = 0; j < num_slots; ++j) {
+        if (starts[j + 1] == starts[j]) continue;
+        rb->active_offsets[a] = slot_offsets != NULL ? slot_offsets[j] : j;
+        rb->active_starts[a++] = starts[j];
+    }
+    rb->num_pairs = num_slots > 0 ? starts[num_slots] : 0;
+    rb->active_starts[a] = rb->num_pairs;
+    rb->num_active = active;
+    return SPCONV_OK;
+}
+
 spconv_status spconv__rulebook_alloc_pairs(spconv_rulebook *rb) {
-    const int64_t num_pairs = rb->offsets[rb->kernel_volume];
+    const int64_t num_pairs = rb->num_pairs;
     SPCONV_FORWARD_IF_ERROR(
         spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
     return spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 1, &num_pairs, &rb->pairs_out);
@@ -73,7 +95,8 @@ void spconv_rulebook_release(spconv_rulebook *rb) {
     spconv_tensor_release(rb->pairs_out);
     spconv_tensor_release(rb->in_indices);
     spconv_tensor_release(rb->out_indices);
-    free(rb->offsets);
+    free(rb->active_offsets);
+    free(rb->active_starts);
     free(rb);
 }
 
@@ -91,11 +114,33 @@ void spconv_rulebook_out_shape(const spconv_rulebook *rb, int64_t shape[3]) {
     memcpy(shape, rb->out_shape, sizeof rb->out_shape);
 }
 
-const int64_t *spconv_rulebook_offsets(const spconv_rulebook *rb) { return rb->offsets; }
-
-int64_t spconv_rulebook_num_pairs(const spconv_rulebook *rb) {
-    return rb->offsets[rb->kernel_volume];
+int64_t spconv_rulebook_num_active_offsets(const spconv_rulebook *rb) { return rb->num_active; }
+const int64_t *spconv_rulebook_active_offsets(const spconv_rulebook *rb) {
+    return rb->active_offsets;
 }
+const int64_t *spconv_rulebook_active_starts(const spconv_rulebook *rb) {
+    return rb->active_starts;
+}
+
+void spconv_rulebook_offset_range(const spconv_rulebook *rb, int64_t k, int64_t *begin,
+                                  int64_t *end) {
+    int64_t lo = 0, hi = rb->num_active;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (rb->active_offsets[mid] < k)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < rb->num_active && rb->active_offsets[lo] == k) {
+        *begin = rb->active_starts[lo];
+        *end = rb->active_starts[lo + 1];
+    } else {
+        *begin = *end = 0;
+    }
+}
+
+int64_t spconv_rulebook_num_pairs(const spconv_rulebook *rb) { return rb->num_pairs; }
 
 spconv_tensor *spconv_rulebook_pairs_in(const spconv_rulebook *rb) { return rb->pairs_in; }
 spconv_tensor *spconv_rulebook_pairs_out(const spconv_rulebook *rb) { return rb->pairs_out; }
@@ -119,7 +164,13 @@ spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rul
     spconv_rulebook *rb;
     SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc(func, &params, forward->out_shape,
                                                    forward->in_shape, forward->batch_size, &rb));
-    memcpy(rb->offsets, forward->offsets, ((size_t)rb->kernel_volume + 1) * sizeof *rb->offsets);
+    spconv_status st = spconv__rulebook_set_offsets(func, rb, forward->num_active,
+                                                    forward->active_offsets,
+                                                    forward->active_starts);
+    if (st != SPCONV_OK) {
+        spconv_rulebook_release(rb);
+        return st;
+    }
     rb->num_in = forward->num_out;
     rb->num_out = forward->num_in;
     rb->pairs_in = forward->pairs_out;

@@ -14,9 +14,12 @@ struct spconv_rulebook {
     int64_t batch_size;
     int64_t kernel_volume;        /* KD*KH*KW */
     int64_t num_in, num_out;      /* rows of in_indices / out_indices, each <= INT32_MAX */
-    int64_t *offsets;             /* host, kernel_volume + 1 prefix sums of the pair counts */
-    spconv_tensor *pairs_in;      /* int32 [offsets[kernel_volume]] input rows, grouped by offset */
-    spconv_tensor *pairs_out;     /* int32 [offsets[kernel_volume]] output rows */
+    int64_t num_pairs;
+    int64_t num_active;           /* kernel offsets with at least one pair */
+    int64_t *active_offsets;      /* host [num_active]: those offsets, increasing */
+    int64_t *active_starts;       /* host [num_active + 1]: prefix sums of their pair counts */
+    spconv_tensor *pairs_in;      /* int32 [num_pairs] input rows, grouped by offset */
+    spconv_tensor *pairs_out;     /* int32 [num_pairs] output rows */
     spconv_tensor *in_indices;    /* int32 [num_in, 4], retained */
     spconv_tensor *out_indices;   /* int32 [num_out, 4]; the same tensor as in_indices for subm */
     int center_is_identity;       /* 1 when offset kernel_volume/2 maps row r to row r for every

@@ -139,16 +139,20 @@ static spconv_status fill_pairs(spconv_rulebook *rb, const int32_t *in_rows,
             const int32_t triple[3] = {(int32_t)k, (int32_t)i, (int32_t)o};
             if (k >= 0) st = list_push(&triples, triple, 3);
         }
-    const int64_t num_pairs = triples.count / 3;
-    for (int64_t t = 0; t < num_pairs && st == SPCONV_OK; ++t)
-        ++rb->offsets[triples.data[3 * t] + 1];
-    for (int64_t k = 0; k < rb->kernel_volume; ++k) rb->offsets[k + 1] += rb->offsets[k];
+    const int64_t num_pairs = triples.count / 3, kv = rb->kernel_volume;
+    /* Dense per-offset prefix sums: the reference is for small kernels. */
+    int64_t *offsets = calloc((size_t)kv + 1, sizeof *offsets);
+    if (st == SPCONV_OK && offsets == NULL)
+        st = spconv__error(SPCONV_ERR_OUT_OF_MEMORY, FUNC ": out of host memory");
+    for (int64_t t = 0; t < num_pairs && st == SPCONV_OK; ++t) ++offsets[triples.data[3 * t] + 1];
+    for (int64_t k = 0; k < kv && st == SPCONV_OK; ++k) offsets[k + 1] += offsets[k];
+    if (st == SPCONV_OK) st = spconv__rulebook_set_offsets(FUNC, rb, kv, NULL, offsets);
     if (st == SPCONV_OK) st = spconv__rulebook_alloc_pairs(rb);
     if (st == SPCONV_OK) {
         int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
         int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
-        for (int64_t k = 0; k < rb->kernel_volume; ++k) {
-            int64_t pos = rb->offsets[k];
+        for (int64_t k = 0; k < kv; ++k) {
+            int64_t pos = offsets[k];
             for (int64_t t = 0; t < num_pairs; ++t) {
                 if (triples.data[3 * t] != k) continue;
                 pairs_in[pos] = triples.data[3 * t + 1];
@@ -157,6 +161,7 @@ static spconv_status fill_pairs(spconv_rulebook *rb, const int32_t *in_rows,
             }
         }
     }
+    free(offsets);
     free(triples.data);
     return st;
 }

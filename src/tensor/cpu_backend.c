@@ -215,4 +215,12 @@ const spconv_backend spconv__cpu_backend = {
     .maxpool_backward = spconv__cpu_maxpool_backward,
     .sparse_to_dense = spconv__cpu_sparse_to_dense,
     .dense_to_sparse = spconv__cpu_dense_to_sparse,
+    .batchnorm_stats = spconv__cpu_batchnorm_stats,
+    .batchnorm_apply = spconv__cpu_batchnorm_apply,
+    .batchnorm_backward = spconv__cpu_batchnorm_backward,
+    .relu_forward    = spconv__cpu_relu_forward,
+    .relu_backward   = spconv__cpu_relu_backward,
+    .axpy            = spconv__cpu_axpy,
+    .to_dense_scatter = spconv__cpu_to_dense_scatter,
+    .to_dense_gather = spconv__cpu_to_dense_gather,
 };

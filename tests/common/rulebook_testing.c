@@ -111,12 +111,54 @@ static void check_sites(const spconv_rulebook *rb, const int32_t *in_rows,
     }
 }
 
+/* The active-offset list is well formed: offsets strictly increasing inside the kernel, every
+ * listed offset non-empty, prefix sums from 0 to the pair count, and spconv_rulebook_offset_range
+ * agreeing with it for every offset of the kernel (empty for the ones not listed). */
+static void check_active_offsets(const spconv_rulebook *rb) {
+    const int64_t kv = spconv_rulebook_kernel_volume(rb);
+    const int64_t active = spconv_rulebook_num_active_offsets(rb);
+    const int64_t *ks = spconv_rulebook_active_offsets(rb);
+    const int64_t *starts = spconv_rulebook_active_starts(rb);
+    assert_true(active >= 0 && active <= kv);
+    assert_int_equal(starts[0], 0);
+    assert_int_equal(starts[active], spconv_rulebook_num_pairs(rb));
+    for (int64_t j = 0; j < active; ++j) {
+        assert_true(ks[j] >= 0 && ks[j] < kv);
+        if (j > 0) assert_true(ks[j - 1] < ks[j]);
+        assert_true(starts[j] < starts[j + 1]);
+    }
+    /* Every offset when the kernel is small enough to walk; the listed ones and their
+     * neighbours otherwise. */
+    int64_t j = 0;
+    for (int64_t k = 0; k < kv && kv <= 100000; ++k) {
+        int64_t begin = -1, end = -1;
+        spconv_rulebook_offset_range(rb, k, &begin, &end);
+        if (j < active && ks[j] == k) {
+            assert_int_equal(begin, starts[j]);
+            assert_int_equal(end, starts[j + 1]);
+            ++j;
+        } else {
+            assert_int_equal(begin, end);
+        }
+    }
+    for (j = 0; j < active; ++j) {
+        int64_t begin = -1, end = -1;
+        spconv_rulebook_offset_range(rb, ks[j], &begin, &end);
+        assert_int_equal(begin, starts[j]);
+        assert_int_equal(end, starts[j + 1]);
+        spconv_rulebook_offset_range(rb, ks[j] + 1, &begin, &end);
+        if (j + 1 == active || ks[j + 1] != ks[j] + 1) assert_int_equal(begin, end);
+    }
+}
+
 /* Every pair obeys the rule, has rows in range and a distinct out_row within its offset. */
 static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
                         const int32_t *out_rows) {
     const spconv_conv_params *params = spconv_rulebook_params(rb);
     const int64_t kv = spconv_rulebook_kernel_volume(rb), num_out = spconv_rulebook_num_out(rb);
-    const int64_t *offsets = spconv_rulebook_offsets(rb);
+    const int64_t active = spconv_rulebook_num_active_offsets(rb);
+    const int64_t *ks = spconv_rulebook_active_offsets(rb);
+    const int64_t *starts = spconv_rulebook_active_starts(rb);
     const int64_t num_pairs = spconv_rulebook_num_pairs(rb);
     const int32_t *pairs_in = contiguous_i32(spconv_rulebook_pairs_in(rb), num_pairs);
     const int32_t *pairs_out = contiguous_i32(spconv_rulebook_pairs_out(rb), num_pairs);
@@ -125,10 +167,10 @@ static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
     assert_non_null(last_offset);
     assert_non_null(reached);
     for (int64_t o = 0; o < num_out; ++o) last_offset[o] = -1;
-    assert_int_equal(offsets[0], 0);
-    for (int64_t k = 0; k < kv; ++k) {
-        assert_true(offsets[k] <= offsets[k + 1]);
-        for (int64_t j = offsets[k]; j < offsets[k + 1]; ++j) {
+    check_active_offsets(rb);
+    for (int64_t a = 0; a < active; ++a) {
+        const int64_t k = ks[a];
+        for (int64_t j = starts[a]; j < starts[a + 1]; ++j) {
             const int32_t i = pairs_in[j], o = pairs_out[j];
             assert_true(i >= 0 && i < spconv_rulebook_num_in(rb));
             assert_true(o >= 0 && o < num_out);
@@ -137,18 +179,25 @@ static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
             assert_true(last_offset[o] < k); /* out_row at most once per offset */
             last_offset[o] = k;
             reached[o] = 1;
-            if (params->kind != SPCONV_CONV_INVERSE && j > offsets[k])
+            if (params->kind != SPCONV_CONV_INVERSE && j > starts[a])
                 assert_true(pairs_out[j - 1] < o);
         }
     }
     if (params->kind == SPCONV_CONV_REGULAR || params->kind == SPCONV_CONV_TRANSPOSED)
         for (int64_t o = 0; o < num_out; ++o) assert_true(reached[o]);
     if (params->kind == SPCONV_CONV_SUBM) {
-        const int64_t center = kv / 2;
-        assert_int_equal(offsets[center + 1] - offsets[center], num_out);
+        int64_t begin, end;
+        spconv_rulebook_offset_range(rb, kv / 2, &begin, &end);
+        assert_int_equal(end - begin, num_out);
         for (int64_t o = 0; o < num_out; ++o) {
-            assert_int_equal(pairs_in[offsets[center] + o], o);
-            assert_int_equal(pairs_out[offsets[center] + o], o);
+            assert_int_equal(pairs_in[begin + o], o);
+            assert_int_equal(pairs_out[begin + o], o);
+        }
+        /* Mirrored offsets pair the same sites the other way round: equal counts. */
+        for (int64_t a = 0; a < active; ++a) {
+            assert_int_equal(ks[a] + ks[active - 1 - a], kv - 1);
+            assert_int_equal(starts[a + 1] - starts[a],
+                             starts[active - a] - starts[active - 1 - a]);
         }
     }
     free(last_offset);
@@ -159,8 +208,6 @@ void spconv_test_check_rulebook(const spconv_rulebook *rb) {
     assert_non_null(rb);
     const spconv_conv_params *params = spconv_rulebook_params(rb);
     assert_int_equal(spconv_rulebook_kernel_volume(rb), spconv_conv_kernel_volume(params));
-    assert_int_equal(spconv_rulebook_num_pairs(rb),
-                     spconv_rulebook_offsets(rb)[spconv_rulebook_kernel_volume(rb)]);
     const int32_t *in_rows =
         contiguous_i32(spconv_rulebook_in_indices(rb), 4 * spconv_rulebook_num_in(rb));
     const int32_t *out_rows =
@@ -199,8 +246,13 @@ void spconv_test_assert_rulebooks_equal(const spconv_rulebook *a, const spconv_r
     assert_int_equal(spconv_rulebook_num_out(a), spconv_rulebook_num_out(b));
     const int64_t kv = spconv_rulebook_kernel_volume(a);
     assert_int_equal(kv, spconv_rulebook_kernel_volume(b));
-    assert_memory_equal(spconv_rulebook_offsets(a), spconv_rulebook_offsets(b),
-                        (size_t)(kv + 1) * sizeof(int64_t));
+    const int64_t active = spconv_rulebook_num_active_offsets(a);
+    assert_int_equal(active, spconv_rulebook_num_active_offsets(b));
+    if (active > 0)
+        assert_memory_equal(spconv_rulebook_active_offsets(a), spconv_rulebook_active_offsets(b),
+                            (size_t)active * sizeof(int64_t));
+    assert_memory_equal(spconv_rulebook_active_starts(a), spconv_rulebook_active_starts(b),
+                        (size_t)(active + 1) * sizeof(int64_t));
     assert_tensors_equal(spconv_rulebook_in_indices(a), spconv_rulebook_in_indices(b));
     assert_tensors_equal(spconv_rulebook_out_indices(a), spconv_rulebook_out_indices(b));
     assert_tensors_equal(spconv_rulebook_pairs_in(a), spconv_rulebook_pairs_in(b));

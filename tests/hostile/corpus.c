@@ -253,7 +253,9 @@ static const hostile_case cases[] = {
       "--features", "@/flood_features.npy", "--weight", "@/weight_1x1.npy", "--out", "@out"},
      10, 0, NULL},
     /* 5. memory follows the pairs, not kernel volume x threads (old: 1.2 GB at 2 threads, 4.3 GB
-     * at 8 for the regular build; now about 0.4 GB, the kernel's 16.6 M pair counts) */
+     * at 8 for the regular build). The build itself now adds about 1 MB (rulebooks list only
+     * their active offsets, test_rulebook caps it); what remains is this command's counts.npy,
+     * one int64 per kernel offset by its format (133 MB for 255^3). */
     {"kernel-255-regular", "a 255^3 kernel on 5 sites, 8 threads", HOSTILE_SUCCEEDS, NULL,
      {"rulebook", "--indices", "@/sites.npy", "--spatial-shape", "256,256,256", "--kernel", "255",
       "--threads", "8", "--out", "@out"}, 20, 1536, NULL},

@@ -601,7 +601,9 @@ int spconv_cmd_maxpool(int argc, char **argv) {
 static int rulebook_tables(layer_job *job, spconv_tensor **counts, spconv_tensor **pairs) {
     int64_t kv = spconv_rulebook_kernel_volume(job->rb);
     int64_t m = spconv_rulebook_num_pairs(job->rb);
-    const int64_t *offsets = spconv_rulebook_offsets(job->rb);
+    const int64_t active = spconv_rulebook_num_active_offsets(job->rb);
+    const int64_t *ks = spconv_rulebook_active_offsets(job->rb);
+    const int64_t *starts = spconv_rulebook_active_starts(job->rb);
     spconv_status st = spconv_tensor_empty(spconv_cpu(), SPCONV_I64, 1, &kv, counts);
     if (st == SPCONV_OK)
         st = spconv_tensor_empty(spconv_cpu(), SPCONV_I64, 2, (const int64_t[2]){m, 3}, pairs);
@@ -616,10 +618,11 @@ static int rulebook_tables(layer_job *job, spconv_tensor **counts, spconv_tensor
                                         (size_t)m * sizeof *rows);
     if (st == SPCONV_OK) {
         int64_t *count_data = spconv_tensor_data(*counts), *pair_data = spconv_tensor_data(*pairs);
-        for (int64_t k = 0; k < kv; ++k) {
-            count_data[k] = offsets[k + 1] - offsets[k];
-            for (int64_t p = offsets[k]; p < offsets[k + 1]; ++p) {
-                pair_data[3 * p] = k;
+        for (int64_t k = 0; k < kv; ++k) count_data[k] = 0;
+        for (int64_t j = 0; j < active; ++j) {
+            count_data[ks[j]] = starts[j + 1] - starts[j];
+            for (int64_t p = starts[j]; p < starts[j + 1]; ++p) {
+                pair_data[3 * p] = ks[j];
                 pair_data[3 * p + 1] = rows[p];
                 pair_data[3 * p + 2] = rows[m + p];
             }
