@@ -48,10 +48,9 @@ namespace {
 // ---- per-offset counts: the one place that knows how the C rulebook stores them ----------------
 
 // Pairs of kernel offset k are [*begin, *end) of the rulebook's pair lists.
+// (An offset without pairs gives an empty range.)
 void pair_range(const spconv_rulebook *rb, int64_t k, int64_t *begin, int64_t *end) {
-    const int64_t *offsets = spconv_rulebook_offsets(rb);
-    *begin = offsets[k];
-    *end = offsets[k + 1];
+    spconv_rulebook_offset_range(rb, k, begin, end);
 }
 
 // ---- devices, dtypes, contexts ---------------------------------------------------------------
@@ -244,7 +243,8 @@ struct Rulebook : torch::CustomClassHolder {
         for (int64_t k = 0; k < kv; ++k) {
             int64_t begin = 0, end = 0;
             pair_range(rb, k, &begin, &end);
-            p[k + 1] = end;
+            // Pairs are stored offset after offset, so an empty offset ends where the last began.
+            p[k + 1] = end > begin ? end : p[k];
         }
         return out;
     }
