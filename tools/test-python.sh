@@ -42,6 +42,8 @@ export SPCONV_C_BUILD_DIR=$PWD/build
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 "$py" -c "import spconv_c; print('test-python: extension', spconv_c.BUILD_KIND)"
 "$py" -m pytest -q python/tests "$@"
+# The side-by-side comparison with spconv in a process of its own with one OpenMP thread.
+OMP_NUM_THREADS=1 "$py" -m pytest -q python/tests/test_spconv_compat.py "$@"
 
 if [ "${SPCONV_C_SKIP_AOT:-0}" != 1 ]; then
   python/tests/aot_install.sh "$py"
