@@ -11,6 +11,7 @@ packages=(
   libpng-dev                                 # PNG pictures of results
   valgrind                                   # leak checks of the tensor tests
   clang libclang-rt-14-dev                   # libFuzzer targets
+  python3 python3-venv python3-dev           # the PyTorch binding's tests (tools/test-python.sh)
 )
 
 missing=()

@@ -1,0 +1,224 @@
+"""Benchmark of the PyTorch binding, in the spirit of PyTorch's C++-extension tutorial (the same
+model as an extension and in plain Python): forward and forward+backward of spconv's
+``bench_basic`` network and of the SECOND backbone (OpenPCDet VoxelBackBone8x),
+
+  ours     spconv_c.pytorch modules (the C engine through torch.ops.spconv_c);
+  plain    the same modules with the conv / pool products in plain PyTorch over our rulebooks
+           (index_select + mm + index_add_ per kernel offset; scatter_reduce amax for pooling);
+  spconv   spconv 2.3.8's own modules, when installed;
+
+same threads, medians of --repeat runs after --warmup, rulebooks built in every forward (as
+spconv's benchmark counts them). --overhead also runs the C tool (`spconv bench`) on the same
+network and input and prints the binding's overhead over it.
+
+  .venv/bin/python python/benchmarks/bench.py [--net basic|second|all] [--repeat 5] [--threads 1]
+      [--backward] [--max-voxels N] [--overhead]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+DATA = ROOT.parent / "shared" / "data"
+
+import spconv_c.ops as ops  # noqa: E402
+import spconv_c.pytorch as ours  # noqa: E402
+
+
+# ---- networks, written once against spconv's API ----------------------------------------------
+
+def basic_net(sp):
+    layers, cin = [], 3
+    for i, c in enumerate([64, 64, 96, 96, 128, 128, 160, 160, 192, 192, 224, 224, 256, 256]):
+        layers.append(sp.SubMConv3d(cin, c, 3, bias=False, indice_key=f"c{i // 2}"))
+        cin = c
+        if i % 2 == 1 and i < 13:
+            layers.append(sp.SparseMaxPool3d(2, 2))
+    return sp.SparseSequential(*layers)
+
+
+def second_net(sp):
+    def block(cin, cout, k, s=1, p=0, key=None, kind="subm"):
+        conv = {"subm": lambda: sp.SubMConv3d(cin, cout, k, bias=False, indice_key=key),
+                "spconv": lambda: sp.SparseConv3d(cin, cout, k, s, p, bias=False, indice_key=key)}
+        return sp.SparseSequential(conv[kind](), nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01),
+                                   nn.ReLU())
+    return sp.SparseSequential(
+        block(4, 16, 3, key="subm1"), block(16, 16, 3, key="subm1"),
+        block(16, 32, 3, 2, 1, "spconv2", "spconv"), block(32, 32, 3, key="subm2"),
+        block(32, 32, 3, key="subm2"),
+        block(32, 64, 3, 2, 1, "spconv3", "spconv"), block(64, 64, 3, key="subm3"),
+        block(64, 64, 3, key="subm3"),
+        block(64, 64, 3, 2, (0, 1, 1), "spconv4", "spconv"), block(64, 64, 3, key="subm4"),
+        block(64, 64, 3, key="subm4"),
+        sp.SparseSequential(sp.SparseConv3d(64, 128, (3, 1, 1), (2, 1, 1), bias=False,
+                                            indice_key="spconv_down2"),
+                            nn.BatchNorm1d(128, eps=1e-3, momentum=0.01), nn.ReLU()),
+        sp.ToDense())
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+def basic_input(max_voxels):
+    idx = np.fromfile(DATA / "spconv_test_indices.i32", dtype=np.int32).reshape(-1, 4)
+    feats = np.fromfile(DATA / "spconv_test_features.f32", dtype=np.float32).reshape(-1, 3)
+    if max_voxels:
+        idx, feats = idx[:max_voxels], feats[:max_voxels]
+    return torch.from_numpy(feats.copy()), torch.from_numpy(idx.copy()), [80, 1600, 1600]
+
+
+def second_input(max_voxels):
+    pts = torch.from_numpy(np.fromfile(DATA / "kitti_000008.bin", dtype=np.float32).reshape(-1, 4))
+    gen = ours.PointToVoxel([0.05, 0.05, 0.1], [0, -40, -3, 70.4, 40, 1], 4,
+                            max_voxels or 40000, 5)
+    voxels, coords, num = gen(pts)
+    feats = voxels.sum(1) / num.view(-1, 1).float()
+    idx = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords], 1)
+    return feats, idx, [41, 1600, 1408]
+
+
+# ---- the plain-PyTorch products over our rulebooks ---------------------------------------------
+
+def plain_conv(rb, features, weight, bias=None):
+    kv = rb.kernel_volume()
+    w = weight.reshape(kv, weight.shape[-2], weight.shape[-1])
+    offsets = rb.pair_offsets().tolist()
+    pin, pout = rb.pairs_in().long(), rb.pairs_out().long()
+    out = features.new_zeros(rb.num_out(), w.shape[2])
+    if bias is not None:
+        out = out + bias
+    for k in range(kv):
+        b, e = offsets[k], offsets[k + 1]
+        if e > b:
+            out = out.index_add(0, pout[b:e], features.index_select(0, pin[b:e]) @ w[k])
+    return out
+
+
+def plain_maxpool(rb, features):
+    pin, pout = rb.pairs_in().long(), rb.pairs_out().long()
+    out = features.new_full((rb.num_out(), features.shape[1]), float("-inf"))
+    src = features.index_select(0, pin)
+    return out.scatter_reduce(0, pout.view(-1, 1).expand_as(src), src, "amax")
+
+
+class PlainProducts:
+    """Swap the engine's products for the plain PyTorch ones inside the same modules."""
+
+    def __enter__(self):
+        self.saved = ops.indice_conv, ops.indice_maxpool
+        ops.indice_conv, ops.indice_maxpool = plain_conv, plain_maxpool
+
+    def __exit__(self, *exc):
+        ops.indice_conv, ops.indice_maxpool = self.saved
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+def time_variant(lib, net, feats, idx, shape, backward, repeat, warmup):
+    times = []
+    for i in range(warmup + repeat):
+        f = feats.clone().requires_grad_(backward)
+        t0 = time.perf_counter()
+        out = net(lib.SparseConvTensor(f, idx, shape, 1))
+        dense = out if isinstance(out, torch.Tensor) else out.features
+        if backward:
+            dense.sum().backward()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), min(times), max(times)
+
+
+def c_tool_forward_ms(net, repeat, warmup, threads):
+    tool = ROOT / "build" / "tools" / "spconv"
+    if not tool.exists():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        cmd = [str(tool), "bench", "--net", net, "--repeat", str(repeat), "--warmup", str(warmup),
+               "--threads", str(threads), "--json", str(out)]
+        cmd += ["--input", str(DATA if net == "basic" else DATA / "kitti_000008.bin")]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        report = json.loads(out.read_text())
+    return report["passes"]["forward"]["wall_ms"]["median"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--net", default="all", choices=["basic", "second", "all"])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--backward", action="store_true", help="also time forward+backward")
+    ap.add_argument("--max-voxels", type=int, default=0, help="use the first N voxels only")
+    ap.add_argument("--variants", default="ours,plain,spconv")
+    ap.add_argument("--overhead", action="store_true",
+                    help="compare with `build/tools/spconv bench` (writes its JSON figures)")
+    args = ap.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"bench: the inputs are in {DATA} (see README); not found")
+    torch.set_num_threads(args.threads)
+    try:
+        import spconv.pytorch as theirs
+        import spconv.pytorch.ops as spconv_ops
+        if not torch.cuda.is_available():
+            spconv_ops.get_current_stream = lambda: 0  # its CPU backward asks for a CUDA stream
+    except ImportError:
+        theirs = None
+    nets = ["basic", "second"] if args.net == "all" else [args.net]
+    modes = [False, True] if args.backward else [False]
+    print(f"threads {args.threads}, median [min, max] of {args.repeat} runs, ms")
+    for name in nets:
+        feats, idx, shape = (basic_input if name == "basic" else second_input)(args.max_voxels)
+        build = basic_net if name == "basic" else second_net
+        torch.manual_seed(0)
+        ref = build(ours).eval()
+        ours_forward = None
+        for backward in modes:
+            phase = "fwd+bwd" if backward else "forward"
+            for variant in args.variants.split(","):
+                if variant == "spconv" and theirs is None:
+                    print(f"{name:7s} {phase:8s} spconv   (not installed)")
+                    continue
+                lib = theirs if variant == "spconv" else ours
+                net = build(lib).eval()
+                net.load_state_dict(ref.state_dict())
+                ctx = PlainProducts() if variant == "plain" else _Nothing()
+                with ctx, torch.set_grad_enabled(backward):
+                    med, lo, hi = time_variant(lib, net, feats, idx, shape, backward,
+                                               args.repeat, args.warmup)
+                print(f"{name:7s} {phase:8s} {variant:8s} {med:9.1f} [{lo:.1f}, {hi:.1f}]  "
+                      f"({idx.shape[0]} voxels)", flush=True)
+                if variant == "ours" and not backward:
+                    ours_forward = med
+        if args.overhead and not args.max_voxels:
+            c_ms = c_tool_forward_ms(name, args.repeat, args.warmup, args.threads)
+            if c_ms is None:
+                print("overhead: build/tools/spconv not built")
+            elif ours_forward is not None:
+                print(f"{name:7s} forward  C tool   {c_ms:9.1f}  binding overhead "
+                      f"{100 * (ours_forward / c_ms - 1):+.1f}%")
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    main()

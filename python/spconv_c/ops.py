@@ -1,0 +1,198 @@
+"""The operators of the extension (``torch.ops.spconv_c.*``) with what PyTorch needs around them:
+fake (meta) kernels, so that ``torch.compile`` and ``torch.library.opcheck`` can trace them, and
+autograd formulas, so that the differentiable ones work with ``backward()``.
+
+Operators (schemas in ``csrc/ops.cpp``):
+
+==================  ===========================================================================
+build_rulebook      indices int32 [N, 4] -> Rulebook (regular / pool, subm, transposed)
+inverse_rulebook    Rulebook of a regular conv or pool -> the Rulebook of its inverse conv
+conv_forward        (rulebook, features [N_in, C_in], weight [KV, C_in, C_out] or
+                    [KD, KH, KW, C_in, C_out], bias [C_out] or None) -> [N_out, C_out]
+conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
+maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
+maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
+sparse_to_dense     (features [N, C], indices [N, 4], spatial_shape, batch_size) -> [B, C, D, H, W]
+voxelize            points [P, F] -> (voxels, mean features, coords (z, y, x), num_points,
+                    point_voxel, grid_size (x, y, z))
+==================  ===========================================================================
+
+A Rulebook is an opaque handle (``torch.classes.spconv_c.Rulebook``): its methods give
+``num_in()``, ``num_out()``, ``kernel_volume()``, ``pair_offsets()`` (int64 [KV + 1]),
+``pairs_in()``, ``pairs_out()``, ``in_indices()``, ``out_indices()`` (views, no copies).
+"""
+
+import torch
+
+REGULAR, SUBM, TRANSPOSED, INVERSE = 0, 1, 2, 3
+
+_ops = torch.ops.spconv_c
+
+
+# ---- fake rulebook: what tracing knows about a rulebook -----------------------------------------
+
+@torch._library.register_fake_class("spconv_c::Rulebook")
+class FakeRulebook:
+    """A rulebook under tracing: its sizes (the number of output sites may be symbolic)."""
+
+    def __init__(self, kind, num_in, num_out, kernel_volume):
+        self._kind, self._num_in, self._num_out, self._kv = kind, num_in, num_out, kernel_volume
+
+    @classmethod
+    def __obj_unflatten__(cls, flat):
+        return cls(**dict(flat))
+
+    def kind(self):
+        return self._kind
+
+    def num_in(self):
+        return self._num_in
+
+    def num_out(self):
+        return self._num_out
+
+    def kernel_volume(self):
+        return self._kv
+
+
+# build_rulebook and inverse_rulebook have no fake kernels: they return a rulebook handle (a
+# torchbind object), which PyTorch's fake tensors cannot produce, and their output sizes depend
+# on the data anyway. Under torch.compile they run eagerly (build_rulebook below is a graph
+# break); the conv and pool ops that consume a rulebook trace through FakeRulebook.
+
+
+@torch.library.register_fake("spconv_c::conv_forward")
+def _(rulebook, features, weight, bias):
+    return features.new_empty(rulebook.num_out(), weight.shape[-1])
+
+
+@torch.library.register_fake("spconv_c::conv_backward")
+def _(rulebook, features, weight, grad_out, output_mask):
+    def maybe(flag, like, shape):
+        return like.new_empty(shape) if flag else like.new_empty(0)
+    return (maybe(output_mask[0], features, features.shape),
+            maybe(output_mask[1], weight, weight.shape),
+            maybe(output_mask[2], weight, (weight.shape[-1],)))
+
+
+@torch.library.register_fake("spconv_c::maxpool_forward")
+def _(rulebook, features):
+    shape = (rulebook.num_out(), features.shape[1])
+    return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.register_fake("spconv_c::maxpool_backward")
+def _(rulebook, argmax, grad_out):
+    return grad_out.new_empty(rulebook.num_in(), grad_out.shape[1])
+
+
+@torch.library.register_fake("spconv_c::sparse_to_dense")
+def _(features, indices, spatial_shape, batch_size):
+    return features.new_empty(batch_size, features.shape[1], *spatial_shape)
+
+
+@torch.library.register_fake("spconv_c::voxelize")
+def _(points, voxel_size, coors_range, max_points, max_voxels):
+    m = torch.library.get_ctx().new_dynamic_size()
+    f = points.shape[1]
+    return (points.new_empty(m, max_points, f, dtype=torch.float32),
+            points.new_empty(m, f, dtype=torch.float32),
+            points.new_empty(m, 3, dtype=torch.int32),
+            points.new_empty(m, dtype=torch.int32),
+            points.new_empty(points.shape[0], dtype=torch.int64),
+            points.new_empty(3, dtype=torch.int64))
+
+
+# ---- autograd -----------------------------------------------------------------------------------
+
+def _conv_setup(ctx, inputs, output):
+    rulebook, features, weight, bias = inputs
+    ctx.rulebook = rulebook
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(features, weight)
+
+
+def _conv_backward(ctx, grad_out):
+    features, weight = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.has_bias and ctx.needs_input_grad[3]]
+    gf, gw, gb = _ops.conv_backward(ctx.rulebook, features, weight, grad_out.contiguous(), mask)
+    return None, gf if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None
+
+
+torch.library.register_autograd("spconv_c::conv_forward", _conv_backward, setup_context=_conv_setup)
+
+
+def _pool_setup(ctx, inputs, output):
+    rulebook, features = inputs
+    ctx.rulebook = rulebook
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _pool_backward(ctx, grad_out, _grad_argmax):
+    (argmax,) = ctx.saved_tensors
+    return None, _ops.maxpool_backward(ctx.rulebook, argmax, grad_out.contiguous())
+
+
+torch.library.register_autograd("spconv_c::maxpool_forward", _pool_backward,
+                                setup_context=_pool_setup)
+
+
+def _dense_setup(ctx, inputs, output):
+    features, indices, spatial_shape, batch_size = inputs
+    ctx.save_for_backward(indices)
+
+
+def _dense_backward(ctx, grad_dense):
+    # The gradient of a scatter into the dense grid is the gather at the same sites.
+    (indices,) = ctx.saved_tensors
+    idx = indices.long()
+    grad = grad_dense.permute(0, 2, 3, 4, 1)[idx[:, 0], idx[:, 1], idx[:, 2], idx[:, 3]]
+    return grad, None, None, None
+
+
+torch.library.register_autograd("spconv_c::sparse_to_dense", _dense_backward,
+                                setup_context=_dense_setup)
+
+
+# ---- Python entry points ------------------------------------------------------------------------
+
+def _triple(v):
+    if isinstance(v, int):
+        return [v, v, v]
+    v = [int(x) for x in v]
+    return v * 3 if len(v) == 1 else v
+
+
+@torch.compiler.disable
+def build_rulebook(indices, spatial_shape, batch_size, kind, kernel_size, stride=1, padding=0,
+                   dilation=1, output_padding=0):
+    """The rulebook of a conv or pool of ``kind`` (REGULAR, SUBM, TRANSPOSED) over ``indices``."""
+    return _ops.build_rulebook(indices, _triple(spatial_shape), int(batch_size), int(kind),
+                               _triple(kernel_size), _triple(stride), _triple(padding),
+                               _triple(dilation), _triple(output_padding))
+
+
+@torch.compiler.disable
+def inverse_rulebook(forward):
+    return _ops.inverse_rulebook(forward)
+
+
+def indice_conv(rulebook, features, weight, bias=None):
+    """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
+    return _ops.conv_forward(rulebook, features, weight, bias)
+
+
+def indice_maxpool(rulebook, features):
+    """Differentiable max pool over ``rulebook`` (starts from -inf; NaN propagates)."""
+    return _ops.maxpool_forward(rulebook, features)[0]
+
+
+def sparse_to_dense(features, indices, spatial_shape, batch_size):
+    """Differentiable dense [B, C, D, H, W] of a sparse tensor."""
+    return _ops.sparse_to_dense(features, indices, _triple(spatial_shape), int(batch_size))
+
+
+def voxelize(points, voxel_size, coors_range, max_points, max_voxels):
+    return _ops.voxelize(points, [float(v) for v in voxel_size], [float(v) for v in coors_range],
+                         int(max_points), int(max_voxels))

@@ -1,0 +1,251 @@
+"""Sparse convolutions with spconv 2.x's constructor arguments and weight layout.
+
+Weights are stored as spconv 2.x stores them, KRSC ``[C_out, KD, KH, KW, C_in]``, so a spconv
+(or OpenPCDet) state_dict loads unchanged. The engine wants RSCK ``[KD, KH, KW, C_in, C_out]``:
+the module hands it ``weight.permute(1, 2, 3, 4, 0)``, a view; the engine makes it contiguous
+once per call (KV * C_in * C_out elements, small beside the features) and the gradient flows
+back through the same view.
+
+Kernel-volume-1 layers: spconv 2.x computes them as ``features @ weight.view(C_in, C_out)``, a
+plain reshape of the KRSC tensor rather than its transpose (spconv issue #450); checkpoints
+trained that way depend on it. ``SparseConvolution.legacy_1x1 = True`` (per module, or
+``SPCONV_C_LEGACY_1X1=1`` for every module) reads such weights that way and gives spconv's
+outputs; the default reads KRSC as what it says it is.
+"""
+
+import math
+import os
+
+import torch
+from torch import nn
+from torch.nn import init
+from torch.nn.parameter import Parameter
+
+from .. import ops
+from .core import IndiceEntry, SparseConvTensor
+from .modules import SparseModule
+
+LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "0") == "1"
+
+
+def expand_nd(ndim, value):
+    if isinstance(value, int):
+        return [value] * ndim
+    value = [int(v) for v in value]
+    if len(value) == 1:
+        return value * ndim
+    if len(value) != ndim:
+        raise ValueError(f"spconv_c: expected {ndim} values, got {value}")
+    return value
+
+
+class _KeyMismatch(ValueError):
+    pass
+
+
+def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key):
+    """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
+    out_indices, out_spatial_shape).
+
+    subm: reused when the key holds a subm rulebook of the same kernel/dilation on the same
+    sites, else built and stored; regular / transposed / pool: built and stored under the key
+    (the inverse conv finds it); inverse: the inverse of the rulebook stored under the key.
+    """
+    cache = input.indice_dict
+    if kind == ops.INVERSE:
+        if indice_key is None or indice_key not in cache:
+            raise KeyError(f"spconv_c: inverse conv: unknown indice_key {indice_key!r} (known: "
+                           f"{sorted(cache)}); the conv it inverts must run first with that key")
+        entry = cache[indice_key]
+        if entry.is_subm:
+            raise ValueError(f"spconv_c: inverse conv: indice_key {indice_key!r} holds a "
+                             f"submanifold rulebook; only regular convs and pools invert")
+        if list(entry.ksize) != list(ksize):
+            raise ValueError(f"spconv_c: inverse conv: kernel {ksize} differs from the kernel "
+                             f"{entry.ksize} of the conv under indice_key {indice_key!r}")
+        if entry.out_indices.shape[0] != input.indices.shape[0]:
+            raise ValueError(f"spconv_c: inverse conv: the input has {input.indices.shape[0]} "
+                             f"sites, the conv under indice_key {indice_key!r} produced "
+                             f"{entry.out_indices.shape[0]}")
+        return entry, entry.inverse(), entry.indices, entry.spatial_shape
+    if kind == ops.SUBM and indice_key is not None and indice_key in cache:
+        entry = cache[indice_key]
+        same = (entry.is_subm and list(entry.ksize) == list(ksize)
+                and list(entry.dilation) == list(dilation)
+                and entry.spatial_shape == input.spatial_shape
+                and entry.indices.shape[0] == input.indices.shape[0])
+        if not same:
+            raise _KeyMismatch(f"spconv_c: indice_key {indice_key!r} holds a rulebook of another "
+                               f"geometry or other sites (kernel {entry.ksize}, dilation "
+                               f"{entry.dilation}, subm={entry.is_subm}); this layer has kernel "
+                               f"{ksize}, dilation {dilation}, subm=True")
+        return entry, entry.rulebook, entry.out_indices, entry.out_spatial_shape
+    rb = ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind, ksize,
+                            stride, padding, dilation, output_padding)
+    out_indices = input.indices if kind == ops.SUBM else rb.out_indices()
+    out_shape = list(input.spatial_shape) if kind == ops.SUBM else list(rb.out_shape())
+    entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
+                        out_shape, list(ksize), list(stride), list(padding), list(dilation))
+    if indice_key is not None:
+        cache[indice_key] = entry
+    return entry, rb, out_indices, out_shape
+
+
+def _engine_dtype(features):
+    """The CPU engine computes in f32 / f64: half-precision CPU features go through f32."""
+    if features.device.type == "cpu" and features.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return features.dtype
+
+
+class SparseConvolution(SparseModule):
+    """Base of every sparse conv (checkpoint loaders test isinstance against it)."""
+
+    legacy_1x1 = LEGACY_1X1_DEFAULT
+
+    def __init__(self, ndim, in_channels, out_channels, kernel_size=3, stride=1, padding=0,
+                 dilation=1, groups=1, bias=True, subm=False, output_padding=0, transposed=False,
+                 inverse=False, indice_key=None, algo=None, fp32_accum=None,
+                 record_voxel_count=False, act_type=None, act_alpha=0, act_beta=0,
+                 large_kernel_fast_algo=False, name=None, device=None, dtype=None):
+        super().__init__(name=name)
+        if ndim != 3:
+            raise NotImplementedError("spconv_c: only 3-d sparse convolutions exist")
+        if groups != 1:
+            raise NotImplementedError("spconv_c: groups != 1 is not supported (nor by spconv)")
+        self.ndim = ndim
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = expand_nd(ndim, kernel_size)
+        self.stride = expand_nd(ndim, stride)
+        self.padding = expand_nd(ndim, padding)
+        self.dilation = expand_nd(ndim, dilation)
+        self.output_padding = expand_nd(ndim, output_padding)
+        self.groups = groups
+        self.subm, self.transposed, self.inverse = subm, transposed, inverse
+        self.indice_key = indice_key
+        self.algo, self.fp32_accum = algo, fp32_accum  # accepted; the engine has one algorithm
+        self.record_voxel_count = record_voxel_count
+        self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
+        self.large_kernel_fast_algo = large_kernel_fast_algo
+        kv = math.prod(self.kernel_size)
+        # spconv's 1x1 fast path: kernel volume 1 and (subm or stride 1).
+        self.conv1x1 = kv == 1 and (subm or math.prod(self.stride) == 1)
+        if self.conv1x1 and not subm and self.padding != [0] * ndim:
+            raise ValueError("spconv_c: padding must be zero for a 1x1 conv (k=1, s=1)")
+        kwargs = {"device": device, "dtype": dtype}
+        self.weight_shape = [out_channels, *self.kernel_size, in_channels]
+        self.weight = Parameter(torch.zeros(*self.weight_shape, **kwargs))
+        if bias:
+            self.bias = Parameter(torch.zeros(out_channels, **kwargs))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def _fan_in(self):
+        return self.in_channels * math.prod(self.kernel_size)
+
+    def reset_parameters(self):
+        # Kaiming-uniform with a = sqrt(5) over fan_in = C_in * KV, as nn.Conv3d and spconv do.
+        gain = math.sqrt(2.0 / (1 + 5))
+        bound = gain * math.sqrt(3.0 / self._fan_in())
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+        if self.bias is not None:
+            b = 1 / math.sqrt(self._fan_in())
+            init.uniform_(self.bias, -b, b)
+
+    def extra_repr(self):
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+             f"stride={self.stride}")
+        if self.padding != [0] * self.ndim:
+            s += f", padding={self.padding}"
+        if self.dilation != [1] * self.ndim:
+            s += f", dilation={self.dilation}"
+        if self.output_padding != [0] * self.ndim:
+            s += f", output_padding={self.output_padding}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.indice_key is not None:
+            s += f", indice_key={self.indice_key!r}"
+        return s
+
+    def is_inverseable(self):
+        return self.indice_key is not None and not self.subm
+
+    def _kind(self):
+        if self.inverse:
+            return ops.INVERSE
+        if self.subm:
+            return ops.SUBM
+        return ops.TRANSPOSED if self.transposed else ops.REGULAR
+
+    def forward(self, input, add_input=None):
+        if not isinstance(input, SparseConvTensor):
+            raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
+                            f"{type(input).__name__}")
+        feats = input.features
+        if feats.dim() != 2 or feats.shape[1] != self.in_channels:
+            raise ValueError(f"spconv_c: {type(self).__name__} expects features [N, "
+                             f"{self.in_channels}], got {list(feats.shape)}")
+        work = _engine_dtype(feats)
+        weight = self.weight.to(work)
+        bias = None if self.bias is None else self.bias.to(work)
+        if self.conv1x1 and not self.inverse:
+            # No rulebook: every site maps to itself.
+            if self.legacy_1x1:
+                w = weight.reshape(self.in_channels, self.out_channels)
+            else:
+                w = weight.reshape(self.out_channels, self.in_channels).t()
+            out = feats.to(work) @ w
+            if bias is not None:
+                out = out + bias
+            result = input.replace_feature(out.to(feats.dtype))
+        else:
+            _, rb, out_indices, out_shape = rulebook_for(
+                input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
+                self.output_padding, self.indice_key)
+            out = ops.indice_conv(rb, feats.to(work), weight.permute(1, 2, 3, 4, 0), bias)
+            result = SparseConvTensor(out.to(feats.dtype), out_indices, out_shape,
+                                      input.batch_size, input.grid, input.voxel_num,
+                                      input.indice_dict, input.benchmark)
+        if add_input is not None:
+            result = result.replace_feature(result.features + add_input.features)
+        return result
+
+
+class SparseConv3d(SparseConvolution):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
+                 record_voxel_count=False, large_kernel_fast_algo=False, name=None):
+        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+                         record_voxel_count=record_voxel_count,
+                         large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class SubMConv3d(SparseConvolution):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
+                 large_kernel_fast_algo=False, name=None):
+        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, True, indice_key=indice_key, algo=algo,
+                         fp32_accum=fp32_accum, large_kernel_fast_algo=large_kernel_fast_algo,
+                         name=name)
+
+
+class SparseConvTranspose3d(SparseConvolution):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
+                 record_voxel_count=False, large_kernel_fast_algo=False, name=None):
+        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
+                         groups, bias, transposed=True, indice_key=indice_key, algo=algo,
+                         fp32_accum=fp32_accum, record_voxel_count=record_voxel_count,
+                         large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class SparseInverseConv3d(SparseConvolution):
+    def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None,
+                 fp32_accum=None, large_kernel_fast_algo=False, name=None):
+        super().__init__(3, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
+                         indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+                         large_kernel_fast_algo=large_kernel_fast_algo, name=name)

@@ -1,0 +1,48 @@
+"""PointToVoxel in the spirit of spconv's: points [P, F] (x, y, z first) to voxels on the CPU."""
+
+import torch
+
+from .. import ops
+
+
+class PointToVoxel:
+    """spconv.pytorch.utils.PointToVoxel's interface over the engine's voxelizer.
+
+    ``__call__`` returns (voxels [M, max_points, F], indices int32 [M, 3] (z, y, x),
+    num_points int32 [M]); ``generate_voxel_with_id`` adds each point's voxel row (-1: dropped).
+    ``grid_size`` is (x, y, z); a sparse tensor's spatial shape is its reverse.
+    """
+
+    def __init__(self, vsize_xyz, coors_range_xyz, num_point_features, max_num_voxels,
+                 max_num_points_per_voxel, device=torch.device("cpu:0")):
+        if torch.device(device).type != "cpu":
+            raise NotImplementedError("spconv_c: PointToVoxel runs on the CPU (the engine's "
+                                      "voxelizer is CPU only); move the points to the CPU")
+        self.vsize = [float(v) for v in vsize_xyz]
+        self.coors_range = [float(v) for v in coors_range_xyz]
+        self.num_point_features = num_point_features
+        self.max_num_voxels = max_num_voxels
+        self.max_num_points_per_voxel = max_num_points_per_voxel
+        self.device = torch.device(device)
+        self.grid_size = [round((self.coors_range[i + 3] - self.coors_range[i]) / self.vsize[i])
+                          for i in range(3)]
+
+    def _run(self, pc, empty_mean):
+        if pc.shape[1] != self.num_point_features:
+            raise ValueError(f"spconv_c: PointToVoxel expects {self.num_point_features} features "
+                             f"per point, got {pc.shape[1]}")
+        voxels, mean, coords, num, point_voxel, grid = ops.voxelize(
+            pc, self.vsize, self.coors_range, self.max_num_points_per_voxel, self.max_num_voxels)
+        if empty_mean:
+            # spconv's empty_mean: unused slots hold the voxel's mean instead of zeros.
+            slot = torch.arange(voxels.shape[1]).view(1, -1)
+            unused = slot >= num.view(-1, 1)
+            voxels = torch.where(unused.unsqueeze(-1), mean.unsqueeze(1), voxels)
+        return voxels, coords, num, point_voxel
+
+    def __call__(self, pc, clear_voxels=True, empty_mean=False):
+        voxels, coords, num, _ = self._run(pc, empty_mean)
+        return voxels, coords, num
+
+    def generate_voxel_with_id(self, pc, clear_voxels=True, empty_mean=False):
+        return self._run(pc, empty_mean)

@@ -1,0 +1,42 @@
+"""Random sparse geometries and the dense PyTorch oracle they are checked against."""
+
+import torch
+
+
+def random_sites(gen, batch_size, shape, count):
+    """``count`` distinct int32 rows (b, z, y, x) inside ``shape`` (at most all sites)."""
+    d, h, w = shape
+    total = batch_size * d * h * w
+    flat = torch.randperm(total, generator=gen)[:min(count, total)]
+    b = flat // (d * h * w)
+    r = flat % (d * h * w)
+    return torch.stack([b, r // (h * w), (r // w) % h, r % w], 1).int()
+
+
+def random_sparse(gen, batch_size, shape, count, channels, dtype=torch.float64):
+    indices = random_sites(gen, batch_size, shape, count)
+    features = torch.randn(indices.shape[0], channels, generator=gen, dtype=dtype)
+    return features, indices
+
+
+def scatter_dense(features, indices, shape, batch_size, fill=0.0):
+    """Differentiable dense [B, C, D, H, W] with ``fill`` at empty sites."""
+    c = features.shape[1]
+    dense = torch.full((batch_size, *shape, c), fill, dtype=features.dtype)
+    i = indices.long()
+    dense = dense.index_put((i[:, 0], i[:, 1], i[:, 2], i[:, 3]), features)
+    return dense.permute(0, 4, 1, 2, 3)
+
+
+def gather_dense(dense, indices):
+    """Rows [N, C] of dense [B, C, D, H, W] at ``indices``."""
+    i = indices.long()
+    return dense.permute(0, 2, 3, 4, 1)[i[:, 0], i[:, 1], i[:, 2], i[:, 3]]
+
+
+def krsc_to_oidhw(weight):
+    return weight.permute(0, 4, 1, 2, 3)
+
+
+def krsc_to_iodhw(weight):
+    return weight.permute(4, 0, 1, 2, 3)

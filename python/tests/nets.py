@@ -1,0 +1,46 @@
+"""One network written once against spconv 2.x's API; built with spconv itself or with
+spconv_c.pytorch (the drop-in test changes only the module namespace)."""
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def make_net(spconv, cin=4):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = spconv.SparseSequential(
+                spconv.SubMConv3d(cin, 16, 3, padding=1, bias=False, indice_key="subm1"),
+                nn.BatchNorm1d(16), nn.ReLU())
+            self.down = spconv.SparseSequential(
+                spconv.SparseConv3d(16, 32, 3, 2, 1, bias=False, indice_key="down1"), nn.ReLU())
+            self.mid = spconv.SubMConv3d(32, 32, 3, indice_key="subm2")
+            self.pw = spconv.SubMConv3d(32, 32, 1, indice_key="pw")
+            self.up = spconv.SparseInverseConv3d(32, 16, 3, indice_key="down1")
+            self.pool = spconv.SparseMaxPool3d(2, 2)
+            self.head = spconv.SparseSequential(
+                spconv.SparseConvTranspose3d(32, 8, 2, 2, bias=True), spconv.ToDense())
+
+        def forward(self, x):
+            a = self.stem(x)
+            b = self.down(a)
+            c = self.pw(self.mid(b))
+            u = self.up(c)
+            skip = u.replace_feature(u.features + a.features)  # inverse: the conv's input order
+            pooled = self.pool(b)
+            return skip.features, self.head(pooled)
+
+    return Net()
+
+
+def kitti_voxels(path, voxel=0.4):
+    """A KITTI scan in a 40 m x 40 m x 4 m box as (features [N, 4] f32, indices [N, 4], shape)."""
+    pts = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
+    import spconv_c.pytorch as ours
+    gen = ours.PointToVoxel([voxel] * 3, [0, -20, -3, 40, 20, 1], 4, 40000, 5)
+    voxels, coords, num = gen(torch.from_numpy(pts))
+    feats = voxels.sum(1) / num.view(-1, 1).float()
+    indices = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords], 1)
+    shape = list(reversed(gen.grid_size))
+    return feats, indices, shape

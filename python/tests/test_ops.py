@@ -1,0 +1,168 @@
+"""The operators themselves: gradcheck in float64, torch.library.opcheck (schema, fake kernel,
+autograd registration), zero-copy outputs, and bad input reaching Python as the engine's
+message."""
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+import spconv_c  # noqa: F401
+import spconv_c.pytorch as spconv
+from spconv_c import ops
+from helpers import random_sparse
+
+SHAPE = [5, 6, 5]
+
+
+def small_input(seed, channels=2, count=30, batch=2):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, batch, SHAPE, count, channels)
+    return gen, feats, idx
+
+
+def rulebooks(idx):
+    regular = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    return {
+        "regular": regular,
+        "subm": ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3),
+        "transposed": ops.build_rulebook(idx, SHAPE, 2, ops.TRANSPOSED, 2, 2, 0),
+        "inverse": ops.inverse_rulebook(regular),
+    }
+
+
+@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
+def test_conv_gradcheck(seed, kind):
+    gen, feats, idx = small_input(seed)
+    rb = rulebooks(idx)[kind]
+    cin, cout = 2, 3
+    if kind == "inverse":  # its input lives on the regular conv's output sites
+        feats = torch.randn(rb.num_in(), cin, generator=gen, dtype=torch.float64)
+    kv = rb.kernel_volume()
+    w = torch.randn(kv, cin, cout, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
+    f = feats.detach().requires_grad_(True)
+    assert gradcheck(lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
+
+
+def test_maxpool_gradcheck(seed):
+    _, feats, idx = small_input(seed, count=40)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
+    # Distinct values keep every maximum away from ties, where max is not differentiable.
+    f = (torch.randperm(feats.numel(), dtype=torch.float64).view(feats.shape) / 7.0 - 3.0)
+    f.requires_grad_(True)
+    assert gradcheck(lambda f: ops.indice_maxpool(rb, f), (f,))
+
+
+def test_sparse_to_dense_gradcheck(seed):
+    _, feats, idx = small_input(seed)
+    f = feats.detach().requires_grad_(True)
+    assert gradcheck(lambda f: ops.sparse_to_dense(f, idx, SHAPE, 2), (f,))
+
+
+def test_opcheck_every_op(seed):
+    gen, feats, idx = small_input(seed)
+    rbs = rulebooks(idx)
+    rb = rbs["regular"]
+    w = torch.randn(27, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, generator=gen, dtype=torch.float64, requires_grad=True)
+    f = feats.detach().requires_grad_(True)
+    g = torch.randn(rb.num_out(), 3, generator=gen, dtype=torch.float64)
+    pool_rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
+    pooled, argmax = torch.ops.spconv_c.maxpool_forward(pool_rb, feats)
+    points = torch.rand(200, 4, generator=gen) * 10
+    # The rulebook builders return a torchbind handle, which fake tensors cannot produce (they
+    # are graph breaks under torch.compile): their schema and autograd registration are checked.
+    handle_ops = [
+        (torch.ops.spconv_c.build_rulebook.default,
+         (idx, SHAPE, 2, ops.SUBM, [3, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1], [0, 0, 0])),
+        (torch.ops.spconv_c.inverse_rulebook.default, (rb,)),
+    ]
+    for op, args in handle_ops:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration"))
+    cases = [
+        (torch.ops.spconv_c.conv_forward.default, (rb, f, w, b)),
+        (torch.ops.spconv_c.conv_forward.default, (rbs["subm"], f, w, None)),
+        (torch.ops.spconv_c.conv_backward.default, (rb, feats, w.detach(), g, [True, True, True])),
+        (torch.ops.spconv_c.maxpool_forward.default, (pool_rb, f)),
+        (torch.ops.spconv_c.maxpool_backward.default, (pool_rb, argmax, torch.ones_like(pooled))),
+        (torch.ops.spconv_c.sparse_to_dense.default, (f, idx, SHAPE, 2)),
+        (torch.ops.spconv_c.voxelize.default, (points, [1.0, 1.0, 1.0], [0, 0, 0, 10, 10, 10], 5, 100)),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
+
+
+def test_outputs_are_not_copied():
+    _, feats, idx = small_input(1)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    # The rulebook's indices are the caller's tensor itself (wrapped, not copied).
+    assert rb.in_indices().data_ptr() == idx.data_ptr()
+    assert rb.out_indices().data_ptr() == idx.data_ptr()
+    # Reading the pairs twice gives views of the same engine memory.
+    assert rb.pairs_in().data_ptr() == rb.pairs_in().data_ptr()
+    offsets = rb.pair_offsets()
+    assert offsets[-1].item() == rb.num_pairs() and offsets.shape[0] == 28
+
+
+def test_rulebook_outlives_its_indices():
+    _, feats, idx = small_input(2)
+    rb = ops.build_rulebook(idx.clone(), SHAPE, 2, ops.SUBM, 3)  # the clone's only owner is rb
+    import gc
+    gc.collect()
+    assert torch.equal(rb.in_indices(), idx)
+
+
+# ---- bad input: a Python exception with the engine's message ------------------------------------
+
+def test_wrong_index_dtype():
+    _, _, idx = small_input(3)
+    with pytest.raises(RuntimeError, match="indices must be int32"):
+        ops.build_rulebook(idx.long(), SHAPE, 2, ops.SUBM, 3)
+
+
+def test_bad_coordinates():
+    _, _, idx = small_input(4)
+    bad = idx.clone()
+    bad[5] = torch.tensor([0, 1, 99, 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"row 5 = \(0, 1, 99, 1\) is outside spatial shape"):
+        spconv.SubMConv3d(2, 2, 3)(spconv.SparseConvTensor(torch.zeros(30, 2), bad, SHAPE, 2))
+
+
+def test_duplicate_coordinates():
+    _, _, idx = small_input(5)
+    bad = idx.clone()
+    bad[7] = bad[2]
+    with pytest.raises(RuntimeError, match="DUPLICATE"):
+        ops.build_rulebook(bad, SHAPE, 2, ops.SUBM, 3)
+
+
+def test_wrong_feature_shape():
+    _, feats, idx = small_input(6)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    w = torch.zeros(27, 3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="spconv_c.conv_forward: .*SHAPE_MISMATCH"):
+        ops.indice_conv(rb, feats, w)
+
+
+def test_mixed_dtypes():
+    _, feats, idx = small_input(7)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    with pytest.raises(RuntimeError, match="DTYPE_MISMATCH"):
+        ops.indice_conv(rb, feats, torch.zeros(27, 2, 4, dtype=torch.float32))
+
+
+def test_unknown_indice_key():
+    _, feats, idx = small_input(8)
+    x = spconv.SparseConvTensor(feats.float(), idx, SHAPE, 2)
+    with pytest.raises(KeyError, match="unknown indice_key 'nope'"):
+        spconv.SparseInverseConv3d(2, 2, 3, indice_key="nope")(x)
+
+
+def test_rulebook_pickles_by_rebuilding(seed):
+    import copy
+    _, feats, idx = small_input(seed)
+    for rb in rulebooks(idx).values():
+        twin = copy.deepcopy(rb)
+        assert twin.kind() == rb.kind() and twin.num_out() == rb.num_out()
+        for what in ("pairs_in", "pairs_out", "pair_offsets", "out_indices"):
+            assert torch.equal(getattr(twin, what)(), getattr(rb, what)())
