@@ -2,7 +2,8 @@
  * (src/conv/dense.c): sparse_to_dense checks every row on the device before anything is written
  * and names the first bad row (outside the grid, or repeating an earlier row, whichever comes
  * first in row order); dense_to_sparse keeps the sites where any channel is non-zero (NaN
- * counts, -0 does not), in (b, z, y, x) order, numbered by a prefix sum. f32, f64 and i32. */
+ * counts, -0 does not), in (b, z, y, x) order, numbered by a prefix sum. f32, f64 and i32.
+ * The row checks are site_check.h's, shared with the network's to-dense. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -11,47 +12,13 @@
 #include "cuda_check.h"
 #include "cuda_common.h"
 #include "maps_common.h"
+#include "site_check.h"
 
 #define DENSE_THREADS 256
 
 struct site_grid {
     int64_t batch, d, h, w;
 };
-
-static inline __host__ __device__ int64_t grid_site(const int32_t *q, const site_grid &g) {
-    if (q[0] < 0 || q[0] >= g.batch || q[1] < 0 || q[1] >= g.d || q[2] < 0 || q[2] >= g.h ||
-        q[3] < 0 || q[3] >= g.w)
-        return -1;
-    return (((int64_t)q[0] * g.d + q[1]) * g.h + q[2]) * g.w + q[3];
-}
-
-__global__ void dense_fill_int_kernel(int32_t *a, int32_t value, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) a[i] = value;
-}
-
-/* flags[0]: first row outside the grid; owner[site]: first row at each site. */
-__global__ void dense_claim_kernel(int32_t *owner, int32_t *flags, const int32_t *idx,
-                                   site_grid g, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int64_t site = grid_site(idx + 4 * r, g);
-        if (site < 0)
-            atomicMin(&flags[0], (int)r);
-        else
-            atomicMin(&owner[site], (int)r);
-    }
-}
-
-/* flags[1]: first row whose site an earlier row holds. */
-__global__ void dense_repeat_kernel(const int32_t *owner, int32_t *flags, const int32_t *idx,
-                                    site_grid g, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int64_t site = grid_site(idx + 4 * r, g);
-        if (site >= 0 && owner[site] < r) atomicMin(&flags[1], (int)r);
-    }
-}
 
 template <typename T>
 __global__ void to_dense5_kernel(T *dense, const T *features, const int32_t *idx, site_grid g,
@@ -142,38 +109,22 @@ static spconv_status check_dtype(const char *func, spconv_dtype dtype) {
 /* Every row checked on the device; the first bad one named with the CPU's message. */
 static spconv_status check_rows(const char *func, dense_call &call, const int32_t *idx, int64_t n,
                                 const site_grid &g) {
-    const int64_t sites = g.batch * g.d * g.h * g.w;
-    spconv__device_array<int32_t> owner, flags;
-    SPCONV_FORWARD_IF_ERROR(owner.alloc(func, sites, "the owner of each site"));
-    SPCONV_FORWARD_IF_ERROR(flags.alloc(func, 2, "the first bad rows"));
-    DENSE_LAUNCH(call, dense_fill_int_kernel, sites, owner.get(), INT32_MAX, sites);
-    DENSE_LAUNCH(call, dense_fill_int_kernel, (int64_t)2, flags.get(), INT32_MAX, (int64_t)2);
-    DENSE_LAUNCH(call, dense_claim_kernel, n, owner.get(), flags.get(), idx, g, n);
-    DENSE_LAUNCH(call, dense_repeat_kernel, n, owner.get(), flags.get(), idx, g, n);
-    int32_t bad[2] = {INT32_MAX, INT32_MAX};
-    CUDA_TRY(cudaMemcpyAsync(bad, flags.get(), sizeof bad, cudaMemcpyDeviceToHost, call.stream));
-    CUDA_TRY(cudaStreamSynchronize(call.stream));
-    if (bad[0] == INT32_MAX && bad[1] == INT32_MAX) return SPCONV_OK;
-    const int repeated = bad[1] < bad[0];
-    const int32_t row = repeated ? bad[1] : bad[0];
-    int32_t q[4];
-    CUDA_TRY(cudaMemcpyAsync(q, idx + 4 * (int64_t)row, sizeof q, cudaMemcpyDeviceToHost,
-                             call.stream));
-    CUDA_TRY(cudaStreamSynchronize(call.stream));
-    if (!repeated)
-        return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
-                             "%s: indices row %lld = (%d, %d, %d, %d) is outside batch size %lld "
-                             "and spatial shape (%lld, %lld, %lld)",
-                             func, (long long)row, q[0], q[1], q[2], q[3], (long long)g.batch,
-                             (long long)g.d, (long long)g.h, (long long)g.w);
-    const int64_t site = grid_site(q, g);
-    int32_t first = 0;
-    CUDA_TRY(cudaMemcpyAsync(&first, owner.get() + site, sizeof first, cudaMemcpyDeviceToHost,
-                             call.stream));
-    CUDA_TRY(cudaStreamSynchronize(call.stream));
-    return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,
-                         "%s: indices rows %lld and %lld are both (%d, %d, %d, %d)", func,
-                         (long long)first, (long long)row, q[0], q[1], q[2], q[3]);
+    const int64_t grid[4] = {g.batch, g.d, g.h, g.w};
+    spconv__site_check bad;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_check_sites(func, call.stream, call.blocks, idx, n, grid, &bad));
+    if (bad.bad_row == INT32_MAX) return SPCONV_OK;
+    const int32_t *q = bad.site;
+    if (bad.repeated)
+        return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,
+                             "%s: indices rows %lld and %lld are both (%d, %d, %d, %d)", func,
+                             (long long)bad.earlier_row, (long long)bad.bad_row, q[0], q[1], q[2],
+                             q[3]);
+    return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
+                         "%s: indices row %lld = (%d, %d, %d, %d) is outside batch size %lld "
+                         "and spatial shape (%lld, %lld, %lld)",
+                         func, (long long)bad.bad_row, q[0], q[1], q[2], q[3], (long long)g.batch,
+                         (long long)g.d, (long long)g.h, (long long)g.w);
 }
 
 template <typename T>

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
+#include "site_check.h"
 
 #define NET_THREADS 256
 #define BLOCK_ROWS 1024 /* the CPU's block of rows (net_kernels.c) */
@@ -107,46 +108,9 @@ __global__ void axpy_kernel(T *__restrict__ y, const T *__restrict__ x, double a
         y[i] = (T)(y[i] + alpha * x[i]);
 }
 
-__global__ void fill_int_kernel(int32_t *__restrict__ a, int32_t value, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-        a[i] = value;
-}
-
-/* The cell of site row r in a (B, D, H, W) grid, or -1 when it lies outside. */
-static inline __host__ __device__ int64_t site_cell(const int32_t *q, const int64_t *dims) {
-    if (q[0] < 0 || q[0] >= dims[0] || q[1] < 0 || q[1] >= dims[1] || q[2] < 0 ||
-        q[2] >= dims[2] || q[3] < 0 || q[3] >= dims[3])
-        return -1;
-    return ((q[0] * dims[1] + q[1]) * dims[2] + q[2]) * dims[3] + q[3];
-}
-
 struct grid_dims {
     int64_t d[4];
 };
-
-/* flags[0]: first row outside the grid; owner[cell]: first row at each cell. */
-__global__ void claim_cells_kernel(int32_t *__restrict__ owner, int32_t *__restrict__ flags,
-                                   const int32_t *__restrict__ idx, grid_dims dims, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int64_t cell = site_cell(idx + 4 * r, dims.d);
-        if (cell < 0)
-            atomicMin(&flags[0], (int)r);
-        else
-            atomicMin(&owner[cell], (int)r);
-    }
-}
-
-/* flags[1]: first row whose cell an earlier row holds. */
-__global__ void find_repeats_kernel(const int32_t *__restrict__ owner, int32_t *__restrict__ flags,
-                                    const int32_t *__restrict__ idx, grid_dims dims, int64_t n) {
-    const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += step) {
-        const int64_t cell = site_cell(idx + 4 * r, dims.d);
-        if (cell >= 0 && owner[cell] < r) atomicMin(&flags[1], (int)r);
-    }
-}
 
 /* dense[b, ch * D + z, y, x] = features[r, ch]; rows are distinct cells (checked). */
 template <typename T>
@@ -445,25 +409,6 @@ extern "C" spconv_status spconv__cuda_axpy(spconv_context *ctx, double alpha,
     return SPCONV_OK;
 }
 
-/* The CPU's messages for a bad site, read back from the device for the one row named. */
-static spconv_status site_error(spconv_context *ctx, net_call &call, const int32_t *idx,
-                                int32_t row, int repeated, const grid_dims &dims) {
-    int32_t q[4] = {0, 0, 0, 0};
-    if (cudaMemcpyAsync(q, idx + 4 * (int64_t)row, sizeof q, cudaMemcpyDeviceToHost,
-                        call.stream) != cudaSuccess ||
-        cudaStreamSynchronize(call.stream) != cudaSuccess)
-        (void)cudaGetLastError();
-    if (repeated)
-        return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,
-                             "indices row %d = (%d, %d, %d, %d) repeats an earlier row", row, q[0],
-                             q[1], q[2], q[3]);
-    return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
-                         "indices row %d = (%d, %d, %d, %d) is outside batch size %lld and "
-                         "spatial shape (%lld, %lld, %lld)",
-                         row, q[0], q[1], q[2], q[3], (long long)dims.d[0], (long long)dims.d[1],
-                         (long long)dims.d[2], (long long)dims.d[3]);
-}
-
 extern "C" spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx,
                                                        const spconv_tensor *features,
                                                        const spconv_tensor *indices,
@@ -474,27 +419,23 @@ extern "C" spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx,
     const int64_t n = spconv_tensor_size(features, 0), c = spconv_tensor_size(features, 1);
     grid_dims dims = {{spconv_tensor_size(dense, 0), spconv_tensor_size(dense, 1) / c,
                        spconv_tensor_size(dense, 2), spconv_tensor_size(dense, 3)}};
-    const int64_t cells = dims.d[0] * dims.d[1] * dims.d[2] * dims.d[3];
     const int32_t *idx = (const int32_t *)spconv_tensor_data(indices);
     /* Every site is checked before anything is written, as on the CPU: the first bad row in row
      * order is named, whether outside the map or repeating an earlier row. */
-    void *owner = NULL, *flags = NULL;
-    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_I32, cells, &owner));
-    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_I32, 2, &flags));
-    NET_LAUNCH(call, fill_int_kernel, cells, (int32_t *)owner, INT32_MAX, cells);
-    SPCONV_CUDA_LAUNCH(fill_int_kernel, 1, NET_THREADS, 0, call.stream, (int32_t *)flags,
-                       INT32_MAX, (int64_t)2);
-    CUDA_TRY(cudaGetLastError());
-    NET_LAUNCH(call, claim_cells_kernel, n, (int32_t *)owner, (int32_t *)flags, idx, dims, n);
-    NET_LAUNCH(call, find_repeats_kernel, n, (const int32_t *)owner, (int32_t *)flags, idx, dims,
-               n);
-    int32_t bad[2] = {INT32_MAX, INT32_MAX};
-    CUDA_TRY(cudaMemcpyAsync(bad, flags, sizeof bad, cudaMemcpyDeviceToHost, call.stream));
-    CUDA_TRY(cudaStreamSynchronize(call.stream));
-    if (bad[0] != INT32_MAX || bad[1] != INT32_MAX) {
-        const int repeated = bad[1] < bad[0];
-        return site_error(ctx, call, idx, repeated ? bad[1] : bad[0], repeated, dims);
-    }
+    spconv__site_check bad;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_check_sites("to-dense", call.stream, call.blocks, idx, n, dims.d, &bad));
+    const int32_t *q = bad.site;
+    if (bad.bad_row != INT32_MAX && bad.repeated)
+        return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,
+                             "indices row %d = (%d, %d, %d, %d) repeats an earlier row",
+                             bad.bad_row, q[0], q[1], q[2], q[3]);
+    if (bad.bad_row != INT32_MAX)
+        return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
+                             "indices row %d = (%d, %d, %d, %d) is outside batch size %lld and "
+                             "spatial shape (%lld, %lld, %lld)",
+                             bad.bad_row, q[0], q[1], q[2], q[3], (long long)dims.d[0],
+                             (long long)dims.d[1], (long long)dims.d[2], (long long)dims.d[3]);
     const size_t bytes =
         (size_t)spconv_tensor_numel(dense) * spconv_dtype_size(spconv_tensor_dtype(dense));
     if (bytes > 0) CUDA_TRY(cudaMemsetAsync(spconv_tensor_data(dense), 0, bytes, call.stream));
