@@ -79,8 +79,8 @@ fi
 cmake -S . -B "$build" -G Ninja "${configure[@]}" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
-# The PyTorch binding's tests after the C tests of the release build (SPCONV_C_SKIP_PYTHON=1:
-# not now).
+# The PyTorch binding's tests (pytest in .venv/, tools/test-python.sh) after the C tests of the
+# release build (SPCONV_C_SKIP_PYTHON=1: not now).
 if [ $sanitize = 0 ] && [ $emulate = 0 ] && [ "${SPCONV_C_SKIP_PYTHON:-0}" != 1 ]; then
   tools/test-python.sh
 fi
