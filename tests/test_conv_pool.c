@@ -45,6 +45,19 @@ static void fail_case(const conv_case *c, const char *what, int64_t index) {
              (long long)index);
 }
 
+/* Without an argmax (inference) the forward keeps values only, by another kernel: the same
+ * bytes as with it, NaN and -inf included. */
+static void assert_values_only_same(spconv_context *ctx, const spconv_rulebook *rb,
+                                    const spconv_tensor *x, const spconv_tensor *with_argmax) {
+    spconv_tensor *y = NULL;
+    SPCONV_ASSERT_OK(spconv_maxpool_forward(ctx, rb, x, &y, NULL));
+    const size_t bytes = (size_t)spconv_tensor_numel(y) * spconv_dtype_size(spconv_tensor_dtype(y));
+    assert_int_equal(spconv_tensor_numel(y), spconv_tensor_numel(with_argmax));
+    if (bytes > 0)
+        assert_memory_equal(spconv_tensor_data(y), spconv_tensor_data(with_argmax), bytes);
+    spconv_tensor_release(y);
+}
+
 /* Pool the case in @p dtype with @p ctx; values and argmax as host arrays (caller frees). */
 static void run_pool(spconv_context *ctx, const conv_case *c, spconv_dtype dtype, double **values,
                      int32_t **argmax) {
@@ -55,6 +68,7 @@ static void run_pool(spconv_context *ctx, const conv_case *c, spconv_dtype dtype
     assert_int_equal(spconv_tensor_size(arg, 1), c->c_in);
     *values = conv_read(y, NULL);
     *argmax = conv_read_i32(arg);
+    assert_values_only_same(ctx, c->rb, x, y);
     spconv_tensor_release(x);
     spconv_tensor_release(y);
     spconv_tensor_release(arg);
@@ -262,6 +276,7 @@ static void test_pool_special_values(void **state) {
     int64_t sizes[2] = {2, 3};
     spconv_tensor *x = conv_tensor(SPCONV_F32, 2, sizes, values), *y = NULL, *a = NULL;
     SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, rb, x, &y, &a));
+    assert_values_only_same(NULL, rb, x, y);
     double *got = conv_read(y, NULL);
     int32_t *arg = conv_read_i32(a);
     assert_true(got[0] == 2.0 && arg[0] == 1);

@@ -43,8 +43,28 @@ typedef struct pool_args {
             }                                                                                      \
     }
 
+/* Without argmax (inference) only the values: from -inf, "take v when v > y or v is the first
+ * NaN" gives the same bits as the rule above (its first pair's unconditional take only differs
+ * when v is -inf, which leaves y at -inf too), and as a select it vectorises: no branch per
+ * element on data. */
+#define SPCONV_POOL_VALUES(T)                                                                      \
+    for (int64_t p = first; p < end; ++p) {                                                        \
+        const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
+        T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
+        for (int64_t c = 0; c < a->channels; ++c) {                                                \
+            const T v = x[c], m = y[c];                                                            \
+            y[c] = (v > m || (v != v && m == m)) ? v : m;                                          \
+        }                                                                                          \
+    }
+
 static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
-    if (a->dtype == SPCONV_F32) {
+    if (a->argmax == NULL) {
+        if (a->dtype == SPCONV_F32) {
+            SPCONV_POOL_VALUES(float)
+        } else {
+            SPCONV_POOL_VALUES(double)
+        }
+    } else if (a->dtype == SPCONV_F32) {
         SPCONV_POOL_PAIRS(float)
     } else {
         SPCONV_POOL_PAIRS(double)
@@ -59,7 +79,7 @@ static void pool_init(const pool_args *a) {
             ((float *)a->out)[i] = -INFINITY;
         else
             ((double *)a->out)[i] = -INFINITY;
-        a->argmax[i] = -1;
+        if (a->argmax != NULL) a->argmax[i] = -1;
     }
 }
 
@@ -99,12 +119,14 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), a.dtype, 2, sizes, &y), done);
-    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, sizes, &arg), done);
+    /* Only a caller that goes backward needs the argmax: without it the kernel keeps values. */
+    if (argmax != NULL)
+        SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, sizes, &arg), done);
     a.pairs_in = spconv_tensor_data(pairs_in);
     a.pairs_out = spconv_tensor_data(pairs_out);
     a.features = spconv_tensor_data(f);
     a.out = spconv_tensor_data(y);
-    a.argmax = spconv_tensor_data(arg);
+    a.argmax = arg != NULL ? spconv_tensor_data(arg) : NULL;
     if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
         pool_run(&a, spconv_context_num_threads(ctx));
     *out = y, y = NULL;
