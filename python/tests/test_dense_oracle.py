@@ -98,6 +98,11 @@ def test_transposed_conv(seed, trial):
     k = int(torch.randint(1, 4, (1,), generator=gen))
     s = int(torch.randint(1, 3, (1,), generator=gen))
     p = int(torch.randint(0, 2, (1,), generator=gen))
+    if k == 1 and s == 1 and p != 0:
+        # a 1x1 conv takes no padding, transposed or not (as spconv 2.x); the refusal is checked
+        with pytest.raises(ValueError, match="padding must be zero for a 1x1 conv"):
+            spconv.SparseConvTranspose3d(1, 1, k, s, p)
+        p = 0
     if any((n - 1) * s - 2 * p + (k - 1) + 1 <= 0 for n in g["shape"]):
         pytest.skip("empty output for this geometry")
     feats, idx = make_input(gen, g)
