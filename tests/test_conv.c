@@ -10,6 +10,7 @@
 #include "common/conv_cases.h"
 #include "common/conv_helpers.h"
 #include "conv/conv_exec.h"
+#include "conv/fused.h"
 #include "conv/conv_ref.h"
 
 /* The case's forward in @p dtype through the public API (or _ex with @p options). */
@@ -322,39 +323,47 @@ static void test_determinism_threads(void **state) {
     }
 }
 
-/* The conv run with the plain-C fallback GEMM agrees with the default (BLAS when built in). */
-static void test_blas_and_fallback_agree(void **state) {
+/* The executors' three product paths agree: the default (the fused kernels where the machine has
+ * them, see conv/fused.h), gather + BLAS + scatter (UNFUSED: BLAS when built in) and gather +
+ * plain-C fallback + scatter, forward and backward, f32 and f64. */
+static void test_gemm_paths_agree(void **state) {
     (void)state;
-    static const spconv_conv_kind kinds[2] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM};
-    spconv__conv_options fallback = {SPCONV__GEMM_FALLBACK, NULL};
-    printf("GEMM: %s\n", spconv__gemm_has_blas() ? "BLAS vs fallback" : "fallback only");
-    for (int i = 0; i < 2; ++i)
-        for (int d = 0; d < 2; ++d) {
-            spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
-            conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, 2, 1, 2),
-                                         (int64_t[3]){19, 18, 17}, 1, 1500, 32, 40);
-            conv_case_setup(&c, NULL);
-            spconv_tensor *a = run_forward(NULL, &c, dtype, 1, NULL);
-            spconv_tensor *b = run_forward(NULL, &c, dtype, 1, &fallback);
-            double *va = conv_read(a, NULL), *vb = conv_read(b, NULL);
-            conv_case_expect_close(&c, "BLAS vs fallback forward", vb, va, c.n_out * c.c_out,
-                                   conv_tolerance(dtype));
-            spconv_tensor *x = conv_case_features(&c, dtype), *w = conv_case_weight(&c, dtype);
-            spconv_tensor *ga[3], *gb[3];
-            SPCONV_ASSERT_OK(
-                spconv__conv_backward_ex(NULL, c.rb, x, w, a, NULL, &ga[0], &ga[1], &ga[2]));
-            SPCONV_ASSERT_OK(
-                spconv__conv_backward_ex(NULL, c.rb, x, w, a, &fallback, &gb[0], &gb[1], &gb[2]));
-            conv_case_expect_close_tensors(&c, "BLAS vs fallback backward", gb, ga, 3,
-                                           conv_tolerance(dtype));
-            free(va);
-            free(vb);
-            spconv_tensor_release(x);
-            spconv_tensor_release(w);
-            spconv_tensor_release(a);
-            spconv_tensor_release(b);
-            conv_case_free(&c);
-        }
+    static const spconv_conv_kind kinds[3] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                              SPCONV_CONV_TRANSPOSED};
+    static const spconv__gemm_impl impls[2] = {SPCONV__GEMM_UNFUSED, SPCONV__GEMM_FALLBACK};
+    printf("default: %s; unfused products: %s\n",
+           spconv__fused_available() ? "fused kernels" : "unfused",
+           spconv__gemm_has_blas() ? "BLAS" : "fallback");
+    for (int i = 0; i < 3; ++i)
+        for (int d = 0; d < 2; ++d)
+            for (int m = 0; m < 2; ++m) {
+                spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+                spconv__conv_options other = {impls[m], NULL};
+                /* 37 output channels: two full tiles and a tail in f32, four and a tail in f64. */
+                conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, 2, 1, 2),
+                                             (int64_t[3]){19, 18, 17}, 1, 1500, 29, 37);
+                conv_case_setup(&c, NULL);
+                spconv_tensor *a = run_forward(NULL, &c, dtype, 1, NULL);
+                spconv_tensor *b = run_forward(NULL, &c, dtype, 1, &other);
+                double *va = conv_read(a, NULL), *vb = conv_read(b, NULL);
+                conv_case_expect_close(&c, "default vs unfused forward", vb, va,
+                                       c.n_out * c.c_out, conv_tolerance(dtype));
+                spconv_tensor *x = conv_case_features(&c, dtype), *w = conv_case_weight(&c, dtype);
+                spconv_tensor *ga[3], *gb[3];
+                SPCONV_ASSERT_OK(
+                    spconv__conv_backward_ex(NULL, c.rb, x, w, a, NULL, &ga[0], &ga[1], &ga[2]));
+                SPCONV_ASSERT_OK(spconv__conv_backward_ex(NULL, c.rb, x, w, a, &other, &gb[0],
+                                                          &gb[1], &gb[2]));
+                conv_case_expect_close_tensors(&c, "default vs unfused backward", gb, ga, 3,
+                                               conv_tolerance(dtype));
+                free(va);
+                free(vb);
+                spconv_tensor_release(x);
+                spconv_tensor_release(w);
+                spconv_tensor_release(a);
+                spconv_tensor_release(b);
+                conv_case_free(&c);
+            }
 }
 
 /* Operands for the error tests: a subm rulebook over 10 sites, features [10, 4], weight
@@ -588,7 +597,7 @@ int main(void) {
         cmocka_unit_test(test_forward_layouts),
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_determinism_threads),
-        cmocka_unit_test(test_blas_and_fallback_agree),
+        cmocka_unit_test(test_gemm_paths_agree),
         cmocka_unit_test(test_real_data_matches_reference),
         cmocka_unit_test(test_forward_errors),
         cmocka_unit_test(test_forward_unsupported_dtypes),

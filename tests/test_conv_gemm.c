@@ -5,8 +5,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/test_util.h"
+#include "conv/fused.h"
 #include "conv/gemm.h"
 
 typedef struct gemm_case {
@@ -164,10 +166,87 @@ static void test_default_vs_naive(void **state) {
     }
 }
 
+/* The fused kernels' promise (fused.h): y[dst_i, j] += (sum over p, increasing, of x[src_i, p] *
+ * B[p, j] by fused multiply-adds from zero), whatever the count, tiles and tails. The scalar
+ * loop below does exactly that with fma(), so the two agree bit for bit; rows of y that no pair
+ * targets must keep their bits. */
+#define FUSED_REFERENCE(T, FMA)                                                                    \
+    static void fused_reference_##T(int64_t count, const T *x, const int32_t *src, T *y,           \
+                                    const int32_t *dst, int64_t k, int64_t n, const T *b,          \
+                                    int64_t ldb, int trans) {                                      \
+        for (int64_t i = 0; i < count; ++i)                                                        \
+            for (int64_t j = 0; j < n; ++j) {                                                      \
+                T acc = 0;                                                                         \
+                for (int64_t p = 0; p < k; ++p)                                                    \
+                    acc = FMA(x[(int64_t)src[i] * k + p], trans ? b[j * ldb + p] : b[p * ldb + j], \
+                              acc);                                                                \
+                y[(int64_t)dst[i] * n + j] += acc;                                                 \
+            }                                                                                      \
+    }
+FUSED_REFERENCE(float, fmaf)
+FUSED_REFERENCE(double, fma)
+
+#define FUSED_CASE(T, DTYPE)                                                                       \
+    {                                                                                              \
+        T *x = malloc((size_t)(rows * k + 1) * sizeof(T));                                         \
+        T *b = malloc((size_t)(b_len + 1) * sizeof(T));                                    \
+        T *y = malloc((size_t)(rows * n) * sizeof(T)), *want = malloc((size_t)(rows * n) * sizeof(T)); \
+        void *packed = malloc(spconv__fused_packed_bytes(DTYPE, k, n));                            \
+        assert_true(x && b && y && want && packed);                                                \
+        for (int64_t i = 0; i < rows * k; ++i) x[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);      \
+        for (int64_t i = 0; i < b_len; ++i) b[i] = (T)spconv_test_rand_float(-1.0f, 1.0f); \
+        for (int64_t i = 0; i < rows * n; ++i) want[i] = y[i] = (T)spconv_test_rand_float(-2.0f, 2.0f); \
+        spconv__fused_pack(DTYPE, b, ldb, trans, k, n, packed);                                    \
+        fused_reference_##T(count, x, src, want, dst, k, n, b, ldb, trans);                        \
+        if (identity) {                                                                            \
+            spconv__fused_rows(DTYPE, count, x, NULL, 0, y, NULL, 0, k, n, packed);                \
+        } else {                                                                                   \
+            spconv__fused_rows(DTYPE, count, x, src, 0, y, dst, 0, k, n, packed);                  \
+        }                                                                                          \
+        if (memcmp(y, want, (size_t)(rows * n) * sizeof(T)) != 0)                                  \
+            fail_msg("fused %s rows differ: count %lld k %lld n %lld trans %d identity %d", #T,    \
+                     (long long)count, (long long)k, (long long)n, trans, identity);               \
+        free(x), free(b), free(y), free(want), free(packed);                                       \
+    }
+
+static void test_fused_rows_bitwise(void **state) {
+    (void)state;
+    if (!spconv__fused_available()) {
+        printf("skipped: this machine has no AVX2 + FMA, so the executors use the unfused path\n");
+        skip();
+    }
+    for (int iter = 0; iter < 400; ++iter) {
+        const int64_t rows = spconv_test_rand_int(1, 60);
+        const int64_t count = spconv_test_rand_int(0, rows);
+        const int64_t k = spconv_test_rand_int(0, 70), n = spconv_test_rand_int(1, 70);
+        const int trans = (int)spconv_test_rand_int(0, 1), identity = (int)spconv_test_rand_int(0, 3) == 0;
+        const int64_t ldb = (trans ? k : n) + spconv_test_rand_int(0, 2);
+        const int64_t b_len = (trans ? n : k) * ldb; /* B's rows as stored */
+        int32_t *src = malloc((size_t)rows * sizeof(int32_t)), *dst = malloc((size_t)rows * sizeof(int32_t));
+        assert_true(src && dst);
+        /* src rows may repeat; dst rows are distinct (a random permutation's prefix). */
+        for (int64_t i = 0; i < rows; ++i) dst[i] = (int32_t)i;
+        for (int64_t i = rows - 1; i > 0; --i) {
+            int64_t r = spconv_test_rand_int(0, i);
+            int32_t t = dst[i];
+            dst[i] = dst[r], dst[r] = t;
+        }
+        for (int64_t i = 0; i < rows; ++i) src[i] = identity ? (int32_t)i : (int32_t)spconv_test_rand_int(0, rows - 1);
+        if (identity)
+            for (int64_t i = 0; i < rows; ++i) dst[i] = (int32_t)i;
+        if (iter % 2 == 0)
+            FUSED_CASE(float, SPCONV_F32)
+        else
+            FUSED_CASE(double, SPCONV_F64)
+        free(src), free(dst);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_vs_naive),
         cmocka_unit_test(test_default_vs_naive),
+        cmocka_unit_test(test_fused_rows_bitwise),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

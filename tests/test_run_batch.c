@@ -5,7 +5,8 @@
  * Batch against one by one. The outputs' sites (out_indices.npy) must be identical: they are
  * integer geometry. The features are identical bit for bit when the products are the engine's
  * plain-C GEMM (each output element gets its terms in a fixed order whatever the other rows are;
- * checked when the build has no BLAS). OpenBLAS does not promise that: how it sums a row of a
+ * checked when the build has no BLAS), and so they are with the fused kernels (conv/fused.h),
+ * which the executors use wherever the machine has AVX2 + FMA. OpenBLAS does not promise that: how it sums a row of a
  * product depends on the product's row count and on where the row falls among its micro-tiles,
  * so a scan's rows in a batch of other rows round differently in the last bits (seen: 6e-7 on
  * values near 4). For that case the bound is the engine's own float32 rounding, measured
@@ -25,6 +26,7 @@
 #include "common/run_tool.h"
 #include "common/test_files.h"
 #include "common/test_util.h"
+#include "conv/fused.h"
 #include "spconv/config.h"
 
 #define PATH_CAP SPCONV_TOOL_PATH_CAP
@@ -157,7 +159,8 @@ static double rounding_bound(const char *name, const char *scan, const float *al
 }
 
 /* output.npy of a batch run (@p batched) and of the scan run alone (@p alone): the same sites,
- * and the same features (bitwise without BLAS; within rounding_bound with it). */
+ * and the same features (bitwise with the fused kernels or without BLAS; within rounding_bound
+ * when OpenBLAS runs the products). */
 static void compare_with_alone(const char *name, const char *scan, const char *batched,
                                const char *alone) {
     spconv_tensor *b = read_npy(batched, "output.npy"), *s = read_npy(alone, "output.npy");
@@ -167,7 +170,7 @@ static void compare_with_alone(const char *name, const char *scan, const char *b
     if (spconv_tensor_ndim(b) == 2) assert_same_file(batched, alone, "out_indices.npy");
     const float *vb = spconv_tensor_data(b), *vs = spconv_tensor_data(s);
     const int64_t n = spconv_tensor_numel(b);
-    if (!SPCONV_HAVE_BLAS) {
+    if (!SPCONV_HAVE_BLAS || spconv__fused_available()) {
         assert_same_file(batched, alone, "output.npy");
     } else {
         const double bound = rounding_bound(name, scan, vs, n);

@@ -12,6 +12,7 @@
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
+#include "conv/fused.h"
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
@@ -38,6 +39,8 @@ typedef struct backward_args {
     int64_t block_rows, blocks, groups;
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
+    char *packed; /* fused data gradient: W[k]^T of active offset j packed at j * packed_bytes */
+    size_t packed_bytes;
 } backward_args;
 
 static void add_into(spconv_dtype dtype, void *dst, const void *src, int64_t n) {
@@ -84,8 +87,8 @@ static void bias_gradient(const backward_args *a) {
 
 /* Sorted pairs [first, first + rows), all of offset k: gather their grad_out rows; d_features
  * rows += that @ W[k]^T; @p sums_k += gathered features^T @ gathered grad_out. */
-static void backward_chunk(const backward_args *a, int64_t k, int64_t first, int64_t rows,
-                           char *sums_k, spconv__phase_clock *clock, char *buffer) {
+static void backward_chunk(const backward_args *a, int64_t j, int64_t k, int64_t first,
+                           int64_t rows, char *sums_k, spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
@@ -95,9 +98,15 @@ static void backward_chunk(const backward_args *a, int64_t k, int64_t first, int
     char *x_buf = g_buf + spconv__align_line((size_t)plan->chunk * out_row);
     char *d_buf = x_buf + spconv__align_line((size_t)plan->chunk * in_row);
     double mark = spconv__clock_start(clock);
+    if (plan->fused && a->grad_in != NULL) {
+        spconv__fused_rows(plan->dtype, rows, a->grad_out, out_rows, 0, a->grad_in, in_rows, 0,
+                           plan->c_out, plan->c_in, a->packed + (size_t)j * a->packed_bytes);
+        spconv__clock_lap(clock, &mark, &clock->gemm_s);
+    }
+    if (plan->fused && sums_k == NULL) return;
     spconv__gather_rows(g_buf, a->grad_out, out_rows, rows, out_row);
     spconv__clock_lap(clock, &mark, &clock->gather_s);
-    if (a->grad_in != NULL) {
+    if (!plan->fused && a->grad_in != NULL) {
         spconv__gemm(plan->dtype, plan->gemm, 0, 1, rows, plan->c_in, plan->c_out, g_buf,
                      plan->c_out, w_k, plan->c_out, 0, d_buf, plan->c_in);
         spconv__clock_lap(clock, &mark, &clock->gemm_s);
@@ -113,15 +122,18 @@ static void backward_chunk(const backward_args *a, int64_t k, int64_t first, int
 }
 
 /* The identity offset on rows [r0, r1): the same rows of every operand, no gather or scatter. */
-static void backward_identity(const backward_args *a, int64_t r0, int64_t r1, char *sums_k,
-                              spconv__phase_clock *clock) {
+static void backward_identity(const backward_args *a, int64_t j, int64_t r0, int64_t r1,
+                              char *sums_k, spconv__phase_clock *clock) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
     const char *w_k = a->weight + (size_t)plan->identity_k * in_row * (size_t)plan->c_out;
     const char *g = a->grad_out + (size_t)r0 * out_row;
     double mark = spconv__clock_start(clock);
-    if (a->grad_in != NULL)
+    if (a->grad_in != NULL && plan->fused)
+        spconv__fused_rows(plan->dtype, r1 - r0, a->grad_out, NULL, r0, a->grad_in, NULL, r0,
+                           plan->c_out, plan->c_in, a->packed + (size_t)j * a->packed_bytes);
+    else if (a->grad_in != NULL)
         spconv__gemm(plan->dtype, plan->gemm, 0, 1, r1 - r0, plan->c_in, plan->c_out, g,
                      plan->c_out, w_k, plan->c_out, 1, a->grad_in + (size_t)r0 * in_row,
                      plan->c_in);
@@ -147,13 +159,13 @@ static void backward_block(const backward_args *a, int64_t r0, int64_t r1, char 
         const int64_t k = a->pairs.active[j];
         char *sums_k = sums != NULL ? sums + (size_t)k * sum_bytes : NULL;
         if (k == plan->identity_k) {
-            backward_identity(a, r0, r1, sums_k, clock);
+            backward_identity(a, j, r0, r1, sums_k, clock);
             continue;
         }
         int64_t first, end;
         spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
         for (; first < end; first += plan->chunk)
-            backward_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk,
+            backward_chunk(a, j, k, first, end - first < plan->chunk ? end - first : plan->chunk,
                            sums_k, clock, buffer);
     }
 }
@@ -197,6 +209,16 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
         double mark = spconv__clock_start(&clock);
         if (a->grad_bias != NULL) bias_gradient(a);
         spconv__clock_lap(&clock, &mark, &clock.scatter_s);
+        if (a->plan->fused && a->grad_in != NULL) {
+            const size_t w_bytes = (size_t)(a->plan->c_in * a->plan->c_out) * a->plan->elem;
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t j = 0; j < a->pairs.num_active; ++j)
+                spconv__fused_pack(a->plan->dtype,
+                                   a->weight + (size_t)a->pairs.active[j] * w_bytes,
+                                   a->plan->c_out, 1, a->plan->c_out, a->plan->c_in,
+                                   a->packed + (size_t)j * a->packed_bytes);
+            spconv__clock_lap(&clock, &mark, &clock.gather_s);
+        }
         /* With only grad_bias wanted no pair needs a visit. */
         const int64_t groups = a->grad_in != NULL || a->grad_weight != NULL ? a->groups : 0;
         SPCONV_OMP(omp for schedule(dynamic, 1))
@@ -211,13 +233,13 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
 
 /* Byte offsets of the workspace's parts. */
 typedef struct backward_layout_t {
-    size_t partials_at, threads_at, sort_at, total;
+    size_t partials_at, threads_at, packed_at, sort_at, total;
 } backward_layout_t;
 
 /* Blocks and groups of @p a, and the workspace: bias partials, group buffers, per-thread
  * buffers, then (unless @p sorted) room to sort the pairs by in row. */
 static backward_layout_t backward_layout(backward_args *a, int threads, int sorted,
-                                         int64_t num_pairs) {
+                                         int64_t num_pairs, int64_t num_active) {
     const spconv__conv_plan *plan = a->plan;
     a->block_rows = spconv__block_rows(plan, plan->c_in);
     a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
@@ -242,7 +264,11 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
     l.threads_at =
         l.partials_at +
         (a->grad_weight == NULL ? 0 : spconv__align_line((size_t)(groups - 1) * (size_t)all_bytes));
-    l.sort_at = l.threads_at + (size_t)threads * a->thread_bytes;
+    l.packed_at = l.threads_at + (size_t)threads * a->thread_bytes;
+    if (plan->fused && a->grad_in != NULL)
+        a->packed_bytes =
+            spconv__align_line(spconv__fused_packed_bytes(plan->dtype, plan->c_out, plan->c_in));
+    l.sort_at = l.packed_at + (size_t)num_active * a->packed_bytes;
     l.total = l.sort_at + (sorted ? 0
                                   : 2 * spconv__align_line((size_t)num_pairs * sizeof(int32_t)) +
                                         (size_t)spconv__sort_threads(threads) *
@@ -264,13 +290,14 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
                          spconv__rows_sorted(starts, active, out_rows, threads);
     const int sorted =
         !need_pairs || mirrored || spconv__rows_sorted(starts, active, in_rows, threads);
-    backward_layout_t l = backward_layout(a, threads, sorted, pairs);
+    backward_layout_t l = backward_layout(a, threads, sorted, pairs, active);
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, l.total, &workspace, temp));
     char *base = workspace;
     a->bias_partials = (double *)base;
     a->partials = base + l.partials_at;
     a->workspace = base + l.threads_at;
+    a->packed = base + l.packed_at;
     a->pairs.num_active = active;
     a->pairs.active = spconv_rulebook_active_offsets(rb);
     a->pairs.starts = starts;

@@ -1,5 +1,6 @@
 /* Shared pieces of the CPU conv executors (see conv_cpu.h). */
 #include "conv/conv_cpu.h"
+#include "conv/fused.h"
 #include "conv/gemm.h"
 
 #include <string.h>
@@ -49,6 +50,8 @@ void spconv__conv_plan_init(spconv__conv_plan *plan, const spconv_rulebook *rb, 
     if (chunk > SPCONV__CHUNK_MAX) chunk = SPCONV__CHUNK_MAX;
     plan->chunk = chunk;
     plan->gemm = gemm;
+    plan->fused = gemm == SPCONV__GEMM_AUTO && spconv__fused_available() &&
+                  (dtype == SPCONV_F32 || dtype == SPCONV_F64);
 }
 
 int64_t spconv__block_rows(const spconv__conv_plan *plan, int64_t row_elems) {

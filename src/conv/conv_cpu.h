@@ -109,6 +109,7 @@ typedef struct spconv__conv_plan {
     int64_t identity_k; /* offset whose pairs are (r, r) for every row, or -1 */
     int64_t chunk;      /* most pairs gathered into one GEMM operand */
     spconv__gemm_impl gemm;
+    int fused; /* 1: products by the fused kernels (fused.h), no gather or scatter buffers */
 } spconv__conv_plan;
 
 /* Fill @p plan. @p chunk_row_elems is the number of elements one pair occupies across the

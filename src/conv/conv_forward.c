@@ -5,6 +5,7 @@
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
+#include "conv/fused.h"
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
@@ -19,6 +20,8 @@ typedef struct forward_args {
     int64_t block_rows;
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
+    char *packed; /* fused: W[k] of active offset j packed at j * packed_bytes */
+    size_t packed_bytes;
 } forward_args;
 
 /* out[r0, r1) starts as the bias (or zero). */
@@ -82,19 +85,55 @@ static void forward_block(const forward_args *a, int64_t r0, int64_t r1, spconv_
     }
 }
 
+/* forward_block by the fused kernels: each offset's pairs (the identity's rows in place) go
+ * straight from the feature rows into the out rows. */
+static void forward_block_fused(const forward_args *a, int64_t r0, int64_t r1,
+                                spconv__phase_clock *clock) {
+    const spconv__conv_plan *plan = a->plan;
+    double mark = spconv__clock_start(clock);
+    forward_init(a, r0, r1);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0; ++j) {
+        const char *packed = a->packed + (size_t)j * a->packed_bytes;
+        if (a->pairs.active[j] == plan->identity_k) {
+            spconv__fused_rows(plan->dtype, r1 - r0, a->features, NULL, r0, a->out, NULL, r0,
+                               plan->c_in, plan->c_out, packed);
+            continue;
+        }
+        int64_t first, end;
+        spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
+        spconv__fused_rows(plan->dtype, end - first, a->features, a->pairs.source + first, 0,
+                           a->out, a->pairs.target + first, 0, plan->c_in, plan->c_out, packed);
+    }
+    spconv__clock_lap(clock, &mark, &clock->gemm_s);
+}
+
 static void forward_run(const forward_args *a, int threads, spconv__conv_timing *timing) {
     const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
     spconv__gemm_prepare();
     SPCONV_OMP(omp parallel num_threads(threads)) {
         spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
         char *buffer = a->workspace + (size_t)spconv__omp_thread() * a->thread_bytes;
+        if (a->plan->fused) {
+            double mark = spconv__clock_start(&clock);
+            const size_t w_bytes = (size_t)(a->plan->c_in * a->plan->c_out) * a->plan->elem;
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t j = 0; j < a->pairs.num_active; ++j)
+                spconv__fused_pack(a->plan->dtype,
+                                   a->weight + (size_t)a->pairs.active[j] * w_bytes,
+                                   a->plan->c_out, 0, a->plan->c_in, a->plan->c_out,
+                                   a->packed + (size_t)j * a->packed_bytes);
+            spconv__clock_lap(&clock, &mark, &clock.gather_s);
+        }
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t b = 0; b < blocks; ++b) {
             int64_t r0 = b * a->block_rows;
-            forward_block(a, r0,
-                          r0 + a->block_rows < a->plan->num_out ? r0 + a->block_rows
-                                                                : a->plan->num_out,
-                          &clock, buffer);
+            int64_t r1 = r0 + a->block_rows < a->plan->num_out ? r0 + a->block_rows
+                                                               : a->plan->num_out;
+            if (a->plan->fused)
+                forward_block_fused(a, r0, r1, &clock);
+            else
+                forward_block(a, r0, r1, &clock, buffer);
         }
         if (timing != NULL) spconv__clock_merge(&clock, timing);
     }
@@ -111,13 +150,16 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     const int64_t *starts = spconv_rulebook_active_starts(rb);
     int sorted = spconv__rows_sorted(starts, active, out_rows, threads);
     size_t per_threads = (size_t)threads * a->thread_bytes;
+    size_t packed_bytes = a->plan->fused ? (size_t)active * a->packed_bytes : 0;
     size_t sort_bytes = sorted ? 0
                                : 2 * spconv__align_line((size_t)pairs * sizeof(int32_t)) +
                                      (size_t)spconv__sort_threads(threads) *
                                          (size_t)a->plan->num_out * sizeof(int32_t);
     void *workspace;
-    SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, per_threads + sort_bytes, &workspace, temp));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cpu_workspace(ctx, per_threads + packed_bytes + sort_bytes, &workspace, temp));
     a->workspace = workspace;
+    a->packed = a->workspace + per_threads;
     a->pairs.num_active = active;
     a->pairs.active = spconv_rulebook_active_offsets(rb);
     a->pairs.starts = starts;
@@ -126,7 +168,7 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     a->pairs.mirrored = 0;
     if (!sorted) {
         const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
-        int32_t *source = (int32_t *)(a->workspace + per_threads), *target = source + list;
+        int32_t *source = (int32_t *)(a->packed + packed_bytes), *target = source + list;
         spconv__sort_by_target(starts, active, in_rows, out_rows, a->plan->num_out, target + list,
                                source, target, spconv__sort_threads(threads));
         a->pairs.source = source;
@@ -162,8 +204,13 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     a.bias = b != NULL ? spconv_tensor_data(b) : NULL;
     a.out = spconv_tensor_data(result);
     a.block_rows = spconv__block_rows(&plan, dims->c_out);
-    a.thread_bytes = spconv__align_line((size_t)plan.chunk * (size_t)dims->c_in * plan.elem) +
-                     spconv__align_line((size_t)plan.chunk * (size_t)dims->c_out * plan.elem);
+    if (plan.fused)
+        a.packed_bytes = spconv__align_line(
+            spconv__fused_packed_bytes(dims->dtype, dims->c_in, dims->c_out));
+    else
+        a.thread_bytes =
+            spconv__align_line((size_t)plan.chunk * (size_t)dims->c_in * plan.elem) +
+            spconv__align_line((size_t)plan.chunk * (size_t)dims->c_out * plan.elem);
     int threads = spconv_context_num_threads(ctx);
     SPCONV_TRY_GOTO(st,
                     forward_pairs(ctx, rb, spconv_tensor_data(pairs_in),

@@ -69,7 +69,7 @@ void spconv__sgemm(spconv__gemm_impl impl, int trans_a, int trans_b, int64_t m, 
 #if SPCONV_HAVE_BLAS
     /* BLAS rejects k = 0 through its leading-dimension checks (lda >= max(1, k) and friends) and
      * prints to stderr, so empty products stay with the fallback, which only applies beta. */
-    if (impl == SPCONV__GEMM_AUTO && m > 0 && n > 0 && k > 0) {
+    if (impl != SPCONV__GEMM_FALLBACK && m > 0 && n > 0 && k > 0) {
         cblas_sgemm(CblasRowMajor, cblas_op(trans_a), cblas_op(trans_b), (blasint)m, (blasint)n,
                     (blasint)k, 1.0f, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
         return;
@@ -82,7 +82,7 @@ void spconv__dgemm(spconv__gemm_impl impl, int trans_a, int trans_b, int64_t m, 
                    int64_t k, const double *a, int64_t lda, const double *b, int64_t ldb,
                    double beta, double *c, int64_t ldc) {
 #if SPCONV_HAVE_BLAS
-    if (impl == SPCONV__GEMM_AUTO && m > 0 && n > 0 && k > 0) {
+    if (impl != SPCONV__GEMM_FALLBACK && m > 0 && n > 0 && k > 0) {
         cblas_dgemm(CblasRowMajor, cblas_op(trans_a), cblas_op(trans_b), (blasint)m, (blasint)n,
                     (blasint)k, 1.0, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
         return;

@@ -30,15 +30,18 @@
 #endif
 
 typedef enum spconv__gemm_impl {
-    SPCONV__GEMM_AUTO = 0,    /* BLAS when built in, else the fallback */
-    SPCONV__GEMM_FALLBACK = 1 /* always the plain-C fallback */
+    SPCONV__GEMM_AUTO = 0,     /* executors: the fused kernels (fused.h) where the machine has
+                                  them, else as UNFUSED; products here: as UNFUSED */
+    SPCONV__GEMM_FALLBACK = 1, /* unfused, products by the plain-C fallback */
+    SPCONV__GEMM_UNFUSED = 2   /* gather + product + scatter, products by BLAS when built in, else
+                                  by the fallback: the reference of the fused kernels */
 } spconv__gemm_impl;
 
 /* Largest m, n, k or leading dimension a product may have (CBLAS takes int). Callers check their
  * sizes against it before they start. */
 #define SPCONV__GEMM_MAX_DIM 2147483647LL
 
-/* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C with beta 0 or 1. op(A) is A [m, k] (lda >= k),
+/* C[m, n] = op(A)[m, k] @ op(B)[k, n] + beta * C with beta 0 or 1; @p impl FALLBACK or not. op(A) is A [m, k] (lda >= k),
  * or A^T for trans_a with A stored [k, m] (lda >= m); likewise B. beta 0 overwrites C without
  * reading it (NaN in C does not leak through). Sizes may be 0. */
 void spconv__sgemm(spconv__gemm_impl impl, int trans_a, int trans_b, int64_t m, int64_t n,

@@ -1,0 +1,43 @@
+/* Fused gather-GEMM-scatter for the conv executors: y[dst_i, :] += x[src_i, :] @ B for a list of
+ * pairs, reading the x rows where they lie and adding each product row straight into its y row,
+ * so that neither the gathered operand nor the product is ever written to memory.
+ *
+ * B (k x n) is packed once per call into column tiles: tile t holds columns [t*TW, t*TW + TW) of
+ * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it. The
+ * micro-kernel keeps a 6-row x TW-column block of products in registers (TW = 16 floats or 8
+ * doubles, two AVX2 vectors) and adds the k terms of each element in increasing order with fused
+ * multiply-adds, starting from zero, before one add into y. An element's value therefore depends
+ * only on its own row of x and column of B, never on how rows are grouped or which thread runs
+ * them: results are bitwise identical for every thread count, block size and batch composition.
+ *
+ * The kernels exist for x86-64 machines with AVX2 and FMA (checked at run time); elsewhere
+ * spconv__fused_available() is 0 and the executors keep the unfused gather + BLAS + scatter
+ * path, which is also the reference the tests hold these kernels against. */
+#ifndef SPCONV_CONV_FUSED_H
+#define SPCONV_CONV_FUSED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spconv/types.h"
+
+/* 1 when the fused kernels can run on this machine, for f32 and f64. */
+int spconv__fused_available(void);
+
+/* Bytes of B (k x n, elements of @p dtype) once packed. */
+size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n);
+
+/* Pack B = @p b ([k, n] row-major with leading dimension @p ldb), or B = b^T for @p trans (b
+ * stored [n, k], leading dimension ldb), into @p packed (spconv__fused_packed_bytes bytes). */
+void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int trans, int64_t k,
+                        int64_t n, void *packed);
+
+/* For i < count: y[dst_i, 0:n] += x[src_i, 0:k] @ B, where src_i = src[i] (or src_base + i when
+ * @p src is NULL), likewise dst_i; x rows hold k elements, y rows n. Within one call the dst rows
+ * must be distinct. B is @p packed from spconv__fused_pack with the same k and n. Only valid when
+ * spconv__fused_available(). */
+void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
+                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
+                        int64_t n, const void *packed);
+
+#endif /* SPCONV_CONV_FUSED_H */
