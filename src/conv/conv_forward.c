@@ -10,6 +10,10 @@
 #include "core/cpu_kernels.h"
 #include "core/error.h"
 
+/* Fewest out rows per block with the fused kernels: enough rows that finding a block's pairs
+ * (two binary searches per offset) stays small next to its products. */
+#define FUSED_MIN_BLOCK_ROWS 64
+
 typedef struct forward_args {
     const spconv__conv_plan *plan;
     spconv__pair_lists pairs; /* source = in rows, target = out rows (sorted) */
@@ -212,6 +216,13 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
             spconv__align_line((size_t)plan.chunk * (size_t)dims->c_in * plan.elem) +
             spconv__align_line((size_t)plan.chunk * (size_t)dims->c_out * plan.elem);
     int threads = spconv_context_num_threads(ctx);
+    if (plan.fused) {
+        /* An element's value does not depend on its block here (fused.h), so blocks may follow
+         * the thread count: a few per thread, so that small layers use every core too. */
+        int64_t balanced = (dims->num_out + 4 * threads - 1) / (4 * threads);
+        if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
+        if (balanced < a.block_rows) a.block_rows = balanced;
+    }
     SPCONV_TRY_GOTO(st,
                     forward_pairs(ctx, rb, spconv_tensor_data(pairs_in),
                                   spconv_tensor_data(pairs_out), threads, &a, &temp),
