@@ -18,6 +18,7 @@
 #include "rulebook/sites.h"
 #include "rulebook/rulebook_impl.h"
 #include "rulebook/rulebook_ref.h"
+#include "rulebook/site_lines.h"
 
 /* spconv's own test grid. */
 static const int64_t GRID[3] = {19, 18, 17};
@@ -659,6 +660,35 @@ static void test_subm_matches_reference(void **state) {
     spconv_context_destroy(ctx);
 }
 
+/* The subm builder finds neighbours through a line index (rulebook/site_lines.h) when the grid's
+ * lines are few next to the sites, else through the hash table: both against the reference, on
+ * the same sites placed in a small grid (lines) and far out in a huge one (table), and on lines
+ * of hundreds of sites (searched, not walked). */
+static void test_subm_line_index_and_table_agree(void **state) {
+    (void)state;
+    spconv_context *ctx = context_with_threads(2);
+    const int64_t small[3] = {12, 12, 12}, huge[3] = {2048, 2048, 12}, long_lines[3] = {3, 3, 4000};
+    for (int trial = 0; trial < 6; ++trial) {
+        const int64_t n = 2 * spconv_test_rand_int(25, 600), dilation = 1 + trial % 3;
+        const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, dilation);
+        int32_t *rows = spconv_test_random_sites(2, small, n / 2);
+        assert_true(spconv__site_lines_fit(n, 2, small));
+        check_against_reference(ctx, rows, n, small, 2, &p);
+        for (int64_t r = 0; r < n; ++r) rows[4 * r + 1] += 1000, rows[4 * r + 2] += 2035;
+        assert_false(spconv__site_lines_fit(n, 2, huge));
+        check_against_reference(ctx, rows, n, huge, 2, &p);
+        free(rows);
+    }
+    int32_t *rows = spconv_test_random_sites(1, long_lines, 8000);
+    assert_true(spconv__site_lines_fit(8000, 1, long_lines));
+    for (int64_t dilation = 1; dilation <= 2; ++dilation) {
+        const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, dilation);
+        check_against_reference(ctx, rows, 8000, long_lines, 1, &p);
+    }
+    free(rows);
+    spconv_context_destroy(ctx);
+}
+
 /* A random valid parameter set of @p kind with independent values per axis. */
 static spconv_conv_params random_anisotropic(spconv_conv_kind kind) {
     for (;;) {
@@ -1236,6 +1266,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dense_inputs_match_reference),
         cmocka_unit_test(test_transposed_grid_matches_reference),
         cmocka_unit_test(test_subm_matches_reference),
+        cmocka_unit_test(test_subm_line_index_and_table_agree),
         cmocka_unit_test(test_anisotropic_matches_reference),
         cmocka_unit_test(test_empty_input),
         cmocka_unit_test(test_kernel_larger_than_its_pairs),

@@ -26,6 +26,7 @@
 #include "core/parallel.h"
 #include "rulebook/build.h"
 #include "rulebook/radix_sort.h"
+#include "rulebook/site_lines.h"
 #include "spconv/tensor.h"
 
 /* More chunks than threads, taken dynamically, evens out regions of different density. */
@@ -37,6 +38,7 @@
 
 typedef struct subm_plan {
     const spconv__build_input *in;
+    const spconv__site_lines *lines; /* neighbours searched here when built, else in the table */
     const int64_t *shape;
     int64_t num_chunks;     /* min(threads * CHUNKS_PER_THREAD, N): more would be empty */
     int64_t group_size;     /* G: probed offsets per group */
@@ -152,6 +154,59 @@ static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64
     }
 }
 
+/* probe_chunk through the line index, for a group that holds every offset below the centre:
+ * for each (z, y) step of the kernel, one search in that line for the first x the kernel reaches,
+ * then a walk along the line's sorted x over the window, each site met giving its offset. */
+static void probe_chunk_lines(const subm_plan *plan, const spconv_conv_params *params,
+                              int64_t begin, int64_t end, int64_t *counts) {
+    const spconv__site_lines *lines = plan->lines;
+    const int64_t n = plan->in->num_in, group = plan->group_size, half = plan->end;
+    const int64_t *shape = plan->shape, *kernel = params->kernel, *dil = params->dilation;
+    const int64_t reach_x = kernel[2] / 2 * dil[2];
+    for (int64_t j = 0; j < half; ++j) counts[j] = 0;
+    for (int64_t o = begin; o < end; ++o) {
+        const int32_t *row = plan->in->rows + 4 * o;
+        const int64_t batch_line = row[0] * lines->lines_per_batch;
+        for (int64_t qz = 0; qz < kernel[0]; ++qz) {
+            const int64_t z = row[1] + (qz - kernel[0] / 2) * dil[0];
+            if (z < 0 || z >= shape[0]) continue;
+            for (int64_t qy = 0; qy < kernel[1]; ++qy) {
+                const int64_t k_line = (qz * kernel[1] + qy) * kernel[2];
+                if (k_line >= half) break;
+                const int64_t y = row[2] + (qy - kernel[1] / 2) * dil[1];
+                if (y < 0 || y >= shape[1]) continue;
+                const int64_t line = batch_line + z * lines->height + y;
+                int64_t at = lines->starts[line];
+                const int64_t stop = lines->starts[line + 1];
+                const uint64_t first = (uint64_t)(row[3] - reach_x < 0 ? 0 : row[3] - reach_x) << 32;
+                /* Lines of a scan hold a few sites; a long one is searched, never walked. */
+                if (stop - at > 16) {
+                    int64_t hi = stop;
+                    while (at < hi) {
+                        const int64_t mid = at + (hi - at) / 2;
+                        if (lines->entries[mid] < first)
+                            at = mid + 1;
+                        else
+                            hi = mid;
+                    }
+                }
+                while (at < stop && lines->entries[at] < first) ++at;
+                for (; at < stop; ++at) {
+                    const int64_t d = (int64_t)(lines->entries[at] >> 32) - row[3];
+                    if (d > reach_x) break;
+                    if (d % dil[2] != 0) continue;
+                    const int64_t k = k_line + d / dil[2] + kernel[2] / 2;
+                    if (k >= half) break;
+                    const int32_t i = (int32_t)(lines->entries[at] & UINT32_MAX);
+                    plan->nbr[k * n + o] = i;
+                    plan->nbr[(group + k) * n + i] = (int32_t)o;
+                    ++counts[k];
+                }
+            }
+        }
+    }
+}
+
 /* The @p count hits of @p column, in increasing output row, to pairs_in / pairs_out. */
 static void compact_column(const int32_t *column, int64_t n, int64_t count, int32_t *pairs_in,
                            int32_t *pairs_out) {
@@ -175,7 +230,8 @@ static void compact_column(const int32_t *column, int64_t n, int64_t count, int3
 
 /* Probe the current group, record its pair counts in plan->offsets[k + 1] (lower offsets only; a
  * mirror has its partner's count) and return the group's pairs per half. */
-static int64_t probe_group(subm_plan *plan) {
+static int64_t probe_group(subm_plan *plan, const spconv_conv_params *params) {
+    const int by_lines = plan->lines != NULL && plan->begin == 0 && plan->end == plan->group_size;
     const int num_threads = plan->in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
@@ -183,7 +239,10 @@ static int64_t probe_group(subm_plan *plan) {
     for (int64_t c = 0; c < plan->num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, plan->num_chunks, c, &begin, &end);
-        probe_chunk(plan, begin, end, plan->counts + c * group);
+        if (by_lines)
+            probe_chunk_lines(plan, params, begin, end, plan->counts + c * group);
+        else
+            probe_chunk(plan, begin, end, plan->counts + c * group);
     }
     int64_t total = 0;
     for (int64_t j = 0; j < used; ++j) {
@@ -257,7 +316,7 @@ static void fill_center(spconv_rulebook *rb, int64_t start) {
 static spconv_status build_one_group(subm_plan *plan, spconv_rulebook *rb) {
     const int64_t half = rb->kernel_volume / 2;
     group_start(plan, &rb->params, 0, half);
-    probe_group(plan);
+    probe_group(plan, &rb->params);
     SPCONV_FORWARD_IF_ERROR(offsets_from_lower_counts(plan->in->func, rb, plan->offsets));
     SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
@@ -286,7 +345,7 @@ static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
         const int64_t begin = b * group, end = begin + group < half ? begin + group : half;
         group_start(plan, &rb->params, begin, end);
         pair_block *block = &blocks[b];
-        block->count = probe_group(plan);
+        block->count = probe_group(plan, &rb->params);
         if (block->count == 0) continue;
         block->lower_in = malloc((size_t)block->count * 4 * sizeof *block->lower_in);
         if (block->lower_in == NULL)
@@ -449,11 +508,20 @@ spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook 
         fill_center(rb, 0);
         return SPCONV_OK;
     }
-    subm_plan plan = {in, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    subm_plan plan = {in, NULL, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    spconv__site_lines lines = {0, 0, 0, NULL, NULL};
     spconv_status st = plan_alloc(in->func, in->num_threads, rb, &plan);
+    /* The line walk serves a build whose one group holds the whole kernel (3x3x3 always). */
+    if (st == SPCONV_OK && plan.group_size >= rb->kernel_volume / 2 &&
+        spconv__site_lines_fit(rb->num_in, rb->batch_size, rb->in_shape)) {
+        st = spconv__site_lines_build(in->func, in->rows, rb->num_in, rb->batch_size,
+                                      rb->in_shape, &lines);
+        plan.lines = &lines;
+    }
     if (st == SPCONV_OK)
         st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)
                                                        : build_in_groups(&plan, rb);
     plan_free(&plan);
+    spconv__site_lines_free(&lines);
     return st;
 }

@@ -1,0 +1,81 @@
+/* Line index of active sites (see site_lines.h). */
+#include "rulebook/site_lines.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+#include "core/error.h"
+
+/* Most line starts allowed per site (beyond a floor for small inputs): 4 bytes each, so the index
+ * stays within a few times the 8 bytes per site of its entries. */
+#define LINES_PER_SITE 4
+#define LINES_MIN (INT64_C(1) << 16)
+/* Lines up to this long are sorted by insertion; longer ones by qsort (never quadratic). */
+#define INSERTION_MAX 32
+
+int spconv__site_lines_fit(int64_t num_sites, int64_t batch_size, const int64_t shape[3]) {
+    const int64_t limit = num_sites * LINES_PER_SITE > LINES_MIN ? num_sites * LINES_PER_SITE
+                                                                 : LINES_MIN;
+    /* One division at a time, so that no product can overflow. */
+    if (shape[0] <= 0 || shape[1] <= 0 || batch_size <= 0) return 0;
+    return batch_size <= limit / shape[0] / shape[1] && limit < INT32_MAX;
+}
+
+static int compare_entries(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void sort_line(uint64_t *e, int64_t n) {
+    if (n > INSERTION_MAX) {
+        qsort(e, (size_t)n, sizeof *e, compare_entries);
+        return;
+    }
+    for (int64_t i = 1; i < n; ++i) {
+        const uint64_t v = e[i];
+        int64_t j = i;
+        for (; j > 0 && e[j - 1] > v; --j) e[j] = e[j - 1];
+        e[j] = v;
+    }
+}
+
+spconv_status spconv__site_lines_build(const char *func, const int32_t *rows, int64_t num_sites,
+                                       int64_t batch_size, const int64_t shape[3],
+                                       spconv__site_lines *lines) {
+    lines->height = shape[1];
+    lines->lines_per_batch = shape[0] * shape[1];
+    lines->num_lines = batch_size * lines->lines_per_batch;
+    lines->starts = calloc((size_t)lines->num_lines + 1, sizeof *lines->starts);
+    lines->entries = malloc((size_t)(num_sites > 0 ? num_sites : 1) * sizeof *lines->entries);
+    if (lines->starts == NULL || lines->entries == NULL) {
+        spconv__site_lines_free(lines);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY,
+                            "%s: out of host memory for a line index of %" PRId64 " sites",
+                            func, num_sites);
+    }
+    /* Counting sort by line: counts in starts[l + 1], prefix sums, then each row at its line's
+     * cursor (starts[l], advanced as rows arrive and shifted back by one line afterwards). */
+    int32_t *starts = lines->starts;
+    for (int64_t r = 0; r < num_sites; ++r) {
+        const int32_t *row = rows + 4 * r;
+        ++starts[row[0] * lines->lines_per_batch + row[1] * lines->height + row[2] + 1];
+    }
+    for (int64_t l = 0; l < lines->num_lines; ++l) starts[l + 1] += starts[l];
+    for (int64_t r = 0; r < num_sites; ++r) {
+        const int32_t *row = rows + 4 * r;
+        const int64_t l = row[0] * lines->lines_per_batch + row[1] * lines->height + row[2];
+        lines->entries[starts[l]++] = (uint64_t)(uint32_t)row[3] << 32 | (uint64_t)r;
+    }
+    for (int64_t l = lines->num_lines; l > 0; --l) starts[l] = starts[l - 1];
+    starts[0] = 0;
+    for (int64_t l = 0; l < lines->num_lines; ++l)
+        if (starts[l + 1] - starts[l] > 1) sort_line(lines->entries + starts[l], starts[l + 1] - starts[l]);
+    return SPCONV_OK;
+}
+
+void spconv__site_lines_free(spconv__site_lines *lines) {
+    free(lines->starts);
+    free(lines->entries);
+    lines->starts = NULL;
+    lines->entries = NULL;
+}
