@@ -19,6 +19,10 @@
 
 #define POOL_CHUNK 1024
 #define POOL_CHANNEL_BLOCK 16
+/* Out rows per block of the output-stationary forward: a block's rows stay in L1/L2 while every
+ * offset visits them, so each out row goes to memory once. */
+#define POOL_BLOCK_BYTES (32 * 1024)
+#define POOL_BLOCK_MIN 16
 
 typedef struct pool_args {
     spconv_dtype dtype;
@@ -29,6 +33,8 @@ typedef struct pool_args {
     const void *features; /* [num_in, C] */
     void *out;            /* [num_out, C] */
     int32_t *argmax;      /* [num_out, C] */
+    int sorted;           /* 1: each offset's pairs are in increasing out row */
+    const int64_t *active;
 } pool_args;
 
 #define SPCONV_POOL_PAIRS(T)                                                                       \
@@ -71,10 +77,9 @@ static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
     }
 }
 
-static void pool_init(const pool_args *a) {
-    const int64_t n = a->num_out * a->channels;
-    SPCONV_OMP(omp for schedule(static))
-    for (int64_t i = 0; i < n; ++i) {
+/* Elements [begin, end) of out (and argmax) start at -inf (and -1). */
+static void pool_init_range(const pool_args *a, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
         if (a->dtype == SPCONV_F32)
             ((float *)a->out)[i] = -INFINITY;
         else
@@ -83,9 +88,37 @@ static void pool_init(const pool_args *a) {
     }
 }
 
+/* Output-stationary: blocks of out rows, each initialised and then visited by every offset in
+ * increasing k (its pairs found by binary search), so each out row sees its pairs in the same
+ * order as the offset-by-offset loop below, and the same bits come out. */
+static void pool_run_blocks(const pool_args *a, int threads) {
+    const spconv__pair_lists lists = {a->num_active, a->active, a->starts,
+                                      a->pairs_in,   a->pairs_out, 0};
+    const int64_t row_bytes = a->channels * (int64_t)spconv_dtype_size(a->dtype);
+    int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+    if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
+    const int64_t blocks = (a->num_out + rows - 1) / rows;
+    SPCONV_OMP(omp parallel for num_threads(threads) schedule(dynamic, 1))
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = b * rows, r1 = r0 + rows < a->num_out ? r0 + rows : a->num_out;
+        pool_init_range(a, r0 * a->channels, r1 * a->channels);
+        for (int64_t j = 0; j < a->num_active; ++j) {
+            int64_t first, end;
+            spconv__pairs_range(&lists, j, r0, r1, &first, &end);
+            pool_pairs(a, first, end);
+        }
+    }
+}
+
 static void pool_run(const pool_args *a, int threads) {
+    if (a->sorted) {
+        pool_run_blocks(a, threads);
+        return;
+    }
     SPCONV_OMP(omp parallel num_threads(threads)) {
-        pool_init(a);
+        const int64_t n = a->num_out * a->channels;
+        SPCONV_OMP(omp for schedule(static))
+        for (int64_t i = 0; i < n; ++i) pool_init_range(a, i, i + 1);
         for (int64_t j = 0; j < a->num_active; ++j) {
             const int64_t start = a->starts[j], count = a->starts[j + 1] - start;
             const int64_t chunks = (count + POOL_CHUNK - 1) / POOL_CHUNK;
@@ -112,7 +145,9 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
                    NULL,
                    NULL,
                    NULL,
-                   NULL};
+                   NULL,
+                   0,
+                   spconv_rulebook_active_offsets(rb)};
     spconv_tensor *f = NULL, *pairs_in = NULL, *pairs_out = NULL, *y = NULL, *arg = NULL;
     int64_t sizes[2] = {a.num_out, a.channels};
     spconv_status st;
@@ -127,6 +162,8 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     a.features = spconv_tensor_data(f);
     a.out = spconv_tensor_data(y);
     a.argmax = arg != NULL ? spconv_tensor_data(arg) : NULL;
+    a.sorted = spconv__rows_sorted(a.starts, a.num_active, a.pairs_out,
+                                   spconv_context_num_threads(ctx));
     if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
         pool_run(&a, spconv_context_num_threads(ctx));
     *out = y, y = NULL;

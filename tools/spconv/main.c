@@ -1,6 +1,9 @@
 /* `spconv`: the command-line front of the engine. One subcommand per job; see `spconv help`. */
 #include <stdio.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "spconv/spconv.h"
 #include "cli_args.h"
@@ -41,7 +44,20 @@ int spconv_cmd_version(int argc, char **argv) {
     return 0;
 }
 
+/* A network pass allocates and frees tensors of tens of MB per layer. glibc serves blocks above
+ * its mmap threshold (at most 32 MiB) with fresh mmaps, which fault in page by page on first
+ * touch and are unmapped on free: tens of thousands of page faults per pass. This process is
+ * ours, so it keeps freed memory for reuse instead (the library never changes malloc settings;
+ * a program embedding it decides for itself). */
+static void keep_freed_memory(void) {
+#if defined(__GLIBC__)
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 int main(int argc, char **argv) {
+    keep_freed_memory();
     if (argc < 2) {
         print_usage(stderr);
         return 2;
