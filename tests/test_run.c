@@ -512,7 +512,8 @@ static void check_bench_json(const char *path, int layers, int backward) {
         "\"forward\"", "\"wall_ms\"", "\"phases_ms\"", "\"rulebook\"", "\"gather\"", "\"gemm\"",
         "\"scatter\"", "\"other\"", "\"median\"", "\"min\"", "\"max\"", "\"gflops\"",
         "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\"", "\"per_pass\"",
-        "\"start_unix_ms\"", "\"forward_ms_per_pass\""};
+        "\"start_unix_ms\"", "\"forward_ms_per_pass\"", "\"tensor_mib\"", "\"rss_peak_mib\"",
+        "\"input_grad\"", "\"replicate\""};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
         if (strstr(text, keys[k]) == NULL) fail_msg("%s has no key %s", path, keys[k]);
     int entries = 0;
@@ -556,7 +557,42 @@ static void test_bench_json(void **state) {
                                        "0", "--json", in_dir(f, "second.json", json), NULL});
     check_bench_json(json, zoo_layers("second"), 0);
     expect_in_stdout(f, "sample_scan.bin");
+    expect_in_stdout(f, "engine tensors at their most");
     assert_int_equal(spconv_test_count_entries(f->dir), 5); /* scan, 2 JSON, stdout, stderr */
+}
+
+/* --replicate R runs on R copies of the input, one batch entry each: R times the sites, the
+ * same layers; --input-grad adds the first layer's data gradient to the backward's work. */
+static void test_bench_replicate_and_input_grad(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char scan[PATH_CAP], one[PATH_CAP], three[PATH_CAP];
+    small_scan(f, 3000, scan);
+    expect_success(f, (const char *[]){"bench", "--net", "second", "--input", scan, "--repeat",
+                                       "1", "--warmup", "0", "--peak-size", "0", "--backward",
+                                       "--json", in_dir(f, "one.json", one), NULL});
+    expect_success(f, (const char *[]){"bench", "--net", "second", "--input", scan, "--repeat",
+                                       "1", "--warmup", "0", "--peak-size", "0", "--backward",
+                                       "--input-grad", "--replicate", "3", "--json",
+                                       in_dir(f, "three.json", three), NULL});
+    check_bench_json(one, zoo_layers("second"), 1);
+    check_bench_json(three, zoo_layers("second"), 1);
+    long long sites_one = 0, sites_three = 0;
+    size_t len = 0;
+    char *a = spconv_test_read_bytes(one, &len), *b = spconv_test_read_bytes(three, &len);
+    assert_true(a != NULL && b != NULL);
+    assert_int_equal(sscanf(strstr(a, "\"sites\": "), "\"sites\": %lld", &sites_one), 1);
+    assert_int_equal(sscanf(strstr(b, "\"sites\": "), "\"sites\": %lld", &sites_three), 1);
+    assert_true(sites_one > 0);
+    assert_int_equal(sites_three, 3 * sites_one);
+    assert_non_null(strstr(a, "\"input_grad\": false, \"replicate\": 1,"));
+    assert_non_null(strstr(b, "\"input_grad\": true, \"replicate\": 3,"));
+    free(a);
+    free(b);
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"bench", "--input-grad", NULL},
+        "spconv bench: --input-grad needs --backward (the gradient comes from a backward)");
+    spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--replicate", "0", NULL},
+                                   "--replicate");
 }
 
 /* Random unique sites in bench_basic's grid [80, 1600, 1600] and 3 features each. */
@@ -798,6 +834,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_run_zero_voxels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bench_replicate_and_input_grad, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_voxel_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_npy_input_errors, setup, teardown),

@@ -6,6 +6,9 @@
 #if defined(__linux__)
 #include <sys/sysinfo.h>
 #endif
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
@@ -33,6 +36,39 @@ static size_t machine_memory_bytes(void) {
     return SIZE_MAX;
 }
 
+/* Bytes of CPU storage allocated by this backend and not yet freed, and the most since the last
+ * reset (benchmarks report them against the process's peak resident memory). Counted by the
+ * allocator's usable size, so they are exact where glibc tells it and absent elsewhere. */
+static size_t live_bytes, peak_bytes;
+
+static size_t usable_bytes(void *memory) {
+#if defined(__GLIBC__)
+    return malloc_usable_size(memory);
+#else
+    (void)memory;
+    return 0;
+#endif
+}
+
+static void count_alloc(void *memory) {
+    const size_t bytes = usable_bytes(memory);
+    const size_t now = __atomic_add_fetch(&live_bytes, bytes, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&peak_bytes, &peak, now, 1,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+void spconv__cpu_memory_usage(size_t *live, size_t *peak) {
+    *live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
+    *peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+}
+
+void spconv__cpu_memory_reset_peak(void) {
+    __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED),
+                     __ATOMIC_RELAXED);
+}
+
 static spconv_status cpu_alloc(int device_index, size_t nbytes, void **ptr) {
     *ptr = NULL;
     if (nbytes == 0) return SPCONV_OK;
@@ -50,11 +86,15 @@ static spconv_status cpu_alloc(int device_index, size_t nbytes, void **ptr) {
     SPCONV_RETURN_ERROR_IF(memory == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "out of host memory allocating %zu bytes (%.3g GiB)", nbytes,
                            (double)nbytes / gib);
+    count_alloc(memory);
     *ptr = memory;
     return SPCONV_OK;
 }
 
-static void cpu_free(int device_index, void *ptr) { free(ptr); }
+static void cpu_free(int device_index, void *ptr) {
+    if (ptr != NULL) __atomic_sub_fetch(&live_bytes, usable_bytes(ptr), __ATOMIC_RELAXED);
+    free(ptr);
+}
 
 /* Host and device are the same memory, so all three transfers are memcpy. */
 static spconv_status cpu_memcpy(spconv_context *ctx, int device_index, void *dst, const void *src,

@@ -42,6 +42,11 @@ spconv_status spconv__storage_create(const char *func, spconv_device device, siz
 /* Element size of a tensor in bytes. */
 size_t spconv__tensor_element_size(const spconv_tensor *t);
 
+/* CPU storage bytes held now and at most since the last reset (0 where the C library cannot tell
+ * a block's size); for benchmarks. */
+void spconv__cpu_memory_usage(size_t *live, size_t *peak);
+void spconv__cpu_memory_reset_peak(void);
+
 /* Recompute numel and is_contiguous after sizes/strides changed. */
 void spconv__tensor_update_cache(spconv_tensor *t);
 

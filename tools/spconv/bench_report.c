@@ -18,8 +18,9 @@ int bench_samples_init(bench_samples *s, int repeat, int layers) {
                       sizeof *s->layer);
     s->wall = calloc((size_t)repeat, sizeof *s->wall);
     s->start = calloc((size_t)repeat, sizeof *s->start);
+    s->tensor_mib = calloc((size_t)repeat, sizeof *s->tensor_mib);
     s->scratch = calloc((size_t)repeat, sizeof *s->scratch);
-    return s->layer != NULL && s->wall != NULL && s->start != NULL &&
+    return s->layer != NULL && s->wall != NULL && s->start != NULL && s->tensor_mib != NULL &&
                    s->scratch != NULL ? 0 : -1;
 }
 
@@ -31,6 +32,7 @@ static void samples_free(bench_samples *s) {
     free(s->layer);
     free(s->wall);
     free(s->start);
+    free(s->tensor_mib);
     free(s->scratch);
     memset(s, 0, sizeof *s);
 }
@@ -91,6 +93,11 @@ static spread phase_spread(bench_samples *s, int phase) {
     return scratch_spread(s);
 }
 
+static spread tensor_spread(bench_samples *s) {
+    memcpy(s->scratch, s->tensor_mib, (size_t)s->repeat * sizeof *s->scratch);
+    return scratch_spread(s);
+}
+
 static spread wall_spread(bench_samples *s) {
     memcpy(s->scratch, s->wall, (size_t)s->repeat * sizeof *s->scratch);
     return scratch_spread(s);
@@ -107,11 +114,18 @@ typedef struct pass_summary {
 } pass_summary;
 
 /* A conv's backward computes d_features and d_weight (twice the forward's products), except
- * that the first layer's d_features is skipped: the benchmark does not ask for the input's
- * gradient, and spconv_net_backward then leaves it out. */
+ * that the first layer's d_features is skipped unless --input-grad asks for the input's
+ * gradient (spconv_net_backward leaves it out otherwise). */
 static double layer_flops(const bench_run *run, int layer, int backward) {
     if (!backward) return run->layers[layer].flops;
-    return run->layers[layer].flops * (layer > 0 ? 2.0 : 1.0);
+    return run->layers[layer].flops * (layer > 0 || run->with_input_grad ? 2.0 : 1.0);
+}
+
+/* The report's words for bench_run.gemm. */
+static const char *gemm_words(const char *gemm) {
+    return strcmp(gemm, "fused") == 0  ? "the fused kernels"
+           : strcmp(gemm, "blas") == 0 ? "BLAS"
+                                       : "the C fallback";
 }
 
 static double per_second(double flops, double ms) { return ms > 0.0 ? flops / ms * 1e-6 : 0.0; }
@@ -174,6 +188,11 @@ static void print_pass(bench_run *run, bench_samples *s, const char *title, int 
             p.gemm_gflops);
     if (run->peak_gflops > 0.0) fprintf(out, " = %.1f%% of the sgemm peak", 100.0 * p.gemm_share);
     fputc('\n', out);
+    const spread mib = tensor_spread(s);
+    fprintf(out, "%s: %.2f us per input site; engine tensors at their most %.1f MiB median "
+            "[%.1f, %.1f] (%.2f KiB per input site)\n", title,
+            run->sites > 0 ? 1e3 * p.wall.median / (double)run->sites : 0.0, mib.median, mib.min,
+            mib.max, run->sites > 0 ? 1024.0 * mib.median / (double)run->sites : 0.0);
 }
 
 void bench_report_print(bench_run *run, FILE *out) {
@@ -184,13 +203,16 @@ void bench_report_print(bench_run *run, FILE *out) {
             (long long)run->spatial_shape[1], (long long)run->spatial_shape[2]);
     fprintf(out, "%d thread%s, GEMM by %s, %d timed pass%s after %d warm-up%s; every forward "
             "builds its rulebooks\n", run->threads, run->threads == 1 ? "" : "s",
-            run->blas ? "BLAS" : "the C fallback", run->repeat, run->repeat == 1 ? "" : "es",
+            gemm_words(run->gemm), run->repeat, run->repeat == 1 ? "" : "es",
             run->warmup, run->warmup == 1 ? "" : "s");
     if (run->peak_gflops > 0.0)
         fprintf(out, "sgemm peak: %.1f GFLOP/s (%lld^3 float32, row blocks per thread)\n",
                 run->peak_gflops, (long long)run->peak_size);
     print_pass(run, &run->forward, run->with_backward ? "forward (training)" : "forward", 0, out);
     if (run->with_backward) print_pass(run, &run->backward, "backward", 1, out);
+    if (run->rss_peak_mib > 0.0)
+        fprintf(out, "process peak resident memory: %.1f MiB (everything: the input, the network, "
+                "the allocator's free lists)\n", run->rss_peak_mib);
 }
 
 /* ---- JSON ------------------------------------------------------------------------------------- */
@@ -230,13 +252,14 @@ static void json_config(const bench_run *run, FILE *out) {
     if (run->points >= 0) fprintf(out, "%lld", (long long)run->points);
     else fputs("null", out);
     fprintf(out, ", \"sites\": %lld, \"spatial_shape\": [%lld, %lld, %lld], \"in_channels\": %lld, "
-            "\"threads\": %d, \"repeat\": %d, \"warmup\": %d, \"backward\": %s, \"seed\": %lld, "
+            "\"threads\": %d, \"repeat\": %d, \"warmup\": %d, \"backward\": %s, \"input_grad\": %s, "
+            "\"replicate\": %d, \"seed\": %lld, "
             "\"gemm\": \"%s\", \"peak_size\": %lld, \"version\": ",
             (long long)run->sites, (long long)run->spatial_shape[0],
             (long long)run->spatial_shape[1], (long long)run->spatial_shape[2],
             (long long)run->zin.channels, run->threads, run->repeat, run->warmup,
-            run->with_backward ? "true" : "false", (long long)run->seed,
-            run->blas ? "blas" : "fallback",
+            run->with_backward ? "true" : "false", run->with_input_grad ? "true" : "false",
+            run->replicate, (long long)run->seed, run->gemm,
             (long long)run->peak_size);
     json_string(out, spconv_version_string());
     fputs("},\n", out);
@@ -250,6 +273,8 @@ static void json_pass_samples(bench_samples *s, FILE *out) {
         fprintf(out, "%s{\"rep\": %d, \"start_unix_ms\": %.3f, \"wall_ms\": ",
                 r ? ",\n                   " : "", r, s->start[r]);
         json_number(out, s->wall[r]);
+        fputs(", \"tensor_mib\": ", out);
+        json_number(out, s->tensor_mib[r]);
         fputs(", \"phases_ms\": {", out);
         for (int k = 0; k < BENCH_PHASES; ++k) {
             double sum = 0.0;
@@ -281,6 +306,8 @@ static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out)
     fputs(", \"gemm_share_of_peak\": ", out);
     if (run->peak_gflops > 0.0) json_number(out, p.gemm_share);
     else fputs("null", out);
+    fputs(", \"tensor_mib\": ", out);
+    json_spread(out, tensor_spread(s));
     json_pass_samples(s, out);
     fputc('}', out);
 }
@@ -335,6 +362,9 @@ void bench_report_json(bench_run *run, FILE *out) {
     json_config(run, out);
     fputs("  \"sgemm_peak_gflops\": ", out);
     if (run->peak_gflops > 0.0) json_number(out, run->peak_gflops);
+    else fputs("null", out);
+    fputs(",\n  \"rss_peak_mib\": ", out);
+    if (run->rss_peak_mib > 0.0) json_number(out, run->rss_peak_mib);
     else fputs("null", out);
     fputs(",\n  \"passes\": {\"forward\": ", out);
     json_pass(run, &run->forward, 0, out);

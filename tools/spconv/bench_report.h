@@ -20,6 +20,7 @@ typedef struct bench_samples {
     double *wall;    /* [repeat]: the whole pass, as the caller timed it */
     double *start;   /* [repeat]: when the pass began, ms since the Unix epoch (CLOCK_REALTIME),
                       * so that passes of runs made side by side can be put in one time order */
+    double *tensor_mib; /* [repeat]: the engine's CPU tensors at their most during the pass */
     double *scratch; /* [repeat]: for sorting */
 } bench_samples;
 
@@ -45,8 +46,12 @@ typedef struct bench_run {
     int64_t points; /* of the scan; -1 for voxel files */
     int64_t sites;
     int64_t spatial_shape[3];
-    int threads, repeat, warmup, blas;
+    int threads, repeat, warmup;
+    const char *gemm; /* who runs the products: "fused", "blas" or "fallback" */
     int with_backward; /* backward timed too; forward in training mode */
+    int with_input_grad; /* the backward also computes the input's gradient */
+    int replicate;       /* copies of the input, one batch entry each */
+    double rss_peak_mib; /* the process's peak resident memory at the end; 0 where unknown */
     int64_t seed, peak_size;
     double peak_gflops; /* 0: not measured */
     bench_samples forward, backward;

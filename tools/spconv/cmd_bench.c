@@ -10,15 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "bench_report.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "conv/fused.h"
 #include "conv/gemm.h"
 #include "conv/gemm_peak.h"
 #include "io/pointcloud_file.h"
 #include "net_args.h"
+#include "tensor/tensor_impl.h"
 #include "spconv/spconv.h"
 
 #define PEAK_REPEAT 3
@@ -29,6 +32,8 @@ typedef struct bench_args {
     int64_t repeat;
     int64_t warmup;
     int backward;
+    int input_grad;
+    int64_t replicate;
     int64_t threads;    /* 0: all cores */
     const char *device; /* --device; NULL: the CPU */
     int64_t peak_size;  /* 0: do not measure the sgemm peak */
@@ -77,6 +82,9 @@ static double unix_ms(void) {
 
 static void record(bench_samples *s, int rep, const spconv_net *net, int backward, double wall,
                    double start_unix) {
+    size_t live, peak;
+    spconv__cpu_memory_usage(&live, &peak);
+    s->tensor_mib[rep] = (double)peak / (1024.0 * 1024.0);
     s->wall[rep] = wall;
     s->start[rep] = start_unix;
     for (int i = 0; i < s->layers; ++i) {
@@ -96,6 +104,7 @@ static int one_pass(bench_job *job, int rep) {
     if (rc != 0) return rc;
     const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
     double start_unix = unix_ms();
+    spconv__cpu_memory_reset_peak();
     double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
     const double forward_ms = net_now_ms() - start;
@@ -104,8 +113,12 @@ static int one_pass(bench_job *job, int rep) {
     if (rc == 0 && job->args.backward && job->grad == NULL) rc = make_grad(job, out);
     if (rc == 0 && job->args.backward) {
         start_unix = unix_ms();
+        spconv__cpu_memory_reset_peak();
         start = net_now_ms();
-        st = spconv_net_backward(job->ctx, job->net, job->grad, NULL);
+        spconv_tensor *grad_input = NULL;
+        st = spconv_net_backward(job->ctx, job->net, job->grad,
+                                 job->args.input_grad ? &grad_input : NULL);
+        spconv_tensor_release(grad_input);
         const double backward_ms = net_now_ms() - start;
         if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");
         if (rc == 0 && rep >= 0) record(&job->run.backward, rep, job->net, 1, backward_ms, start_unix);
@@ -123,11 +136,14 @@ static int read_input(bench_job *job) {
     if (rc != 0) return rc;
     job->run.input = path;
     job->run.input_is_voxels = net_input_is_voxels(path);
-    if (job->run.input_is_voxels)
-        return net_input_from_voxels(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
-                                     &job->input);
-    return net_input_from_scan(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
-                               &job->input);
+    rc = job->run.input_is_voxels
+             ? net_input_from_voxels(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
+                                     &job->input)
+             : net_input_from_scan(job->cmd, job->ctx, job->run.net_name, &job->run.zin, path,
+                                   &job->input);
+    if (rc == 0 && job->args.replicate > 1)
+        rc = net_input_replicate(job->cmd, &job->input, job->args.replicate);
+    return rc;
 }
 
 /* The JSON goes through the library's one file writer: a temporary created exclusively beside
@@ -174,12 +190,20 @@ static int measure_peak(bench_job *job) {
     return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "measuring the sgemm peak");
 }
 
+/* The process's peak resident set so far, MiB (0 where getrusage cannot tell). */
+static double peak_resident_mib(void) {
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) != 0) return 0.0;
+    return (double)usage.ru_maxrss / 1024.0; /* Linux reports KiB */
+}
+
 static int bench_steps(bench_job *job) {
     int rc = setup(job);
     if (rc == 0) rc = measure_peak(job);
     for (int r = 0; rc == 0 && r < job->args.warmup; ++r) rc = one_pass(job, -1);
     for (int r = 0; rc == 0 && r < job->args.repeat; ++r) rc = one_pass(job, r);
     if (rc != 0) return rc;
+    job->run.rss_peak_mib = peak_resident_mib();
     if (bench_report_capture_layers(&job->run, job->net) != 0)
         return cli_error(job->cmd, "out of memory for the report");
     bench_report_print(&job->run, stdout);
@@ -211,7 +235,8 @@ int spconv_cmd_bench(int argc, char **argv) {
     static const char cmd[] = "bench";
     const char *zoo[NET_ZOO_MAX + 1];
     net_zoo_choices(zoo);
-    bench_job job = {.cmd = cmd, .args = {.repeat = 5, .warmup = 1, .peak_size = 2048, .seed = 1}};
+    bench_job job = {.cmd = cmd,
+                     .args = {.repeat = 5, .warmup = 1, .peak_size = 2048, .seed = 1, .replicate = 1}};
     bench_args *a = &job.args;
     cli_option opts[] = {
         {.name = "--net", .kind = CLI_CHOICE, .value = &a->net, .choices = zoo,
@@ -224,6 +249,10 @@ int spconv_cmd_bench(int argc, char **argv) {
          .max = 100000, .help = "untimed passes first (default 1)"},
         {.name = "--backward", .kind = CLI_SWITCH, .value = &a->backward,
          .help = "time training forward + backward"},
+        {.name = "--input-grad", .kind = CLI_SWITCH, .value = &a->input_grad,
+         .help = "with --backward: the input's gradient too (as spconv computes it)"},
+        {.name = "--replicate", .kind = CLI_INT, .value = &a->replicate, .metavar = "R", .min = 1,
+         .max = 64, .help = "run on R copies of the input, one batch entry each (default 1)"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
          .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
         {.name = "--device", .kind = CLI_PATH, .value = &a->device, .metavar = "cpu|cuda[:N]",
@@ -242,13 +271,17 @@ int spconv_cmd_bench(int argc, char **argv) {
                      .epilog = bench_epilog};
     int status;
     if (!cli_parse(&spec, argc, argv, &status)) return status;
+    if (a->input_grad && !a->backward)
+        return cli_error(cmd, "--input-grad needs --backward (the gradient comes from a backward)");
     job.run.net_name = zoo[a->net];
     job.run.repeat = (int)a->repeat;
     job.run.warmup = (int)a->warmup;
     job.run.with_backward = a->backward;
+    job.run.with_input_grad = a->input_grad;
+    job.run.replicate = (int)a->replicate;
     job.run.seed = a->seed;
     job.run.peak_size = a->peak_size;
-    job.run.blas = spconv__gemm_has_blas();
+    job.run.gemm = spconv__fused_available() ? "fused" : spconv__gemm_has_blas() ? "blas" : "fallback";
     int rc = bench_steps(&job);
     bench_free(&job);
     return rc;

@@ -288,6 +288,46 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
 
 /* ---- both ------------------------------------------------------------------------------------- */
 
+int net_input_replicate(const char *cmd, net_input *in, int64_t copies) {
+    const int64_t n = spconv_tensor_size(in->features, 0), c = spconv_tensor_size(in->features, 1);
+    if (in->batch_size > INT32_MAX / copies || n > INT32_MAX / copies)
+        return cli_error(cmd, "--replicate %lld: %lld sites in %lld batch entries would overflow",
+                         (long long)copies, (long long)n, (long long)in->batch_size);
+    spconv_tensor *features = NULL, *indices = NULL;
+    const int64_t f_sizes[2] = {copies * n, c}, i_sizes[2] = {copies * n, 4};
+    spconv_status st = spconv_tensor_empty(spconv_cpu(), SPCONV_F32, 2, f_sizes, &features);
+    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, i_sizes, &indices);
+    spconv_tensor *f = NULL, *i = NULL;
+    if (st == SPCONV_OK) st = spconv_tensor_contiguous(NULL, in->features, &f);
+    if (st == SPCONV_OK) st = spconv_tensor_contiguous(NULL, in->indices, &i);
+    if (st == SPCONV_OK) {
+        const float *fs = spconv_tensor_data(f);
+        const int32_t *is = spconv_tensor_data(i);
+        float *fd = spconv_tensor_data(features);
+        int32_t *id = spconv_tensor_data(indices);
+        for (int64_t k = 0; k < copies; ++k) {
+            memcpy(fd + k * n * c, fs, (size_t)(n * c) * sizeof *fd);
+            for (int64_t r = 0; r < n; ++r) {
+                id[4 * (k * n + r)] = (int32_t)(is[4 * r] + k * in->batch_size);
+                memcpy(id + 4 * (k * n + r) + 1, is + 4 * r + 1, 3 * sizeof *id);
+            }
+        }
+    }
+    spconv_tensor_release(f);
+    spconv_tensor_release(i);
+    if (st != SPCONV_OK) {
+        spconv_tensor_release(features);
+        spconv_tensor_release(indices);
+        return cli_status_error(cmd, st, "replicating the input");
+    }
+    spconv_tensor_release(in->features);
+    spconv_tensor_release(in->indices);
+    in->features = features;
+    in->indices = indices;
+    in->batch_size *= copies;
+    return 0;
+}
+
 int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
                      spconv_sparse_tensor **out) {
     spconv_status st =

@@ -52,6 +52,10 @@ int net_input_is_voxels(const char *path);
 int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
                           const spconv_net_input *zin, const char *path, net_input *out);
 
+/** Replace the input by @p copies copies of it, copy c holding batch entries
+ *  [c * batch_size, (c + 1) * batch_size) (as spconv's large benchmark scales its input). */
+int net_input_replicate(const char *cmd, net_input *in, int64_t copies);
+
 /** A new sparse tensor over the input's features and indices, with an empty rulebook cache. */
 int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
                      spconv_sparse_tensor **out);
