@@ -3,11 +3,15 @@
  *                   in rows)
  *   grad_weight[k] = gather(features, in rows)^T @ gather(grad_out, out rows)
  *   grad_bias = column sums of grad_out.
- * Target-stationary (conv_cpu.h) over blocks of input rows, with the pairs sorted by in row.
- * The blocks are dealt, in order, to a fixed number of groups; each group sums its blocks'
- * weight-gradient products into its own [KV, C_in, C_out] buffer (group 0 straight into
- * grad_weight), and after the only barrier the buffers are added in group order. Group bounds
- * depend on the sizes alone, so the sums do not depend on the thread count. */
+ * Two phases, each parallel on its own terms:
+ *  - the data gradient is target-stationary (conv_cpu.h) over blocks of input rows, with the pairs
+ *    sorted by in row: with the fused kernels (fused.h) an element's value does not depend on its
+ *    block, so blocks follow the thread count; unfused, they follow the sizes alone;
+ *  - the weight gradient is one task per (offset, segment of its pairs), segments of a fixed
+ *    number of pairs: a task sums its segment in pair order, chunk by chunk, into its own buffer
+ *    (segment 0 straight into grad_weight[k]), and after a barrier each offset adds its other
+ *    segments in order. Bounds depend on the sizes alone, so the sums do not depend on the thread
+ *    count, and small layers with big kernels still keep every core busy. */
 #include <string.h>
 
 #include "conv/conv_check.h"
@@ -20,23 +24,29 @@
 /* Rows per block of the bias-gradient column sums, and elements per block of the reductions. */
 #define BIAS_BLOCK_ROWS 4096
 #define REDUCE_BLOCK 4096
-/* Weight-gradient groups: enough to balance a few threads, and at most this many bytes of
- * per-group buffers beyond grad_weight itself. */
-#define MAX_GROUPS 16
-#define MAX_PARTIAL_BYTES (64.0 * 1024 * 1024)
+/* Pairs per weight-gradient segment: one offset of a 125k-site subm layer is one segment, and a
+ * 1x1 conv over many rows still splits into a few tasks. */
+#define SEGMENT_PAIRS 32768
+/* Fewest input rows per data-gradient block with the fused kernels (see the forward's). */
+#define FUSED_MIN_BLOCK_ROWS 64
 
 typedef struct backward_args {
     const spconv__conv_plan *plan;
-    spconv__pair_lists pairs; /* source = out rows, target = in rows (sorted) */
+    spconv__pair_lists pairs; /* data gradient: source = out rows, target = in rows (sorted) */
+    const int32_t *rb_in, *rb_out; /* the rulebook's own pairs, by active offset: weight gradient */
+    const int64_t *rb_starts;
     const char *features;     /* [num_in, C_in] contiguous */
     const char *weight;       /* [KV, C_in, C_out] contiguous */
     const char *grad_out;     /* [num_out, C_out] contiguous */
     char *grad_in;            /* [num_in, C_in] or NULL */
     char *grad_weight;        /* [KV, C_in, C_out] or NULL */
     char *grad_bias;          /* [C_out] or NULL */
-    char *partials;           /* groups - 1 buffers [KV, C_in, C_out]: groups 1.. */
     double *bias_partials;    /* [bias blocks, C_out] */
-    int64_t block_rows, blocks, groups;
+    int64_t block_rows, blocks;
+    int64_t *task_first;      /* [num_active + 1]: offset j's weight tasks are
+                                 [task_first[j], task_first[j + 1]) */
+    int64_t num_tasks;
+    char *partials;           /* [num_tasks - num_active][C_in, C_out]: segments 1.. */
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
     char *packed; /* fused data gradient: W[k]^T of active offset j packed at j * packed_bytes */
@@ -85,123 +95,157 @@ static void bias_gradient(const backward_args *a) {
     }
 }
 
-/* Sorted pairs [first, first + rows), all of offset k: gather their grad_out rows; d_features
- * rows += that @ W[k]^T; @p sums_k += gathered features^T @ gathered grad_out. */
-static void backward_chunk(const backward_args *a, int64_t j, int64_t k, int64_t first,
-                           int64_t rows, char *sums_k, spconv__phase_clock *clock, char *buffer) {
+/* ---- data gradient ------------------------------------------------------------------------------ */
+
+/* Sorted pairs [first, first + rows), all of offset k, unfused: gather their grad_out rows,
+ * multiply by W[k]^T, add into their d_features rows. */
+static void data_chunk(const backward_args *a, int64_t k, int64_t first, int64_t rows,
+                       spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
     const char *w_k = a->weight + (size_t)k * in_row * (size_t)plan->c_out;
     const int32_t *out_rows = a->pairs.source + first, *in_rows = a->pairs.target + first;
-    char *g_buf = buffer;
-    char *x_buf = g_buf + spconv__align_line((size_t)plan->chunk * out_row);
-    char *d_buf = x_buf + spconv__align_line((size_t)plan->chunk * in_row);
+    char *g_buf = buffer, *d_buf = g_buf + spconv__align_line((size_t)plan->chunk * out_row);
     double mark = spconv__clock_start(clock);
-    if (plan->fused && a->grad_in != NULL) {
-        spconv__fused_rows(plan->dtype, rows, a->grad_out, out_rows, 0, a->grad_in, in_rows, 0,
-                           plan->c_out, plan->c_in, a->packed + (size_t)j * a->packed_bytes);
-        spconv__clock_lap(clock, &mark, &clock->gemm_s);
-    }
-    if (plan->fused && sums_k == NULL) return;
     spconv__gather_rows(g_buf, a->grad_out, out_rows, rows, out_row);
     spconv__clock_lap(clock, &mark, &clock->gather_s);
-    if (!plan->fused && a->grad_in != NULL) {
-        spconv__gemm(plan->dtype, plan->gemm, 0, 1, rows, plan->c_in, plan->c_out, g_buf,
-                     plan->c_out, w_k, plan->c_out, 0, d_buf, plan->c_in);
-        spconv__clock_lap(clock, &mark, &clock->gemm_s);
-        spconv__scatter_add_rows(plan->dtype, a->grad_in, in_rows, d_buf, rows, plan->c_in);
-        spconv__clock_lap(clock, &mark, &clock->scatter_s);
-    }
-    if (sums_k == NULL) return;
-    spconv__gather_rows(x_buf, a->features, in_rows, rows, in_row);
-    spconv__clock_lap(clock, &mark, &clock->gather_s);
-    spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, rows, x_buf, plan->c_in,
-                 g_buf, plan->c_out, 1, sums_k, plan->c_out);
+    spconv__gemm(plan->dtype, plan->gemm, 0, 1, rows, plan->c_in, plan->c_out, g_buf, plan->c_out,
+                 w_k, plan->c_out, 0, d_buf, plan->c_in);
     spconv__clock_lap(clock, &mark, &clock->gemm_s);
+    spconv__scatter_add_rows(plan->dtype, a->grad_in, in_rows, d_buf, rows, plan->c_in);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
 }
 
-/* The identity offset on rows [r0, r1): the same rows of every operand, no gather or scatter. */
-static void backward_identity(const backward_args *a, int64_t j, int64_t r0, int64_t r1,
-                              char *sums_k, spconv__phase_clock *clock) {
+/* In rows [r0, r1) of d_features: from zero through every offset in increasing k. */
+static void data_block(const backward_args *a, int64_t r0, int64_t r1, spconv__phase_clock *clock,
+                       char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
-    const char *w_k = a->weight + (size_t)plan->identity_k * in_row * (size_t)plan->c_out;
-    const char *g = a->grad_out + (size_t)r0 * out_row;
     double mark = spconv__clock_start(clock);
-    if (a->grad_in != NULL && plan->fused)
-        spconv__fused_rows(plan->dtype, r1 - r0, a->grad_out, NULL, r0, a->grad_in, NULL, r0,
-                           plan->c_out, plan->c_in, a->packed + (size_t)j * a->packed_bytes);
-    else if (a->grad_in != NULL)
-        spconv__gemm(plan->dtype, plan->gemm, 0, 1, r1 - r0, plan->c_in, plan->c_out, g,
-                     plan->c_out, w_k, plan->c_out, 1, a->grad_in + (size_t)r0 * in_row,
-                     plan->c_in);
-    if (sums_k != NULL)
-        spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, r1 - r0,
-                     a->features + (size_t)r0 * in_row, plan->c_in, g, plan->c_out, 1, sums_k,
-                     plan->c_out);
-    spconv__clock_lap(clock, &mark, &clock->gemm_s);
-}
-
-/* In rows [r0, r1): d_features from zero through every offset in increasing k, and the block's
- * weight-gradient products added into @p sums ([KV, C_in, C_out] or NULL). */
-static void backward_block(const backward_args *a, int64_t r0, int64_t r1, char *sums,
-                           spconv__phase_clock *clock, char *buffer) {
-    const spconv__conv_plan *plan = a->plan;
-    const size_t in_row = (size_t)plan->c_in * plan->elem;
-    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
-    double mark = spconv__clock_start(clock);
-    if (a->grad_in != NULL) memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
+    memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
     /* Without channels on either side every product is empty: zeros are the answer. */
     for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0 && plan->c_out > 0; ++j) {
         const int64_t k = a->pairs.active[j];
-        char *sums_k = sums != NULL ? sums + (size_t)k * sum_bytes : NULL;
-        if (k == plan->identity_k) {
-            backward_identity(a, j, r0, r1, sums_k, clock);
+        const char *packed = a->packed + (size_t)j * a->packed_bytes;
+        if (k == plan->identity_k) { /* the same rows of both: no gather or scatter */
+            mark = spconv__clock_start(clock);
+            if (plan->fused)
+                spconv__fused_rows(plan->dtype, r1 - r0, a->grad_out, NULL, r0, a->grad_in, NULL,
+                                   r0, plan->c_out, plan->c_in, packed);
+            else
+                spconv__gemm(plan->dtype, plan->gemm, 0, 1, r1 - r0, plan->c_in, plan->c_out,
+                             a->grad_out + (size_t)r0 * out_row, plan->c_out,
+                             a->weight + (size_t)k * in_row * (size_t)plan->c_out, plan->c_out, 1,
+                             a->grad_in + (size_t)r0 * in_row, plan->c_in);
+            spconv__clock_lap(clock, &mark, &clock->gemm_s);
             continue;
         }
         int64_t first, end;
         spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
+        if (plan->fused) {
+            mark = spconv__clock_start(clock);
+            spconv__fused_rows(plan->dtype, end - first, a->grad_out, a->pairs.source + first, 0,
+                               a->grad_in, a->pairs.target + first, 0, plan->c_out, plan->c_in,
+                               packed);
+            spconv__clock_lap(clock, &mark, &clock->gemm_s);
+            continue;
+        }
         for (; first < end; first += plan->chunk)
-            backward_chunk(a, j, k, first, end - first < plan->chunk ? end - first : plan->chunk,
-                           sums_k, clock, buffer);
+            data_chunk(a, k, first, end - first < plan->chunk ? end - first : plan->chunk, clock,
+                       buffer);
     }
 }
 
-/* Group g: its weight-gradient buffer from zero, then its blocks in order. */
-static void backward_group(const backward_args *a, int64_t g, spconv__phase_clock *clock,
-                           char *buffer) {
+/* ---- weight gradient ---------------------------------------------------------------------------- */
+
+/* Task t of active offset j: pairs [p0, p1) of the offset's rulebook segment summed into @p sums
+ * (zeroed first), chunk by chunk in pair order. */
+static void weight_task(const backward_args *a, int64_t j, int64_t p0, int64_t p1, char *sums,
+                        spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
-    const size_t all_bytes = (size_t)(plan->kernel_volume * plan->c_in * plan->c_out) * plan->elem;
-    char *sums = a->grad_weight == NULL ? NULL
-                 : g == 0               ? a->grad_weight
-                                        : a->partials + (size_t)(g - 1) * all_bytes;
-    if (sums != NULL) memset(sums, 0, all_bytes);
-    for (int64_t b = g * a->blocks / a->groups; b < (g + 1) * a->blocks / a->groups; ++b) {
-        int64_t r0 = b * a->block_rows;
-        backward_block(a, r0, r0 + a->block_rows < plan->num_in ? r0 + a->block_rows : plan->num_in,
-                       sums, clock, buffer);
+    const size_t in_row = (size_t)plan->c_in * plan->elem,
+                 out_row = (size_t)plan->c_out * plan->elem;
+    double mark = spconv__clock_start(clock);
+    memset(sums, 0, (size_t)(plan->c_in * plan->c_out) * plan->elem);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    if (a->pairs.active[j] == plan->identity_k) { /* pairs (r, r): rows [p0, p1) of both */
+        const int64_t r0 = p0 - a->rb_starts[j], r1 = p1 - a->rb_starts[j];
+        spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, r1 - r0,
+                     a->features + (size_t)r0 * in_row, plan->c_in,
+                     a->grad_out + (size_t)r0 * out_row, plan->c_out, 1, sums, plan->c_out);
+        spconv__clock_lap(clock, &mark, &clock->gemm_s);
+        return;
+    }
+    char *x_buf = buffer, *g_buf = x_buf + spconv__align_line((size_t)plan->chunk * in_row);
+    for (int64_t first = p0; first < p1; first += plan->chunk) {
+        const int64_t rows = p1 - first < plan->chunk ? p1 - first : plan->chunk;
+        mark = spconv__clock_start(clock);
+        spconv__gather_rows(x_buf, a->features, a->rb_in + first, rows, in_row);
+        spconv__gather_rows(g_buf, a->grad_out, a->rb_out + first, rows, out_row);
+        spconv__clock_lap(clock, &mark, &clock->gather_s);
+        spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, rows, x_buf,
+                     plan->c_in, g_buf, plan->c_out, 1, sums, plan->c_out);
+        spconv__clock_lap(clock, &mark, &clock->gemm_s);
     }
 }
 
-/* grad_weight += the group buffers 1.., in group order. */
-static void reduce_weight_gradient(const backward_args *a) {
-    const spconv__conv_plan *plan = a->plan;
-    const int64_t n = plan->kernel_volume * plan->c_in * plan->c_out;
-    const int64_t blocks = (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK;
-    SPCONV_OMP(omp for schedule(static))
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t start = blk * REDUCE_BLOCK,
-                len = n - start < REDUCE_BLOCK ? n - start : REDUCE_BLOCK;
-        for (int64_t g = 1; g < a->groups; ++g)
-            add_into(plan->dtype, a->grad_weight + (size_t)start * plan->elem,
-                     a->partials + (size_t)((g - 1) * n + start) * plan->elem, len);
+/* Offset j of task t (task_first is increasing). */
+static int64_t task_offset(const backward_args *a, int64_t t) {
+    int64_t lo = 0, hi = a->pairs.num_active; /* last j with task_first[j] <= t */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a->task_first[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
     }
+    return lo;
+}
+
+static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    /* Offsets without pairs have no task: their gradient is zero. */
+    if (a->pairs.num_active < plan->kernel_volume) {
+        SPCONV_OMP(omp single)
+        memset(a->grad_weight, 0, (size_t)plan->kernel_volume * sum_bytes);
+    }
+    SPCONV_OMP(omp for schedule(dynamic, 1))
+    for (int64_t t = 0; t < a->num_tasks; ++t) {
+        const int64_t j = task_offset(a, t), s = t - a->task_first[j];
+        const int64_t p0 = a->rb_starts[j] + s * SEGMENT_PAIRS,
+                      p1 = p0 + SEGMENT_PAIRS < a->rb_starts[j + 1] ? p0 + SEGMENT_PAIRS
+                                                                    : a->rb_starts[j + 1];
+        char *sums = s == 0 ? a->grad_weight + (size_t)a->pairs.active[j] * sum_bytes
+                            : a->partials + (size_t)(t - j - 1) * sum_bytes;
+        weight_task(a, j, p0, p1, sums, clock, buffer);
+    }
+    /* Each offset's segments 1.. into segment 0, in order, elements in parallel. */
+    const int64_t n = plan->c_in * plan->c_out, blocks = (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK;
+    double mark = spconv__clock_start(clock);
+    for (int64_t j = 0; j < a->pairs.num_active; ++j) {
+        const int64_t segments = a->task_first[j + 1] - a->task_first[j];
+        if (segments <= 1) continue;
+        char *total = a->grad_weight + (size_t)a->pairs.active[j] * sum_bytes;
+        SPCONV_OMP(omp for schedule(static))
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+            const int64_t start = blk * REDUCE_BLOCK,
+                          len = n - start < REDUCE_BLOCK ? n - start : REDUCE_BLOCK;
+            for (int64_t s = 1; s < segments; ++s)
+                add_into(plan->dtype, total + (size_t)start * plan->elem,
+                         a->partials + (size_t)(a->task_first[j] + s - j - 1) * sum_bytes +
+                             (size_t)start * plan->elem,
+                         len);
+        }
+    }
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
 }
 
 static void backward_run(const backward_args *a, int threads, spconv__conv_timing *timing) {
+    const spconv__conv_plan *plan = a->plan;
     spconv__gemm_prepare();
     SPCONV_OMP(omp parallel num_threads(threads)) {
         spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
@@ -209,23 +253,27 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
         double mark = spconv__clock_start(&clock);
         if (a->grad_bias != NULL) bias_gradient(a);
         spconv__clock_lap(&clock, &mark, &clock.scatter_s);
-        if (a->plan->fused && a->grad_in != NULL) {
-            const size_t w_bytes = (size_t)(a->plan->c_in * a->plan->c_out) * a->plan->elem;
-            SPCONV_OMP(omp for schedule(dynamic, 1))
-            for (int64_t j = 0; j < a->pairs.num_active; ++j)
-                spconv__fused_pack(a->plan->dtype,
-                                   a->weight + (size_t)a->pairs.active[j] * w_bytes,
-                                   a->plan->c_out, 1, a->plan->c_out, a->plan->c_in,
-                                   a->packed + (size_t)j * a->packed_bytes);
-            spconv__clock_lap(&clock, &mark, &clock.gather_s);
+        if (a->grad_in != NULL) {
+            if (plan->fused) {
+                const size_t w_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+                SPCONV_OMP(omp for schedule(dynamic, 1))
+                for (int64_t j = 0; j < a->pairs.num_active; ++j)
+                    spconv__fused_pack(plan->dtype, a->weight + (size_t)a->pairs.active[j] * w_bytes,
+                                       plan->c_out, 1, plan->c_out, plan->c_in,
+                                       a->packed + (size_t)j * a->packed_bytes);
+                spconv__clock_lap(&clock, &mark, &clock.gather_s);
+            }
+            SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
+            for (int64_t b = 0; b < a->blocks; ++b) {
+                const int64_t r0 = b * a->block_rows;
+                data_block(a, r0, r0 + a->block_rows < plan->num_in ? r0 + a->block_rows
+                                                                    : plan->num_in,
+                           &clock, buffer);
+            }
         }
-        /* With only grad_bias wanted no pair needs a visit. */
-        const int64_t groups = a->grad_in != NULL || a->grad_weight != NULL ? a->groups : 0;
-        SPCONV_OMP(omp for schedule(dynamic, 1))
-        for (int64_t g = 0; g < groups; ++g) backward_group(a, g, &clock, buffer);
-        mark = spconv__clock_start(&clock);
-        if (a->grad_weight != NULL) reduce_weight_gradient(a);
-        spconv__clock_lap(&clock, &mark, &clock.scatter_s);
+        /* The weight tasks read only the operands, so they may start while blocks of the data
+         * gradient are still running (nowait above). */
+        if (a->grad_weight != NULL) weight_tasks(a, &clock, buffer);
         if (timing != NULL) spconv__clock_merge(&clock, timing);
     }
     if (timing != NULL) timing->threads = threads;
@@ -233,41 +281,53 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
 
 /* Byte offsets of the workspace's parts. */
 typedef struct backward_layout_t {
-    size_t partials_at, threads_at, packed_at, sort_at, total;
+    size_t partials_at, tasks_at, threads_at, packed_at, sort_at, total;
 } backward_layout_t;
 
-/* Blocks and groups of @p a, and the workspace: bias partials, group buffers, per-thread
- * buffers, then (unless @p sorted) room to sort the pairs by in row. */
+/* Blocks and tasks of @p a, and the workspace: bias partials, segment buffers, the task table,
+ * per-thread buffers, packed weights, then (unless @p sorted) room to sort the pairs by in row. */
 static backward_layout_t backward_layout(backward_args *a, int threads, int sorted,
-                                         int64_t num_pairs, int64_t num_active) {
+                                         int64_t num_pairs, int64_t num_active,
+                                         const int64_t *starts) {
     const spconv__conv_plan *plan = a->plan;
     a->block_rows = spconv__block_rows(plan, plan->c_in);
-    a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
-    const double all_bytes =
-        (double)(plan->kernel_volume * plan->c_in * plan->c_out) * (double)plan->elem;
-    int64_t groups = a->blocks < MAX_GROUPS ? a->blocks : MAX_GROUPS;
-    if (a->grad_weight == NULL) {
-        groups = a->blocks; /* nothing to reduce: one block per work item */
-    } else {
-        int64_t affordable = 1 + (int64_t)(MAX_PARTIAL_BYTES / (all_bytes > 1.0 ? all_bytes : 1.0));
-        if (groups > affordable) groups = affordable;
-        if (groups < 1) groups = 1; /* even without input rows grad_weight must be zeroed */
+    if (plan->fused) {
+        int64_t balanced = (plan->num_in + 4 * threads - 1) / (4 * threads);
+        if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
+        if (balanced < a->block_rows) a->block_rows = balanced;
     }
-    a->groups = groups;
-    a->thread_bytes = spconv__align_line((size_t)plan->chunk * (size_t)plan->c_out * plan->elem) +
-                      2 * spconv__align_line((size_t)plan->chunk * (size_t)plan->c_in * plan->elem);
+    a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
+    a->num_tasks = 0;
+    for (int64_t j = 0; j < num_active; ++j) {
+        const int64_t count = starts[j + 1] - starts[j];
+        a->num_tasks += count > 0 ? (count + SEGMENT_PAIRS - 1) / SEGMENT_PAIRS : 1;
+    }
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    const size_t in_row = (size_t)plan->c_in * plan->elem,
+                 out_row = (size_t)plan->c_out * plan->elem;
+    const size_t data_bytes = plan->fused ? 0
+                                          : spconv__align_line((size_t)plan->chunk * out_row) +
+                                                spconv__align_line((size_t)plan->chunk * in_row);
+    const size_t weight_bytes = a->grad_weight == NULL
+                                    ? 0
+                                    : spconv__align_line((size_t)plan->chunk * in_row) +
+                                          spconv__align_line((size_t)plan->chunk * out_row);
+    a->thread_bytes = data_bytes > weight_bytes ? data_bytes : weight_bytes;
+    if (plan->fused && a->grad_in != NULL)
+        a->packed_bytes =
+            spconv__align_line(spconv__fused_packed_bytes(plan->dtype, plan->c_out, plan->c_in));
     int64_t bias_blocks = (plan->num_out + BIAS_BLOCK_ROWS - 1) / BIAS_BLOCK_ROWS;
     backward_layout_t l;
     l.partials_at = a->grad_bias == NULL
                         ? 0
                         : spconv__align_line((size_t)(bias_blocks * plan->c_out) * sizeof(double));
+    l.tasks_at = l.partials_at + (a->grad_weight == NULL
+                                      ? 0
+                                      : spconv__align_line((size_t)(a->num_tasks - num_active) *
+                                                           sum_bytes));
     l.threads_at =
-        l.partials_at +
-        (a->grad_weight == NULL ? 0 : spconv__align_line((size_t)(groups - 1) * (size_t)all_bytes));
+        l.tasks_at + spconv__align_line((size_t)(num_active + 1) * sizeof(int64_t));
     l.packed_at = l.threads_at + (size_t)threads * a->thread_bytes;
-    if (plan->fused && a->grad_in != NULL)
-        a->packed_bytes =
-            spconv__align_line(spconv__fused_packed_bytes(plan->dtype, plan->c_out, plan->c_in));
     l.sort_at = l.packed_at + (size_t)num_active * a->packed_bytes;
     l.total = l.sort_at + (sorted ? 0
                                   : 2 * spconv__align_line((size_t)num_pairs * sizeof(int32_t)) +
@@ -278,26 +338,37 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
 
 /* Lay out the workspace and point @p a at the pairs sorted by in row: a subm rulebook's mirrored
  * offsets when its out rows are sorted (spconv__pair_lists), the rulebook's own order when it is
- * sorted by in row, else copies sorted in the workspace. */
+ * sorted by in row, else copies sorted in the workspace. The weight gradient reads the
+ * rulebook's own order. */
 static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook *rb,
                                       const int32_t *in_rows, const int32_t *out_rows, int threads,
                                       backward_args *a, spconv_context **temp) {
     const int64_t active = spconv_rulebook_num_active_offsets(rb),
                   pairs = spconv_rulebook_num_pairs(rb);
     const int64_t *starts = spconv_rulebook_active_starts(rb);
-    const int need_pairs = a->grad_in != NULL || a->grad_weight != NULL;
+    const int need_pairs = a->grad_in != NULL;
     const int mirrored = need_pairs && spconv_rulebook_params(rb)->kind == SPCONV_CONV_SUBM &&
                          spconv__rows_sorted(starts, active, out_rows, threads);
     const int sorted =
         !need_pairs || mirrored || spconv__rows_sorted(starts, active, in_rows, threads);
-    backward_layout_t l = backward_layout(a, threads, sorted, pairs, active);
+    backward_layout_t l = backward_layout(a, threads, sorted, pairs, active, starts);
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, l.total, &workspace, temp));
     char *base = workspace;
     a->bias_partials = (double *)base;
     a->partials = base + l.partials_at;
+    a->task_first = (int64_t *)(base + l.tasks_at);
     a->workspace = base + l.threads_at;
     a->packed = base + l.packed_at;
+    a->task_first[0] = 0;
+    for (int64_t j = 0; j < active; ++j) {
+        const int64_t count = starts[j + 1] - starts[j];
+        a->task_first[j + 1] =
+            a->task_first[j] + (count > 0 ? (count + SEGMENT_PAIRS - 1) / SEGMENT_PAIRS : 1);
+    }
+    a->rb_in = in_rows;
+    a->rb_out = out_rows;
+    a->rb_starts = starts;
     a->pairs.num_active = active;
     a->pairs.active = spconv_rulebook_active_offsets(rb);
     a->pairs.starts = starts;
