@@ -167,20 +167,22 @@ static void test_default_vs_naive(void **state) {
 }
 
 /* The fused kernels' promise (fused.h): y[dst_i, j] += (sum over p, increasing, of x[src_i, p] *
- * B[p, j] by fused multiply-adds from zero), whatever the count, tiles and tails. The scalar
+ * B[p, j] by fused multiply-adds from zero), or in set mode y[dst_i, j] = bias[j] (or 0) + that
+ * sum, whatever the count, tiles and tails. The scalar
  * loop below does exactly that with fma(), so the two agree bit for bit; rows of y that no pair
  * targets must keep their bits. */
 #define FUSED_REFERENCE(T, FMA)                                                                    \
     static void fused_reference_##T(int64_t count, const T *x, const int32_t *src, T *y,           \
                                     const int32_t *dst, int64_t k, int64_t n, const T *b,          \
-                                    int64_t ldb, int trans) {                                      \
+                                    int64_t ldb, int trans, int set, const T *bias) {              \
         for (int64_t i = 0; i < count; ++i)                                                        \
             for (int64_t j = 0; j < n; ++j) {                                                      \
                 T acc = 0;                                                                         \
                 for (int64_t p = 0; p < k; ++p)                                                    \
                     acc = FMA(x[(int64_t)src[i] * k + p], trans ? b[j * ldb + p] : b[p * ldb + j], \
                               acc);                                                                \
-                y[(int64_t)dst[i] * n + j] += acc;                                                 \
+                T *out = &y[(int64_t)dst[i] * n + j];                                              \
+                *out = set ? (bias != NULL ? bias[j] : (T)0) + acc : *out + acc;                   \
             }                                                                                      \
     }
 FUSED_REFERENCE(float, fmaf)
@@ -192,21 +194,26 @@ FUSED_REFERENCE(double, fma)
         T *b = malloc((size_t)(b_len + 1) * sizeof(T));                                    \
         T *y = malloc((size_t)(rows * n) * sizeof(T)), *want = malloc((size_t)(rows * n) * sizeof(T)); \
         void *packed = malloc(spconv__fused_packed_bytes(DTYPE, k, n));                            \
-        assert_true(x && b && y && want && packed);                                                \
+        T *bias = malloc((size_t)n * sizeof(T));                                                   \
+        assert_true(x && b && y && want && packed && bias);                                        \
+        for (int64_t j = 0; j < n; ++j) bias[j] = (T)spconv_test_rand_float(-1.0f, 1.0f);          \
+        const T *use_bias = with_bias ? bias : NULL;                                               \
         for (int64_t i = 0; i < rows * k; ++i) x[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);      \
         for (int64_t i = 0; i < b_len; ++i) b[i] = (T)spconv_test_rand_float(-1.0f, 1.0f); \
         for (int64_t i = 0; i < rows * n; ++i) want[i] = y[i] = (T)spconv_test_rand_float(-2.0f, 2.0f); \
         spconv__fused_pack(DTYPE, b, ldb, trans, k, n, packed);                                    \
-        fused_reference_##T(count, x, src, want, dst, k, n, b, ldb, trans);                        \
-        if (identity) {                                                                            \
-            spconv__fused_rows(DTYPE, count, x, NULL, 0, y, NULL, 0, k, n, packed);                \
-        } else {                                                                                   \
-            spconv__fused_rows(DTYPE, count, x, src, 0, y, dst, 0, k, n, packed);                  \
-        }                                                                                          \
+        fused_reference_##T(count, x, src, want, dst, k, n, b, ldb, trans, set, use_bias);         \
+        const int32_t *s_rows = identity ? NULL : src, *d_rows = identity ? NULL : dst;            \
+        if (set)                                                                                   \
+            spconv__fused_rows_set(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, packed,         \
+                                   use_bias);                                                      \
+        else                                                                                       \
+            spconv__fused_rows(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, packed);            \
         if (memcmp(y, want, (size_t)(rows * n) * sizeof(T)) != 0)                                  \
-            fail_msg("fused %s rows differ: count %lld k %lld n %lld trans %d identity %d", #T,    \
-                     (long long)count, (long long)k, (long long)n, trans, identity);               \
-        free(x), free(b), free(y), free(want), free(packed);                                       \
+            fail_msg("fused %s rows differ: count %lld k %lld n %lld trans %d identity %d set %d " \
+                     "bias %d", #T, (long long)count, (long long)k, (long long)n, trans, identity, \
+                     set, with_bias);                                                              \
+        free(x), free(b), free(y), free(want), free(packed), free(bias);                           \
     }
 
 static void test_fused_rows_bitwise(void **state) {
@@ -220,6 +227,7 @@ static void test_fused_rows_bitwise(void **state) {
         const int64_t count = spconv_test_rand_int(0, rows);
         const int64_t k = spconv_test_rand_int(0, 70), n = spconv_test_rand_int(1, 70);
         const int trans = (int)spconv_test_rand_int(0, 1), identity = (int)spconv_test_rand_int(0, 3) == 0;
+        const int set = (int)spconv_test_rand_int(0, 2) == 0, with_bias = (int)spconv_test_rand_int(0, 1);
         const int64_t ldb = (trans ? k : n) + spconv_test_rand_int(0, 2);
         const int64_t b_len = (trans ? n : k) * ldb; /* B's rows as stored */
         int32_t *src = malloc((size_t)rows * sizeof(int32_t)), *dst = malloc((size_t)rows * sizeof(int32_t));

@@ -90,24 +90,31 @@ static void forward_block(const forward_args *a, int64_t r0, int64_t r1, spconv_
 }
 
 /* forward_block by the fused kernels: each offset's pairs (the identity's rows in place) go
- * straight from the feature rows into the out rows. */
+ * straight from the feature rows into the out rows. A subm layer's identity offset reaches every
+ * out row, so it goes first and writes the rows (bias + product) instead of adding to a zero
+ * fill; the other offsets follow in increasing k. */
 static void forward_block_fused(const forward_args *a, int64_t r0, int64_t r1,
                                 spconv__phase_clock *clock) {
     const spconv__conv_plan *plan = a->plan;
+    int64_t identity_j = -1;
+    for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0; ++j)
+        if (a->pairs.active[j] == plan->identity_k) identity_j = j;
     double mark = spconv__clock_start(clock);
-    forward_init(a, r0, r1);
-    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    if (identity_j < 0) {
+        forward_init(a, r0, r1);
+        spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    } else {
+        spconv__fused_rows_set(plan->dtype, r1 - r0, a->features, NULL, r0, a->out, NULL, r0,
+                               plan->c_in, plan->c_out,
+                               a->packed + (size_t)identity_j * a->packed_bytes, a->bias);
+    }
     for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0; ++j) {
-        const char *packed = a->packed + (size_t)j * a->packed_bytes;
-        if (a->pairs.active[j] == plan->identity_k) {
-            spconv__fused_rows(plan->dtype, r1 - r0, a->features, NULL, r0, a->out, NULL, r0,
-                               plan->c_in, plan->c_out, packed);
-            continue;
-        }
+        if (j == identity_j) continue;
         int64_t first, end;
         spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
         spconv__fused_rows(plan->dtype, end - first, a->features, a->pairs.source + first, 0,
-                           a->out, a->pairs.target + first, 0, plan->c_in, plan->c_out, packed);
+                           a->out, a->pairs.target + first, 0, plan->c_in, plan->c_out,
+                           a->packed + (size_t)j * a->packed_bytes);
     }
     spconv__clock_lap(clock, &mark, &clock->gemm_s);
 }

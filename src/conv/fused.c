@@ -65,19 +65,24 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
  * runs every tile: the products of a tile are summed over p = 0..k-1 in registers, then added
  * into y, so every element gets its terms in the same order whatever the block. */
 #define FUSED_KERNEL(NAME, T, V, L, ZERO, LOAD, STORE, BCAST, FMA, ADD, MLOAD, MSTORE, MASKS)      \
-    FUSED_TARGET static inline void NAME##_add(T *yr, V c0, V c1, int full, __m256i m0,            \
-                                               __m256i m1) {                                       \
+    /* y += c, or with @p base (set mode) y = base + c: base is the bias or, when NULL, zero. */   \
+    FUSED_TARGET static inline void NAME##_add(T *yr, const T *base, int set, V c0, V c1,          \
+                                               int full, __m256i m0, __m256i m1) {                 \
         if (full) {                                                                                \
-            STORE(yr, ADD(LOAD(yr), c0));                                                          \
-            STORE(yr + L, ADD(LOAD(yr + L), c1));                                                  \
+            const V b0 = !set ? LOAD(yr) : base != NULL ? LOAD(base) : ZERO();                     \
+            const V b1 = !set ? LOAD(yr + L) : base != NULL ? LOAD(base + L) : ZERO();             \
+            STORE(yr, ADD(b0, c0));                                                                \
+            STORE(yr + L, ADD(b1, c1));                                                            \
         } else {                                                                                   \
-            MSTORE(yr, m0, ADD(MLOAD(yr, m0), c0));                                                \
-            MSTORE(yr + L, m1, ADD(MLOAD(yr + L, m1), c1));                                        \
+            const V b0 = !set ? MLOAD(yr, m0) : base != NULL ? MLOAD(base, m0) : ZERO();           \
+            const V b1 = !set ? MLOAD(yr + L, m1) : base != NULL ? MLOAD(base + L, m1) : ZERO();   \
+            MSTORE(yr, m0, ADD(b0, c0));                                                           \
+            MSTORE(yr + L, m1, ADD(b1, c1));                                                       \
         }                                                                                          \
     }                                                                                              \
     FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
                                   T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
-                                  int64_t n, const T *packed) {                                    \
+                                  int64_t n, const T *packed, int set, const T *bias) {            \
         const int64_t tiles = (n + 2 * L - 1) / (2 * L), last = (tiles - 1) * 2 * L;               \
         __m256i m0, m1;                                                                            \
         MASKS(n - last, m0, m1);                                                                   \
@@ -117,12 +122,13 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                 }                                                                                  \
                 const int full = t + 1 < tiles || n - last == 2 * L;                               \
                 const int64_t j = t * 2 * L;                                                       \
-                NAME##_add(yo[0] + j, c00, c01, full, m0, m1);                                     \
-                NAME##_add(yo[1] + j, c10, c11, full, m0, m1);                                     \
-                NAME##_add(yo[2] + j, c20, c21, full, m0, m1);                                     \
-                NAME##_add(yo[3] + j, c30, c31, full, m0, m1);                                     \
-                NAME##_add(yo[4] + j, c40, c41, full, m0, m1);                                     \
-                NAME##_add(yo[5] + j, c50, c51, full, m0, m1);                                     \
+                const T *b = bias != NULL ? bias + j : NULL;                                       \
+                NAME##_add(yo[0] + j, b, set, c00, c01, full, m0, m1);                             \
+                NAME##_add(yo[1] + j, b, set, c10, c11, full, m0, m1);                             \
+                NAME##_add(yo[2] + j, b, set, c20, c21, full, m0, m1);                             \
+                NAME##_add(yo[3] + j, b, set, c30, c31, full, m0, m1);                             \
+                NAME##_add(yo[4] + j, b, set, c40, c41, full, m0, m1);                             \
+                NAME##_add(yo[5] + j, b, set, c50, c51, full, m0, m1);                             \
             }                                                                                      \
         }                                                                                          \
         for (; i < count; ++i) { /* the last rows, one at a time, in the same order of terms */    \
@@ -136,7 +142,8 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                     c00 = FMA(v, LOAD(w), c00);                                                    \
                     c01 = FMA(v, LOAD(w + L), c01);                                                \
                 }                                                                                  \
-                NAME##_add(y0 + t * 2 * L, c00, c01, t + 1 < tiles || n - last == 2 * L, m0, m1);  \
+                NAME##_add(y0 + t * 2 * L, bias != NULL ? bias + t * 2 * L : NULL, set, c00, c01,  \
+                           t + 1 < tiles || n - last == 2 * L, m0, m1);                            \
             }                                                                                      \
         }                                                                                          \
     }
@@ -168,17 +175,29 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
 
 #endif /* SPCONV__FUSED_X86 */
 
-void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
-                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                        int64_t n, const void *packed) {
+static void fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
+                       int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
+                       int64_t n, const void *packed, int set, const void *bias) {
     if (count <= 0 || n <= 0) return;
 #if SPCONV__FUSED_X86
     if (dtype == SPCONV_F32)
-        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed);
+        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias);
     else
-        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed);
+        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias);
 #else
     (void)dtype, (void)x, (void)src, (void)src_base, (void)y, (void)dst, (void)dst_base, (void)k,
-        (void)packed;
+        (void)packed, (void)set, (void)bias;
 #endif
+}
+
+void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
+                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
+                        int64_t n, const void *packed) {
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL);
+}
+
+void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
+                            int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
+                            int64_t k, int64_t n, const void *packed, const void *bias) {
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias);
 }

@@ -40,4 +40,11 @@ void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const 
                         int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
                         int64_t n, const void *packed);
 
+/* The same, but each dst row is written instead of added to: y[dst_i, :] = bias + x[src_i, :] @ B
+ * (the sum from zero, then one add of the bias; @p bias [n] or NULL for none), so that a first
+ * pass over every target row needs no zero-fill before it. */
+void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
+                            int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
+                            int64_t k, int64_t n, const void *packed, const void *bias);
+
 #endif /* SPCONV_CONV_FUSED_H */
