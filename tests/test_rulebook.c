@@ -1021,6 +1021,48 @@ static void test_bad_rows(void **state) {
     free(rows);
 }
 
+/* A site repeated three times and another repeated twice: the subm build through the line index
+ * (small grid) and through the table (the same rows far out in a huge grid) name the same first
+ * repeat and its owner, for 1 and 2 threads. */
+static void test_subm_repeats_named_alike(void **state) {
+    (void)state;
+    const int64_t n = 300, small[3] = {12, 12, 12}, huge[3] = {2048, 2048, 12};
+    const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    for (int trial = 0; trial < 6; ++trial) {
+        int32_t *rows = spconv_test_random_sites(1, small, n);
+        const int64_t owner = spconv_test_rand_int(0, 99), second = spconv_test_rand_int(100, 199),
+                      third = spconv_test_rand_int(200, n - 1);
+        memcpy(rows + 4 * second, rows + 4 * owner, 4 * sizeof *rows);
+        memcpy(rows + 4 * third, rows + 4 * owner, 4 * sizeof *rows);
+        const int64_t other = spconv_test_rand_int(owner + 1, second - 1);
+        const int64_t other_repeat = spconv_test_rand_int(second + 1, n - 1);
+        if (other_repeat != third) memcpy(rows + 4 * other_repeat, rows + 4 * other, 4 * sizeof *rows);
+        const int64_t first = other_repeat != third && other_repeat < second ? other_repeat : second;
+        const int64_t first_owner = first == second ? owner : other;
+        char want[96];
+        snprintf(want, sizeof want, "indices row %lld = ", (long long)first);
+        char owned[64];
+        snprintf(owned, sizeof owned, "duplicates row %lld", (long long)first_owner);
+        for (int grid = 0; grid < 2; ++grid) {
+            if (grid == 1)
+                for (int64_t r = 0; r < n; ++r) rows[4 * r + 1] += 1000, rows[4 * r + 2] += 2035;
+            const int64_t *shape = grid == 0 ? small : huge;
+            assert_int_equal(spconv__site_lines_fit(n, 1, shape), grid == 0);
+            spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+            for (int threads = 1; threads <= 2; ++threads) {
+                spconv_context *ctx = context_with_threads(threads);
+                spconv_rulebook *rb = NULL;
+                SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, indices, shape, 1, &p, &rb),
+                                    SPCONV_ERR_DUPLICATE_INDEX, want);
+                assert_non_null(strstr(spconv_last_error(), owned));
+                spconv_context_destroy(ctx);
+            }
+            spconv_tensor_release(indices);
+        }
+        free(rows);
+    }
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     const int32_t rows[8] = {0, 1, 2, 3, 0, 4, 5, 6};
@@ -1275,6 +1317,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_any_indices_layout),
         cmocka_unit_test(test_inverse_rulebook),
         cmocka_unit_test(test_bad_rows),
+        cmocka_unit_test(test_subm_repeats_named_alike),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_real_scan_subm),
         cmocka_unit_test(test_real_scan_stride2),

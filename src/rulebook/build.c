@@ -37,7 +37,7 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
 }
 
 /* The CPU backend's slot: arguments checked by the entry point; the rows are validated while the
- * site table is built. */
+ * site table (or, for subm, the line index) is built. */
 spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
                                          const int64_t spatial_shape[3], int64_t batch_size,
                                          const spconv_conv_params *params,
@@ -59,16 +59,19 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
     rb->num_in = spconv_tensor_size(rows, 0);
 
     spconv__build_input in = {func, spconv_context_num_threads(ctx), spconv_tensor_data(rows),
-                              rb->num_in, NULL};
-    spconv__site_table sites;
-    SPCONV_TRY_GOTO(st,
-                    spconv__site_table_build(func, in.num_threads, in.rows, in.num_in,
-                                             spatial_shape, batch_size, &sites),
-                    fail);
-    in.sites = &sites;
-    st = params->kind == SPCONV_CONV_SUBM ? spconv__build_subm(&in, rb)
-                                          : spconv__build_strided(&in, rb);
-    spconv__site_table_free(&sites);
+                              rb->num_in, NULL, spatial_shape, batch_size};
+    if (params->kind == SPCONV_CONV_SUBM) {
+        st = spconv__build_subm(&in, rb); /* validates the rows its own way */
+    } else {
+        spconv__site_table sites;
+        SPCONV_TRY_GOTO(st,
+                        spconv__site_table_build(func, in.num_threads, in.rows, in.num_in,
+                                                 spatial_shape, batch_size, &sites),
+                        fail);
+        in.sites = &sites;
+        st = spconv__build_strided(&in, rb);
+        spconv__site_table_free(&sites);
+    }
     if (st != SPCONV_OK) goto fail;
     *out = rb;
     return SPCONV_OK;

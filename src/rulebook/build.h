@@ -7,16 +7,20 @@
 #include "rulebook/internal.h"
 #include "rulebook/sites.h"
 
-/* What every builder gets: the validated input rows and their hash table. */
+/* What every builder gets: the input rows and, for the strided builders, their hash table (which
+ * validated them: in range and unique). */
 typedef struct spconv__build_input {
     const char *func;
     int num_threads;
-    const int32_t *rows; /* contiguous [num_in, 4], all in range and unique */
+    const int32_t *rows; /* contiguous [num_in, 4] */
     int64_t num_in;
-    const spconv__site_table *sites;
+    const spconv__site_table *sites; /* NULL for spconv__build_subm, which validates the rows */
+    const int64_t *shape;            /* the input's spatial shape */
+    int64_t batch_size;
 } spconv__build_input;
 
-/* Fill rb's outputs, offsets and pairs for a SUBM rulebook (rb's geometry is already set). */
+/* Fill rb's outputs, offsets and pairs for a SUBM rulebook (rb's geometry is already set),
+ * validating the rows first (through the line index when the grid suits it, else the table). */
 spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb);
 
 /* The same for REGULAR and TRANSPOSED rulebooks: outputs sorted by (b, z, y, x). */

@@ -494,33 +494,57 @@ done:
     return st;
 }
 
+/* The builds that probe the hash table (or check every pair of sites), over rows it validates. */
+static spconv_status build_with_table(const spconv__build_input *in, spconv_rulebook *rb) {
+    spconv__site_table sites;
+    SPCONV_FORWARD_IF_ERROR(spconv__site_table_build(in->func, in->num_threads, in->rows,
+                                                     in->num_in, in->shape, in->batch_size,
+                                                     &sites));
+    spconv__build_input with = *in;
+    with.sites = &sites;
+    spconv_status st = SPCONV_OK;
+    if (rb->num_in <= rb->kernel_volume / 2) {
+        st = build_from_site_pairs(&with, rb);
+    } else if (rb->kernel_volume == 1) { /* the centre alone */
+        const int64_t starts[2] = {0, rb->num_in};
+        st = spconv__rulebook_set_offsets(in->func, rb, 1, NULL, starts);
+        if (st == SPCONV_OK) st = spconv__rulebook_alloc_pairs(rb);
+        if (st == SPCONV_OK) fill_center(rb, 0);
+    } else {
+        subm_plan plan = {&with, NULL, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+        st = plan_alloc(in->func, in->num_threads, rb, &plan);
+        if (st == SPCONV_OK)
+            st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)
+                                                           : build_in_groups(&plan, rb);
+        plan_free(&plan);
+    }
+    spconv__site_table_free(&sites);
+    return st;
+}
+
 spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb) {
     rb->out_indices = rb->in_indices;
     spconv_tensor_retain(rb->out_indices);
     rb->num_out = rb->num_in;
     rb->center_is_identity = 1;
     if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* no pairs */
-    if (rb->num_in <= rb->kernel_volume / 2) return build_from_site_pairs(in, rb);
-    if (rb->kernel_volume == 1) { /* the centre alone */
-        const int64_t starts[2] = {0, rb->num_in};
-        SPCONV_FORWARD_IF_ERROR(spconv__rulebook_set_offsets(in->func, rb, 1, NULL, starts));
-        SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
-        fill_center(rb, 0);
-        return SPCONV_OK;
-    }
+    if (rb->num_in <= rb->kernel_volume / 2 || rb->kernel_volume == 1 ||
+        !spconv__site_lines_fit(rb->num_in, rb->batch_size, rb->in_shape))
+        return build_with_table(in, rb);
     subm_plan plan = {in, NULL, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
-    spconv__site_lines lines = {0, 0, 0, NULL, NULL};
     spconv_status st = plan_alloc(in->func, in->num_threads, rb, &plan);
-    /* The line walk serves a build whose one group holds the whole kernel (3x3x3 always). */
-    if (st == SPCONV_OK && plan.group_size >= rb->kernel_volume / 2 &&
-        spconv__site_lines_fit(rb->num_in, rb->batch_size, rb->in_shape)) {
-        st = spconv__site_lines_build(in->func, in->rows, rb->num_in, rb->batch_size,
-                                      rb->in_shape, &lines);
-        plan.lines = &lines;
+    /* The line walk serves a build whose one group holds the whole kernel (3x3x3 always); the
+     * index validates the rows as the table would. */
+    if (st == SPCONV_OK && plan.group_size < rb->kernel_volume / 2) {
+        plan_free(&plan);
+        return build_with_table(in, rb);
     }
+    spconv__site_lines lines = {0, 0, 0, NULL, NULL};
     if (st == SPCONV_OK)
-        st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)
-                                                       : build_in_groups(&plan, rb);
+        st = spconv__site_lines_build(in->func, in->num_threads, in->rows, rb->num_in,
+                                      rb->batch_size, rb->in_shape, &lines);
+    plan.lines = &lines;
+    if (st == SPCONV_OK) st = build_one_group(&plan, rb);
     plan_free(&plan);
     spconv__site_lines_free(&lines);
     return st;

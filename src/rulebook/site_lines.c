@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "rulebook/sites.h"
 
 /* Most line starts allowed per site (beyond a floor for small inputs): 4 bytes each, so the index
  * stays within a few times the 8 bytes per site of its entries. */
@@ -39,9 +40,37 @@ static void sort_line(uint64_t *e, int64_t n) {
     }
 }
 
-spconv_status spconv__site_lines_build(const char *func, const int32_t *rows, int64_t num_sites,
-                                       int64_t batch_size, const int64_t shape[3],
-                                       spconv__site_lines *lines) {
+/* Sort one line by x; a repeated x there is a repeated site: *first_repeat becomes the smallest
+ * row that repeats an earlier one (and *owner the smallest row of its site) when it is smaller
+ * than the one held. */
+static void sort_line_checked(uint64_t *e, int64_t n, int64_t *first_repeat, int64_t *owner) {
+    sort_line(e, n);
+    /* Entries of one site are in increasing row: the first of its run is its owner, the second
+     * its smallest repeat. */
+    for (int64_t start = 0, i = 1; i < n; ++i) {
+        if (e[i] >> 32 != e[start] >> 32) {
+            start = i;
+            continue;
+        }
+        const int64_t r = (int64_t)(e[i] & UINT32_MAX);
+        if (i == start + 1 && r < *first_repeat) {
+            *first_repeat = r;
+            *owner = (int64_t)(e[start] & UINT32_MAX);
+        }
+    }
+}
+
+spconv_status spconv__site_lines_build(const char *func, int num_threads, const int32_t *rows,
+                                       int64_t num_sites, int64_t batch_size,
+                                       const int64_t shape[3], spconv__site_lines *lines) {
+    lines->starts = NULL;
+    lines->entries = NULL;
+    spconv__key_layout layout; /* the same size checks as the site table's */
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "input", batch_size, shape, &layout));
+    /* Rows before the first out-of-range one still go in, so that a repeat before it is reported
+     * first: the message names the first offending row, as the site table's does. */
+    const int64_t all_sites = num_sites;
+    num_sites = spconv__first_out_of_range(num_threads, rows, all_sites, shape, batch_size);
     lines->height = shape[1];
     lines->lines_per_batch = shape[0] * shape[1];
     lines->num_lines = batch_size * lines->lines_per_batch;
@@ -68,9 +97,18 @@ spconv_status spconv__site_lines_build(const char *func, const int32_t *rows, in
     }
     for (int64_t l = lines->num_lines; l > 0; --l) starts[l] = starts[l - 1];
     starts[0] = 0;
+    int64_t first_repeat = num_sites, owner = -1;
     for (int64_t l = 0; l < lines->num_lines; ++l)
-        if (starts[l + 1] - starts[l] > 1) sort_line(lines->entries + starts[l], starts[l + 1] - starts[l]);
-    return SPCONV_OK;
+        if (starts[l + 1] - starts[l] > 1)
+            sort_line_checked(lines->entries + starts[l], starts[l + 1] - starts[l], &first_repeat,
+                              &owner);
+    spconv_status st = SPCONV_OK;
+    if (first_repeat < num_sites)
+        st = spconv__report_duplicate(func, rows + 4 * first_repeat, first_repeat, owner);
+    else if (num_sites < all_sites)
+        st = spconv__report_out_of_range(func, rows + 4 * num_sites, num_sites, shape, batch_size);
+    if (st != SPCONV_OK) spconv__site_lines_free(lines);
+    return st;
 }
 
 void spconv__site_lines_free(spconv__site_lines *lines) {

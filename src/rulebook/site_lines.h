@@ -25,11 +25,14 @@ typedef struct spconv__site_lines {
  * array is no larger than a few entries per site. */
 int spconv__site_lines_fit(int64_t num_sites, int64_t batch_size, const int64_t shape[3]);
 
-/* Build the index of the @p num_sites rows (b, z, y, x) of @p rows, which must be in range and
- * unique. SPCONV_ERR_OUT_OF_MEMORY naming @p func when the arrays cannot be had. */
-spconv_status spconv__site_lines_build(const char *func, const int32_t *rows, int64_t num_sites,
-                                       int64_t batch_size, const int64_t shape[3],
-                                       spconv__site_lines *lines);
+/* Build the index of the @p num_sites rows (b, z, y, x) of @p rows, checking them as the site
+ * table does (sites.h) and with its messages: a row outside the batch or the shape is
+ * SPCONV_ERR_OUT_OF_RANGE, a repeated row SPCONV_ERR_DUPLICATE_INDEX, the first offending row
+ * named whatever the thread count; SPCONV_ERR_OUT_OF_MEMORY naming @p func when the arrays cannot
+ * be had. On failure nothing is left to free. */
+spconv_status spconv__site_lines_build(const char *func, int num_threads, const int32_t *rows,
+                                       int64_t num_sites, int64_t batch_size,
+                                       const int64_t shape[3], spconv__site_lines *lines);
 
 void spconv__site_lines_free(spconv__site_lines *lines);
 

@@ -25,9 +25,8 @@ static int row_in_range(const int32_t *row, const int64_t shape[3], int64_t batc
            row[2] < shape[1] && row[3] >= 0 && row[3] < shape[2];
 }
 
-/* First row outside the batch or the shape, or num_rows when all are inside. */
-static int64_t first_out_of_range(int num_threads, const int32_t *rows, int64_t num_rows,
-                                  const int64_t shape[3], int64_t batch_size) {
+int64_t spconv__first_out_of_range(int num_threads, const int32_t *rows, int64_t num_rows,
+                                   const int64_t shape[3], int64_t batch_size) {
     int64_t first = num_rows;
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, ROWS_PER_TASK) reduction(min : first))
     for (int64_t r = 0; r < num_rows; ++r)
@@ -120,7 +119,8 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
     SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "input", batch_size, shape, &table->layout));
     /* Rows before the first out-of-range one still go in, so that a duplicate before it is
      * reported first: the message always names the first offending row. */
-    const int64_t bad_row = first_out_of_range(num_threads, rows, num_rows, shape, batch_size);
+    const int64_t bad_row =
+        spconv__first_out_of_range(num_threads, rows, num_rows, shape, batch_size);
     SPCONV_FORWARD_IF_ERROR(table_alloc(func, num_threads, num_rows, &table->hash));
     spconv_status st = SPCONV_OK;
     int64_t refused, repeated;

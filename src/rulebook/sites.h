@@ -37,6 +37,10 @@ spconv_status spconv__site_table_build(const char *func, int num_threads, const 
 
 void spconv__site_table_free(spconv__site_table *table);
 
+/* First row outside the batch or the shape, or @p num_rows when all are inside. */
+int64_t spconv__first_out_of_range(int num_threads, const int32_t *rows, int64_t num_rows,
+                                   const int64_t shape[3], int64_t batch_size);
+
 /* The errors of a bad row as spconv__site_table_build words them, for builders that validate
  * elsewhere (the CUDA backend): @p row (host copy) is row @p r and lies outside the batch or the
  * shape; or it repeats row @p owner. Both return the status they record. */
