@@ -25,7 +25,14 @@
 typedef struct axis_rule {
     int64_t kernel, stride, padding, dilation, out_size;
     int transposed;
+    /* Where the axis is short enough (AXIS_TABLE_MAX entries), the (k, o) lists of every input
+     * coordinate, worked out once: count[c], then ks / os at c * room. NULL otherwise. */
+    int64_t room;
+    int32_t *count, *ks, *os;
 } axis_rule;
+
+#define AXIS_TABLE_MAX (INT64_C(1) << 20)
+#define AXIS_TABLE_ROOM 64 /* widest kernel (in reachable outputs) given a table */
 
 typedef struct strided_plan {
     const spconv__build_input *in;
@@ -69,19 +76,44 @@ static int64_t axis_targets(const axis_rule *rule, int64_t c, int64_t *ks, int64
 }
 
 /* The candidates of row r: counted only when keys is NULL, written otherwise. */
+/* The (k, o) lists of coordinate c on every axis (from the tables where they exist, else into
+ * @p scratch), as int64 in ks / os; returns the product of the counts. */
+static int64_t row_targets(const strided_plan *plan, const int32_t *row, int64_t *scratch,
+                           int64_t *ks[3], int64_t *os[3], int64_t counts[3]) {
+    int64_t *cursor = scratch;
+    for (int axis = 0; axis < 3; ++axis) {
+        const axis_rule *rule = &plan->axes[axis];
+        const int64_t room = axis_max_targets(rule);
+        ks[axis] = cursor;
+        os[axis] = cursor + room;
+        cursor += 2 * room;
+        if (rule->count != NULL) {
+            const int64_t c = row[1 + axis];
+            counts[axis] = rule->count[c];
+            for (int64_t i = 0; i < counts[axis]; ++i) {
+                ks[axis][i] = rule->ks[c * rule->room + i];
+                os[axis][i] = rule->os[c * rule->room + i];
+            }
+        } else {
+            counts[axis] = axis_targets(rule, row[1 + axis], ks[axis], os[axis]);
+        }
+    }
+    return counts[0] * counts[1] * counts[2];
+}
+
 static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scratch, uint64_t *keys,
                               uint64_t *values) {
     const int32_t *row = plan->in->rows + 4 * r;
     int64_t *ks[3], *os[3], counts[3];
-    int64_t *cursor = scratch;
-    for (int axis = 0; axis < 3; ++axis) {
-        const int64_t room = axis_max_targets(&plan->axes[axis]);
-        ks[axis] = cursor;
-        os[axis] = cursor + room;
-        cursor += 2 * room;
-        counts[axis] = axis_targets(&plan->axes[axis], row[1 + axis], ks[axis], os[axis]);
+    if (keys == NULL) {
+        /* Counting needs only the counts: three lookups where the tables exist. */
+        if (plan->axes[0].count != NULL && plan->axes[1].count != NULL &&
+            plan->axes[2].count != NULL)
+            return (int64_t)plan->axes[0].count[row[1]] * plan->axes[1].count[row[2]] *
+                   plan->axes[2].count[row[3]];
+        return row_targets(plan, row, scratch, ks, os, counts);
     }
-    if (keys == NULL) return counts[0] * counts[1] * counts[2];
+    row_targets(plan, row, scratch, ks, os, counts);
     const int64_t kh = plan->axes[1].kernel, kw = plan->axes[2].kernel;
     int64_t written = 0;
     for (int64_t a = 0; a < counts[0]; ++a)
@@ -281,6 +313,32 @@ done:
     return st;
 }
 
+/* The (k, o) lists of every coordinate of an input axis of @p size, when they fit the table. */
+static spconv_status axis_table(const char *func, int64_t size, axis_rule *rule) {
+    rule->room = axis_max_targets(rule);
+    rule->count = rule->ks = rule->os = NULL;
+    if (size <= 0 || rule->room <= 0 || rule->room > AXIS_TABLE_ROOM ||
+        size > AXIS_TABLE_MAX / rule->room)
+        return SPCONV_OK;
+    rule->count = malloc((size_t)size * sizeof *rule->count);
+    rule->ks = malloc((size_t)(size * rule->room) * sizeof *rule->ks);
+    rule->os = malloc((size_t)(size * rule->room) * sizeof *rule->os);
+    SPCONV_RETURN_ERROR_IF(rule->count == NULL || rule->ks == NULL || rule->os == NULL,
+                           SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for an axis table of %" PRId64 " coordinates",
+                           func, size);
+    int64_t ks[AXIS_TABLE_ROOM], os[AXIS_TABLE_ROOM];
+    for (int64_t c = 0; c < size; ++c) {
+        const int64_t count = axis_targets(rule, c, ks, os);
+        rule->count[c] = (int32_t)count;
+        for (int64_t i = 0; i < count; ++i) {
+            rule->ks[c * rule->room + i] = (int32_t)ks[i];
+            rule->os[c * rule->room + i] = (int32_t)os[i];
+        }
+    }
+    return SPCONV_OK;
+}
+
 static spconv_status plan_init(const spconv__build_input *in, const spconv_rulebook *rb,
                                strided_plan *plan) {
     const spconv_conv_params *params = &rb->params;
@@ -289,8 +347,11 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
     for (int axis = 0; axis < 3; ++axis) {
         plan->axes[axis] = (axis_rule){
             params->kernel[axis],   params->stride[axis], params->padding[axis],
-            params->dilation[axis], rb->out_shape[axis],  params->kind == SPCONV_CONV_TRANSPOSED};
+            params->dilation[axis], rb->out_shape[axis],  params->kind == SPCONV_CONV_TRANSPOSED,
+            0,                      NULL,                NULL,
+            NULL};
         plan->scratch_len += 2 * axis_max_targets(&plan->axes[axis]);
+        SPCONV_FORWARD_IF_ERROR(axis_table(in->func, in->shape[axis], &plan->axes[axis]));
     }
     SPCONV_FORWARD_IF_ERROR(
         spconv__key_layout_checked(in->func, "output", rb->batch_size, rb->out_shape,
@@ -306,6 +367,11 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
 }
 
 static void plan_free(strided_plan *plan) {
+    for (int axis = 0; axis < 3; ++axis) {
+        free(plan->axes[axis].count);
+        free(plan->axes[axis].ks);
+        free(plan->axes[axis].os);
+    }
     free(plan->scratch);
     free(plan->chunk_starts);
     for (int b = 0; b < 4; ++b) free(plan->buffers[b]);
