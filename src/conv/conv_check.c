@@ -5,6 +5,7 @@
 
 #include "conv/gemm.h"
 #include "core/error.h"
+#include "core/parallel.h"
 
 spconv__conv_text spconv__shape_text(const spconv_tensor *t) {
     spconv__conv_text out;
@@ -191,13 +192,15 @@ spconv_status spconv__pool_check_backward(const char *func, const spconv_ruleboo
 
 spconv_status spconv__check_argmax_rows(const char *func, const int32_t *argmax, int64_t rows,
                                         int64_t cols, int64_t num_in) {
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-            int32_t v = argmax[r * cols + c];
-            SPCONV_RETURN_ERROR_IF(v < -1 || v >= num_in, SPCONV_ERR_OUT_OF_RANGE,
-                                   "%s: argmax[%lld, %lld] = %d is not -1 or an input row below "
-                                   "%lld",
-                                   func, (long long)r, (long long)c, (int)v, (long long)num_in);
-        }
+    /* The first bad element in row-major order, whatever the thread count. */
+    const int64_t n = rows * cols;
+    int64_t first = n;
+    SPCONV_OMP(omp parallel for schedule(static) reduction(min : first))
+    for (int64_t e = 0; e < n; ++e)
+        if (e < first && (argmax[e] < -1 || argmax[e] >= num_in)) first = e;
+    SPCONV_RETURN_ERROR_IF(first < n, SPCONV_ERR_OUT_OF_RANGE,
+                           "%s: argmax[%lld, %lld] = %d is not -1 or an input row below %lld", func,
+                           (long long)(first / cols), (long long)(first % cols),
+                           (int)argmax[first], (long long)num_in);
     return SPCONV_OK;
 }

@@ -6,8 +6,9 @@
  * when strictly greater, so a tie keeps the smallest k. A NaN input beats any number (the first
  * NaN stays), so NaNs propagate as in PyTorch. Within an offset the pairs are split into fixed
  * chunks across threads (each out row appears once per offset); a barrier separates offsets.
- * Backward: grad_in[argmax[o, c], c] += grad_out[o, c] over o in increasing order; threads take
- * blocks of channels, so every sum keeps that order whatever the thread count. */
+ * Backward: grad_in[i, c] = the sum of grad_out[o, c] over the pairs (i, o) whose argmax[o, c] is
+ * i, offsets in increasing k; threads take blocks of input rows, so every sum keeps that order
+ * whatever the thread count. */
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +19,6 @@
 #include "core/error.h"
 
 #define POOL_CHUNK 1024
-#define POOL_CHANNEL_BLOCK 16
 /* Out rows per block of the output-stationary forward: a block's rows stay in L1/L2 while every
  * offset visits them, so each out row goes to memory once. */
 #define POOL_BLOCK_BYTES (32 * 1024)
@@ -39,14 +39,16 @@ typedef struct pool_args {
 
 #define SPCONV_POOL_PAIRS(T)                                                                       \
     for (int64_t p = first; p < end; ++p) {                                                        \
-        const T *x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;               \
-        T *y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                               \
-        int32_t *arg = a->argmax + (int64_t)a->pairs_out[p] * a->channels;                         \
-        for (int64_t c = 0; c < a->channels; ++c)                                                  \
-            if (arg[c] < 0 || x[c] > y[c] || (isnan(x[c]) && !isnan(y[c]))) {                      \
-                y[c] = x[c];                                                                       \
-                arg[c] = a->pairs_in[p];                                                           \
-            }                                                                                      \
+        const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
+        T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
+        int32_t *restrict arg = a->argmax + (int64_t)a->pairs_out[p] * a->channels;                \
+        const int32_t row = a->pairs_in[p];                                                        \
+        for (int64_t c = 0; c < a->channels; ++c) { /* selects, no branch on data */               \
+            const T v = x[c], m = y[c];                                                            \
+            const int take = (arg[c] < 0) | (v > m) | ((v != v) & (m == m));                       \
+            y[c] = take ? v : m;                                                                   \
+            arg[c] = take ? row : arg[c];                                                          \
+        }                                                                                          \
     }
 
 /* Without argmax (inference) only the values: from -inf, "take v when v > y or v is the first
@@ -202,28 +204,68 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
     return maxpool_forward_cpu(ctx, rb, features, out, argmax);
 }
 
-#define SPCONV_POOL_GRAD(T)                                                                        \
-    for (int64_t o = 0; o < num_out; ++o)                                                          \
-        for (int64_t c = c0; c < c1; ++c) {                                                        \
-            int32_t i = argmax[o * channels + c];                                                  \
-            if (i >= 0)                                                                            \
-                ((T *)grad_in)[(int64_t)i * channels + c] +=                                       \
-                    ((const T *)grad_out)[o * channels + c];                                       \
-        }
+/* Input-stationary backward: blocks of input rows, each zeroed and then visited by every offset in
+ * increasing k (that offset's pairs sorted by in row, found by binary search): grad_in[i, c] +=
+ * grad_out[o, c] where argmax[o, c] is i, as a select, so a block's rows are written in cache
+ * and once to memory, and no zero-fill pass goes first. Each (i, c) gets its terms in offset
+ * order whatever the thread count. */
+#define SPCONV_POOL_GRAD_ROWS(T)                                                                   \
+    for (int64_t p = first; p < end; ++p) {                                                        \
+        const int32_t i = lists->target[p];                                                        \
+        const int64_t o = lists->source[p];                                                        \
+        const int32_t *restrict arg = argmax + o * channels;                                       \
+        const T *restrict g = (const T *)grad_out + o * channels;                                  \
+        T *restrict gi = (T *)grad_in + (int64_t)i * channels;                                     \
+        for (int64_t c = 0; c < channels; ++c) gi[c] += arg[c] == i ? g[c] : (T)0;                 \
+    }
 
-static void pool_grad_run(spconv_dtype dtype, int64_t num_out, int64_t channels,
-                          const int32_t *argmax, const void *grad_out, void *grad_in, int threads) {
-    const int64_t blocks = (channels + POOL_CHANNEL_BLOCK - 1) / POOL_CHANNEL_BLOCK;
-    SPCONV_OMP(omp parallel for schedule(static) num_threads(threads))
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t c0 = blk * POOL_CHANNEL_BLOCK;
-        int64_t c1 = c0 + POOL_CHANNEL_BLOCK < channels ? c0 + POOL_CHANNEL_BLOCK : channels;
-        if (dtype == SPCONV_F32) {
-            SPCONV_POOL_GRAD(float)
-        } else {
-            SPCONV_POOL_GRAD(double)
+static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channels,
+                             const spconv__pair_lists *lists, const int32_t *argmax,
+                             const void *grad_out, void *grad_in, int threads) {
+    const int64_t row_bytes = channels * (int64_t)spconv_dtype_size(dtype);
+    int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
+    if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
+    const int64_t blocks = (num_in + rows - 1) / rows;
+    SPCONV_OMP(omp parallel for num_threads(threads) schedule(dynamic, 1))
+    for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = b * rows, r1 = r0 + rows < num_in ? r0 + rows : num_in;
+        memset((char *)grad_in + (size_t)(r0 * row_bytes), 0, (size_t)((r1 - r0) * row_bytes));
+        for (int64_t j = 0; j < lists->num_active; ++j) {
+            int64_t first, end;
+            spconv__pairs_range(lists, j, r0, r1, &first, &end);
+            if (dtype == SPCONV_F32) {
+                SPCONV_POOL_GRAD_ROWS(float)
+            } else {
+                SPCONV_POOL_GRAD_ROWS(double)
+            }
         }
     }
+}
+
+/* The rulebook's pairs as lists sorted by in row within each offset (source = out rows): its own
+ * arrays when they are, else sorted copies in a workspace (*temp: destroy when done). */
+static spconv_status pairs_by_in_row(spconv_context *ctx, const spconv_rulebook *rb,
+                                     const int32_t *in_rows, const int32_t *out_rows,
+                                     spconv__pair_lists *lists, spconv_context **temp) {
+    const int threads = spconv_context_num_threads(ctx);
+    const int64_t active = spconv_rulebook_num_active_offsets(rb),
+                  pairs = spconv_rulebook_num_pairs(rb), num_in = spconv_rulebook_num_in(rb);
+    const int64_t *starts = spconv_rulebook_active_starts(rb);
+    *lists = (spconv__pair_lists){active, spconv_rulebook_active_offsets(rb), starts, out_rows,
+                                  in_rows, 0};
+    *temp = NULL;
+    if (spconv__rows_sorted(starts, active, in_rows, threads)) return SPCONV_OK;
+    const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t));
+    const int sorters = spconv__sort_threads(threads);
+    void *workspace;
+    SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(
+        ctx, 2 * list + (size_t)sorters * (size_t)num_in * sizeof(int32_t), &workspace, temp));
+    int32_t *source = workspace, *target = (int32_t *)((char *)workspace + list);
+    spconv__sort_by_target(starts, active, out_rows, in_rows, num_in,
+                           (int32_t *)((char *)workspace + 2 * list), source, target, sorters);
+    lists->source = source;
+    lists->target = target;
+    return SPCONV_OK;
 }
 
 static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
@@ -233,22 +275,32 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
     static const char func[] = "spconv_maxpool_backward";
     const int64_t num_out = spconv_rulebook_num_out(rb), channels = spconv_tensor_size(grad_out, 1);
     int64_t sizes[2] = {spconv_rulebook_num_in(rb), channels};
-    spconv_tensor *arg = NULL, *g = NULL, *gx = NULL;
+    spconv_tensor *arg = NULL, *g = NULL, *gx = NULL, *pairs_in = NULL, *pairs_out = NULL;
+    spconv_context *temp = NULL;
     spconv_status st;
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, argmax, &arg), done);
     SPCONV_TRY_GOTO(
         st, spconv__check_argmax_rows(func, spconv_tensor_data(arg), num_out, channels, sizes[0]),
         done);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     SPCONV_TRY_GOTO(
-        st, spconv_tensor_zeros(ctx, spconv_cpu(), spconv_tensor_dtype(grad_out), 2, sizes, &gx),
+        st, spconv_tensor_empty(spconv_cpu(), spconv_tensor_dtype(grad_out), 2, sizes, &gx),
         done);
-    if (num_out > 0 && channels > 0)
-        pool_grad_run(spconv_tensor_dtype(grad_out), num_out, channels, spconv_tensor_data(arg),
-                      spconv_tensor_data(g), spconv_tensor_data(gx),
-                      spconv_context_num_threads(ctx));
+    spconv__pair_lists lists;
+    SPCONV_TRY_GOTO(st,
+                    pairs_by_in_row(ctx, rb, spconv_tensor_data(pairs_in),
+                                    spconv_tensor_data(pairs_out), &lists, &temp),
+                    done);
+    if (sizes[0] > 0 && channels > 0) /* else grad_features has no elements (and no data) */
+        pool_grad_blocks(spconv_tensor_dtype(grad_out), sizes[0], channels, &lists,
+                         spconv_tensor_data(arg), spconv_tensor_data(g), spconv_tensor_data(gx),
+                         spconv_context_num_threads(ctx));
     *grad_features = gx, gx = NULL;
 done:
+    spconv_context_destroy(temp);
+    spconv_tensor_release(pairs_out);
+    spconv_tensor_release(pairs_in);
     spconv_tensor_release(gx);
     spconv_tensor_release(g);
     spconv_tensor_release(arg);
