@@ -155,6 +155,19 @@ def c_tool_forward_ms(net, repeat, warmup, threads):
     return report["passes"]["forward"]["wall_ms"]["median"]
 
 
+def keep_freed_memory():
+    """What the C tool does for itself (tools/spconv/main.c), so that both run alike: glibc serves
+    blocks above its mmap threshold (at most 32 MiB) with fresh mmaps that fault in page by page
+    and are unmapped on free, and a network's tensors (a dense BEV map is 36 MB) pay that on every
+    pass. glibc reads MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ when the process starts, so
+    the script starts itself again with them set; every variant of the run gets them alike (a
+    user's own process can set them the same way)."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 30), MALLOC_TRIM_THRESHOLD_=str(1 << 30))
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--net", default="all", choices=["basic", "second", "all"])
@@ -166,7 +179,11 @@ def main():
     ap.add_argument("--variants", default="ours,plain,spconv")
     ap.add_argument("--overhead", action="store_true",
                     help="compare with `build/tools/spconv bench` (writes its JSON figures)")
+    ap.add_argument("--fresh-pages", action="store_true",
+                    help="leave glibc's malloc as it is (see keep_freed_memory)")
     args = ap.parse_args()
+    if not args.fresh_pages:
+        keep_freed_memory()
     if not DATA.is_dir():
         sys.exit(f"bench: the inputs are in {DATA} (see README); not found")
     torch.set_num_threads(args.threads)
