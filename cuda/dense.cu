@@ -199,8 +199,10 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
     const spconv_device device = spconv_tensor_device(d);
     const int64_t f_sizes[2] = {n, c}, i_sizes[2] = {n, 4};
     spconv_tensor *f = NULL, *idx = NULL;
-    spconv_status st = spconv_tensor_empty(device, spconv_tensor_dtype(d), 2, f_sizes, &f);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(device, SPCONV_I32, 2, i_sizes, &idx);
+    spconv_status st =
+        spconv__tensor_empty_in(func, ctx, device, spconv_tensor_dtype(d), 2, f_sizes, &f);
+    if (st == SPCONV_OK)
+        st = spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 2, i_sizes, &idx);
     if (st == SPCONV_OK && sites > 0) {
         SPCONV_CUDA_LAUNCH((gather_sites_kernel<T>), call.grid(sites), DENSE_THREADS, 0,
                            call.stream, (T *)spconv_tensor_data(f),

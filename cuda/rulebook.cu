@@ -68,6 +68,7 @@ __global__ void owner_kernel(spconv__hash_table table, const uint64_t *keys, int
 /* What every builder of this file shares. */
 struct build_state {
     const char *func;
+    spconv_context *ctx; /* outputs come from its allocator (context.h) */
     cudaStream_t stream;
     spconv_device device;
     const int32_t *rows; /* device, [N, 4], validated */
@@ -323,7 +324,8 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
                                   int64_t n, spconv_rulebook *rb) {
     const char *func = s->func;
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
     if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
     uint64_t *keys = pair_keys->get();
     thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), keys, keys + n, pair_in);
@@ -397,7 +399,7 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, hits.get(), n, starts.get(), &total_hits));
     const int64_t num_pairs = 2 * total_hits + n;
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, num_pairs, "pair keys"));
     if (n > 0)
@@ -449,8 +451,9 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     rb->num_out = num_out;
     const int64_t out_sizes[2] = {num_out, 4};
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(s->device, SPCONV_I32, 2, out_sizes, &rb->out_indices));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 2, out_sizes, &rb->out_indices));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, total, "pair keys"));
     if (total > 0)
@@ -484,6 +487,7 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
     rb->num_in = spconv_tensor_size(rows, 0);
     build_state s;
     s.func = func;
+    s.ctx = ctx;
     s.stream = spconv__cuda_stream_for(ctx, device.index);
     s.device = device;
     s.rows = (const int32_t *)spconv_tensor_data(rows);

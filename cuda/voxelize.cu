@@ -251,18 +251,23 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     return SPCONV_OK;
 }
 
-static spconv_status make_outputs(const spconv_voxelize_params *params, spconv_device device,
+static spconv_status make_outputs(spconv_context *ctx, const char *func,
+                                  const spconv_voxelize_params *params, spconv_device device,
                                   int64_t M, int64_t F, int batch_column, spconv_voxels *out) {
     const int64_t coord_sizes[2] = {M, batch_column ? 4 : 3};
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_I32, 2, coord_sizes, &out->coords));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_I32, 1, &M, &out->num_points));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 2, coord_sizes, &out->coords));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 1, &M, &out->num_points));
     if (params->outputs & SPCONV_VOXELIZE_VOXELS) {
         const int64_t sizes[3] = {M, params->max_points, F};
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_F32, 3, sizes, &out->voxels));
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, ctx, device, SPCONV_F32, 3, sizes, &out->voxels));
     }
     if (params->outputs & SPCONV_VOXELIZE_MEAN) {
         const int64_t sizes[2] = {M, F};
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_F32, 2, sizes, &out->features));
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, ctx, device, SPCONV_F32, 2, sizes, &out->features));
     }
     return SPCONV_OK;
 }
@@ -318,7 +323,7 @@ static spconv_status voxelize_scans(spconv_context *ctx, voxel_batch *b,
         total_points += states[i].in.num_points;
     }
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(device, SPCONV_I64, 1, &total_points, &out->point_voxel));
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I64, 1, &total_points, &out->point_voxel));
     spconv__device_array<unsigned long long> counts;
     SPCONV_FORWARD_IF_ERROR(counts.alloc(func, NUM_COUNTS, "drop counters"));
     CUDA_TRY(cudaMemsetAsync(counts.get(), 0, NUM_COUNTS * sizeof(unsigned long long), b->stream));
@@ -329,7 +334,7 @@ static spconv_status voxelize_scans(spconv_context *ctx, voxel_batch *b,
         SPCONV_FORWARD_IF_ERROR(assign_scan(b, &states[i], point_voxel));
         total_voxels += states[i].num_voxels;
     }
-    SPCONV_FORWARD_IF_ERROR(make_outputs(params, device, total_voxels,
+    SPCONV_FORWARD_IF_ERROR(make_outputs(ctx, func, params, device, total_voxels,
                                          states[0].in.num_features, batch_column, out));
     for (int64_t i = 0; i < num_scans; ++i)
         SPCONV_FORWARD_IF_ERROR(fill_scan(b, &states[i], i, batch_column, out));
