@@ -434,7 +434,8 @@ extern "C" spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx,
      * order is named, whether outside the map or repeating an earlier row. */
     spconv__site_check bad;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_check_sites("to-dense", call.stream, call.blocks, idx, n, dims.d, &bad));
+        spconv__cuda_check_sites("to-dense", ctx, call.stream, call.blocks, idx, n, dims.d,
+                                 &bad));
     const int32_t *q = bad.site;
     if (bad.bad_row != INT32_MAX && bad.repeated)
         return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,

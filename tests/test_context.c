@@ -88,7 +88,7 @@ static int have_cuda(void) {
     return 1;
 }
 
-/* ---- the hook on a CPU context ----------------------------------------------------------------- */
+/* ---- the hook on a CPU context ------------------------------------------------------------- */
 
 static void test_cpu_tensors_come_from_the_hook(void **state) {
     (void)state;
@@ -237,7 +237,7 @@ static void test_setter_arguments(void **state) {
     spconv_context_destroy(ctx);
 }
 
-/* ---- the hook on a CUDA context ---------------------------------------------------------------- */
+/* ---- the hook on a CUDA context ------------------------------------------------------------ */
 
 /* Distinct random sites of a small grid on the host, int32 [n, 4]. */
 static spconv_tensor *random_sites(int64_t batch, const int64_t shape[3], double density) {
@@ -297,8 +297,13 @@ static void test_cuda_op_outputs_come_from_the_hook(void **state) {
     spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
     for (int i = 0; i < 3; ++i) p.kernel[i] = 3, p.stride[i] = 2, p.padding[i] = 1;
     spconv_rulebook *rb = NULL;
+    const int allocs_before = a.allocs, frees_before = a.frees;
     SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, sites, shape, 2, &p, &rb));
     assert_true(from_hook(&a, spconv_tensor_data(spconv_rulebook_out_indices(rb))));
+    /* Its scratch arrays (keys, hash table, counts, ...) came from the hook and went back; what
+     * stays is the output sites and the two pair lists. */
+    assert_true(a.allocs - allocs_before > 3);
+    assert_int_equal((a.allocs - allocs_before) - (a.frees - frees_before), 3);
     spconv_tensor *y = NULL, *pooled = NULL, *argmax = NULL;
     SPCONV_ASSERT_OK(spconv_conv_forward(ctx, rb, features, weight, NULL, &y));
     assert_true(from_hook(&a, spconv_tensor_data(y)));
@@ -375,7 +380,8 @@ static void test_cuda_hook_returning_null_is_out_of_memory(void **state) {
     assert_null(y);
     spconv_rulebook *rb2 = (spconv_rulebook *)&a;
     SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, sites, shape, 1, &p, &rb2),
-                        SPCONV_ERR_OUT_OF_MEMORY, "spconv_rulebook_build: the context's allocator hook");
+                        SPCONV_ERR_OUT_OF_MEMORY,
+                        "spconv_rulebook_build: the context's allocator hook");
     assert_null(rb2);
     /* Once it succeeds again, so does the op. */
     a.fail = 0;

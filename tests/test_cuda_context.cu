@@ -307,7 +307,8 @@ static void test_tf32_products_only_when_allowed(void **state) {
             assert_true(fabs((double)f32[r * p.c_out + j] - exact) <= gamma_k * absolute);
             if (got != f32[r * p.c_out + j]) ++differing;
         }
-    if (differing == 0) fail_msg("TF32 products equal the f32 ones: the setting did not reach cuBLAS");
+    if (differing == 0)
+        fail_msg("TF32 products equal the f32 ones: the setting did not reach cuBLAS");
     free(f32);
     free(tf32);
     spconv_tensor_release(y_f32);

@@ -78,17 +78,20 @@ typedef void (*spconv_free_fn)(void *ptr, size_t nbytes, spconv_device device, v
  * Let @p alloc_fn / @p free_fn provide the memory that calls made with @p ctx allocate on the
  * context's device:
  *
- * - the outputs of ops on the CUDA backend (conv, pooling, rulebooks, voxels, sparse <-> dense,
- *   network layers) and the temporaries it makes for a call (operands copied to the device,
- *   rulebook and voxelizer scratch arrays);
+ * - the outputs of ops on the CUDA backend (conv forward and backward, max pooling, rulebooks,
+ *   voxels, sparse <-> dense) and the temporaries it makes for a call (operands copied to the
+ *   device, the scratch arrays of the rulebook builders, the voxelizer and the site checks);
+ * - the layer outputs of spconv_net_forward / spconv_net_backward (features and gradients);
  * - the tensors made by the tensor functions that take a context (spconv_tensor_zeros, _full,
- *   _arange, _from_host, _to_device, _clone, _contiguous, _to_dtype, _reshape), on any device;
- * - the context's workspace (spconv_context_workspace).
+ *   _arange, _from_host, _to_device, _clone, _contiguous, _to_dtype, _reshape);
+ * - the context's workspace (spconv_context_workspace), where the CUDA backend's conv and network
+ *   layers keep their scratch.
  *
- * Not through the hook: memory on other devices (host staging buffers of a CUDA context), the
- * outputs of the CPU backend's ops, Thrust's own temporary storage inside sorts and scans,
- * spconv_tensor_empty / spconv_storage_create (which take no context) and zero-byte tensors
- * (which have no memory).
+ * Not through the hook: memory on other devices (the host staging buffers of a CUDA context),
+ * the outputs of the CPU backend's own ops (conv, pooling, rulebooks, voxels, sparse <-> dense:
+ * a CPU context's hook sees the tensor functions, the network's layer outputs and the
+ * workspace), Thrust's temporary storage inside sorts and scans, spconv_tensor_empty and
+ * spconv_storage_create (which take no context), and zero-byte tensors (which have no memory).
  *
  * A tensor made through the hook remembers @p free_fn and @p user_data: releasing its last
  * reference calls free_fn, even after the context is destroyed or given another allocator, so

@@ -172,7 +172,8 @@ spconv_status spconv_context_set_allocator(spconv_context *ctx, spconv_alloc_fn 
     SPCONV_RETURN_ERROR_IF((alloc_fn == NULL) != (free_fn == NULL), SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: alloc_fn is %s but free_fn is %s (give both, or both NULL for the "
                            "library's own allocator)",
-                           func, alloc_fn == NULL ? "NULL" : "set", free_fn == NULL ? "NULL" : "set");
+                           func, alloc_fn == NULL ? "NULL" : "set",
+                           free_fn == NULL ? "NULL" : "set");
     release_workspace(ctx);
     ctx->alloc_fn = alloc_fn;
     ctx->free_fn = free_fn;
