@@ -7,7 +7,11 @@
  *
  * A rulebook built on the CPU has its pairs in host memory; they are copied to the device for
  * the call (a rulebook built on the device is used in place). The per-offset counts are host
- * arrays in every rulebook, since the host sizes each launch. */
+ * arrays in every rulebook, since the host sizes each launch.
+ *
+ * What a call uses comes from its context (context.h): the stream, the cuBLAS handle, the
+ * workspace for the gathered operands and products, the allocator for the outputs, and whether
+ * f32 products may use TF32. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>

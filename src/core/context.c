@@ -1,5 +1,7 @@
-/* Execution contexts: device choice, CPU thread count and a growable workspace; the CUDA
- * backend fills in the stream and cuBLAS handle through its context_init slot. */
+/* Execution contexts: device choice, CPU thread count, a growable workspace, the allocator hook
+ * that the library's allocations for calls made with the context go through, and the TF32
+ * setting; the CUDA backend fills in the stream and cuBLAS handle through its context_init slot
+ * and switches streams through context_set_stream. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
