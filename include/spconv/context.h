@@ -120,12 +120,18 @@ void *spconv_context_cuda_stream(const spconv_context *ctx);
 /**
  * Queue the context's work on @p stream (a cudaStream_t of the context's device, e.g.
  * torch.cuda.current_stream().cuda_stream) instead of the context's own stream; the cuBLAS handle
- * follows it (cublasSetStream). NULL goes back to the context's own stream. The context does not
- * own an external stream: it never synchronises it at destroy and never destroys it, so the
- * stream must outlive its use by the context (set NULL, or destroy the context, before
- * destroying the stream). Synchronising with other streams is the caller's business: the
- * context's calls are ordered on this one stream only (copies to or from the host still wait for
- * it). A CPU context (or NULL) answers SPCONV_ERR_INVALID_ARGUMENT.
+ * follows it (cublasSetStream). NULL goes back to the context's own stream, so the legacy default
+ * stream (PyTorch's default stream, whose cuda_stream is 0) is given as cudaStreamLegacy
+ * ((void *)0x1). Work queued so far on the previous stream comes before work queued on the new
+ * one (an event; the host does not wait).
+ *
+ * The context does not own an external stream and never destroys it; the stream must outlive its
+ * use by the context (set NULL, or destroy the context, before destroying the stream: destroy and
+ * a workspace that grows wait for the work queued on the stream in use). Ordering with other
+ * streams is the caller's business: the context's calls are ordered on this one stream only
+ * (copies to or from the host still wait for it). A CPU context answers
+ * SPCONV_ERR_INVALID_ARGUMENT, NULL SPCONV_ERR_NULL_POINTER; a stream the runtime refuses,
+ * SPCONV_ERR_CUDA, leaving the context on its previous stream.
  */
 spconv_status spconv_context_set_cuda_stream(spconv_context *ctx, void *stream);
 
