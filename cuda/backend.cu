@@ -34,14 +34,16 @@ spconv_status spconv__cuda_resident_blocks(int threads_per_block, int *blocks) {
 
 /* ---- contexts ------------------------------------------------------------------------------ */
 
-/* Releases whatever context_init made, so it also cleans up after a half-finished init. */
+/* Releases whatever context_init made, so it also cleans up after a half-finished init. An
+ * external stream (spconv_context_set_cuda_stream) is the caller's: it is left alone. */
 static void cuda_context_destroy(spconv_context *ctx) {
     spconv__cuda_device_guard guard;
     if (guard.enter(ctx->device.index) != SPCONV_OK) return;
     if (ctx->cublas_handle != NULL) (void)cublasDestroy((cublasHandle_t)ctx->cublas_handle);
-    cudaStream_t stream = (cudaStream_t)ctx->cuda_stream;
+    cudaStream_t stream = (cudaStream_t)ctx->own_cuda_stream;
     if (stream != NULL && cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
     ctx->cublas_handle = NULL;
+    ctx->own_cuda_stream = NULL;
     ctx->cuda_stream = NULL;
 }
 
@@ -53,11 +55,40 @@ static spconv_status cuda_context_make_handles(spconv_context *ctx) {
      * other code queues on the legacy default stream. */
     cudaStream_t stream = NULL;
     CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ctx->own_cuda_stream = stream;
     ctx->cuda_stream = stream;
     cublasHandle_t handle = NULL;
     CUBLAS_TRY(cublasCreate(&handle));
     ctx->cublas_handle = handle;
     CUBLAS_TRY(cublasSetStream(handle, stream));
+    return SPCONV_OK;
+}
+
+/* Work queued so far on the previous stream comes before work queued on the new one (an event,
+ * so the host does not wait): the context's calls stay in order across the switch, and the
+ * workspace is not reused too early. */
+static spconv_status cuda_context_set_stream(spconv_context *ctx, void *stream) {
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(ctx->device.index));
+    cudaStream_t previous = (cudaStream_t)ctx->cuda_stream;
+    cudaStream_t next = stream != NULL ? (cudaStream_t)stream : (cudaStream_t)ctx->own_cuda_stream;
+    if (next == previous) return SPCONV_OK;
+    cudaEvent_t done = NULL;
+    CUDA_TRY(cudaEventCreate(&done));
+    cudaError_t err = cudaEventRecord(done, previous);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(next, done, 0);
+    /* Destroying the event does not cancel the wait that was queued on it. */
+    if (cudaEventDestroy(done) != cudaSuccess && err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return spconv__error(SPCONV_ERR_CUDA,
+                             "spconv_context_set_cuda_stream: stream %p cannot be used on CUDA "
+                             "device %d: %s (%s)",
+                             (void *)next, ctx->device.index, cudaGetErrorName(err),
+                             cudaGetErrorString(err));
+    }
+    CUBLAS_TRY(cublasSetStream((cublasHandle_t)ctx->cublas_handle, next));
+    ctx->cuda_stream = next;
     return SPCONV_OK;
 }
 
@@ -146,6 +177,7 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .device_count    = */ cuda_device_count,
     /* .context_init    = */ cuda_context_init,
     /* .context_destroy = */ cuda_context_destroy,
+    /* .context_set_stream = */ cuda_context_set_stream,
     /* .synchronize     = */ cuda_synchronize,
     /* .alloc           = */ cuda_alloc,
     /* .free            = */ cuda_free,

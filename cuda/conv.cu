@@ -7,11 +7,17 @@
  *
  * A rulebook built on the CPU has its pairs in host memory; they are copied to the device for
  * the call (a rulebook built on the device is used in place). The per-offset counts are host
- * arrays in every rulebook, since the host sizes each launch. */
+ * arrays in every rulebook, since the host sizes each launch.
+ *
+ * What a call uses comes from its context (context.h): the stream, the cuBLAS handle, the
+ * workspace for the gathered operands and products, the allocator for the outputs, and whether
+ * f32 products may use TF32. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <vector>
 
 #include "core/backend.h"
 #include "core/context_impl.h"
@@ -120,14 +126,40 @@ __global__ void pool_backward_kernel(T *__restrict__ d_in, const T *__restrict__
 
 /* ---- the call's resources ------------------------------------------------------------------- */
 
-/* Device, stream, cuBLAS handle and launch size of one call, and what it must release. */
+/* The cuBLAS handles of calls made without a context of their device (ctx NULL, or a context of
+ * another device): one per thread and device, made on first use, bound to the legacy default
+ * stream and destroyed when the thread ends. Per thread, since a handle must not be used by two
+ * threads at once; kept, since making a handle costs more than most products. */
+struct default_blas_handles {
+    std::vector<cublasHandle_t> by_device;
+    ~default_blas_handles() {
+        for (cublasHandle_t h : by_device)
+            if (h != NULL) (void)cublasDestroy(h);
+    }
+};
+
+static spconv_status default_blas(int device, cublasHandle_t *out) {
+    static thread_local default_blas_handles handles;
+    if ((size_t)device >= handles.by_device.size()) handles.by_device.resize((size_t)device + 1);
+    cublasHandle_t &h = handles.by_device[(size_t)device];
+    if (h == NULL) {
+        CUBLAS_TRY(cublasCreate(&h));
+        CUBLAS_TRY(cublasSetStream(h, cudaStreamLegacy));
+    }
+    *out = h;
+    return SPCONV_OK;
+}
+
+/* Device, stream, cuBLAS handle, product precision and launch size of one call, its scratch
+ * memory and what it must release. */
 struct conv_call {
     int device = 0;
     cudaStream_t stream = NULL;
     cublasHandle_t blas = NULL;
-    int own_blas = 0;
+    cublasComputeType_t f32_compute = CUBLAS_COMPUTE_32F;
     int blocks = 1;
     spconv__cuda_device_guard guard;
+    spconv__cuda_scratch scratch;
     spconv_tensor *held[12] = {};
     int num_held = 0;
 
@@ -136,22 +168,19 @@ struct conv_call {
     conv_call &operator=(const conv_call &) = delete;
     ~conv_call() {
         for (int i = 0; i < num_held; ++i) spconv_tensor_release(held[i]);
-        if (own_blas) (void)cublasDestroy(blas);
     }
 
-    /* The context's stream and handle when it is a context of this device, otherwise the
-     * legacy default stream and a handle made for the call. */
+    /* The context's stream, handle and TF32 setting when it is a context of this device,
+     * otherwise the legacy default stream, this thread's default handle and full f32. */
     spconv_status enter(spconv_context *ctx, spconv_device dev) {
         device = dev.index;
         SPCONV_FORWARD_IF_ERROR(guard.enter(device));
         stream = spconv__cuda_stream_for(ctx, device);
-        if (ctx != NULL && ctx->device.type == SPCONV_DEVICE_CUDA && ctx->device.index == device &&
-            ctx->cublas_handle != NULL) {
+        if (ctx != NULL && spconv_device_equal(ctx->device, dev) && ctx->cublas_handle != NULL) {
             blas = (cublasHandle_t)ctx->cublas_handle;
+            if (ctx->allow_tf32) f32_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
         } else {
-            CUBLAS_TRY(cublasCreate(&blas));
-            own_blas = 1;
-            CUBLAS_TRY(cublasSetStream(blas, stream));
+            SPCONV_FORWARD_IF_ERROR(default_blas(device, &blas));
         }
         int resident = 0;
         SPCONV_FORWARD_IF_ERROR(spconv__cuda_resident_blocks(CONV_THREADS, &resident));
@@ -202,18 +231,23 @@ static spconv_status launch_scatter_add(conv_call &call, T *dst, const int32_t *
 }
 
 /* Row-major C [m, n] = op(A) [m, k] op(B) [k, n] + beta C: cuBLAS is column-major, where a
- * row-major matrix is its transpose, so it computes C^T = op(B)^T op(A)^T. */
-static cublasStatus_t gemm_rm(cublasHandle_t h, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                              const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                              float *c, int64_t ldc) {
+ * row-major matrix is its transpose, so it computes C^T = op(B)^T op(A)^T. f32 goes through
+ * cublasGemmEx so that the compute type is explicit: CUBLAS_COMPUTE_32F (full f32) unless the
+ * context allows TF32. */
+static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, int64_t n,
+                              int64_t k, const float *a, int64_t lda, const float *b, int64_t ldb,
+                              float beta, float *c, int64_t ldc) {
     const float one = 1.0f;
-    return cublasSgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n,
-                       (int)m, (int)k, &one, b, (int)ldb, a, (int)lda, &beta, c, (int)ldc);
+    return cublasGemmEx(call.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        (int)n, (int)m, (int)k, &one, b, CUDA_R_32F, (int)ldb, a, CUDA_R_32F,
+                        (int)lda, &beta, c, CUDA_R_32F, (int)ldc, call.f32_compute,
+                        CUBLAS_GEMM_DEFAULT);
 }
 
-static cublasStatus_t gemm_rm(cublasHandle_t h, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                              const double *a, int64_t lda, const double *b, int64_t ldb,
-                              double beta, double *c, int64_t ldc) {
+static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, int64_t n,
+                              int64_t k, const double *a, int64_t lda, const double *b,
+                              int64_t ldb, double beta, double *c, int64_t ldc) {
+    cublasHandle_t h = call.blas;
     const double one = 1.0;
     return cublasDgemm(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n,
                        (int)m, (int)k, &one, b, (int)ldb, a, (int)lda, &beta, c, (int)ldc);
@@ -261,13 +295,21 @@ static int64_t chunk_pairs(const spconv_rulebook *rb, int64_t row_elems, size_t 
     return most < budget ? most : (budget > 1 ? budget : 1);
 }
 
-/* A device scratch buffer of @p elems elements of @p dtype, held by @p call. */
-static spconv_status scratch(conv_call &call, spconv_device dev, spconv_dtype dtype, int64_t elems,
-                             void **data) {
-    spconv_tensor *t = NULL;
-    const int64_t n = elems > 0 ? elems : 1;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(dev, dtype, 1, &n, &t));
-    *data = call.hold(t);
+/* Bytes of a scratch buffer of @p elems elements of @p elem bytes (at least one element). */
+static size_t scratch_bytes(int64_t elems, size_t elem) {
+    return (size_t)(elems > 0 ? elems : 1) * elem;
+}
+
+/* The call's gathered operands and products, @p count buffers of elems[i] elements of @p elem
+ * bytes, in the call's scratch (the context's workspace). */
+static spconv_status scratch_buffers(const char *func, conv_call &call, spconv_context *ctx,
+                                     spconv_device dev, size_t elem, int count,
+                                     const int64_t *elems, void **buffers) {
+    size_t total = 0;
+    for (int i = 0; i < count; ++i)
+        total += spconv__cuda_scratch::piece_bytes(scratch_bytes(elems[i], elem));
+    SPCONV_FORWARD_IF_ERROR(call.scratch.reserve(func, ctx, dev, total));
+    for (int i = 0; i < count; ++i) buffers[i] = call.scratch.take(scratch_bytes(elems[i], elem));
     return SPCONV_OK;
 }
 
@@ -285,7 +327,7 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
         const T *w_k = w + k * d.c_in * d.c_out;
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_out, d.c_in, d.c_out));
-            CUBLAS_TRY(gemm_rm(call.blas, 0, 0, d.num_out, d.c_out, d.c_in, x, d.c_in, w_k,
+            CUBLAS_TRY(gemm_rm(call, 0, 0, d.num_out, d.c_out, d.c_in, x, d.c_in, w_k,
                                d.c_out, (T)1, out, d.c_out));
             continue;
         }
@@ -296,7 +338,7 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
                                      : chunk;
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, rows, d.c_in, d.c_out));
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, gathered, x, pin + first, rows, d.c_in));
-            CUBLAS_TRY(gemm_rm(call.blas, 0, 0, rows, d.c_out, d.c_in, gathered, d.c_in, w_k,
+            CUBLAS_TRY(gemm_rm(call, 0, 0, rows, d.c_out, d.c_in, gathered, d.c_in, w_k,
                                d.c_out, (T)0, product, d.c_out));
             SPCONV_FORWARD_IF_ERROR(
                 launch_scatter_add(call, out, pout + first, product, rows, d.c_out));
@@ -319,12 +361,15 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
     const int32_t *pin = NULL, *pout = NULL;
     SPCONV_FORWARD_IF_ERROR(device_pairs(call, ctx, rb, d.device, &pin, &pout));
     const int64_t chunk = chunk_pairs(rb, d.c_in + d.c_out, sizeof(T));
-    void *gathered = NULL, *product = NULL;
-    SPCONV_FORWARD_IF_ERROR(scratch(call, d.device, d.dtype, chunk * d.c_in, &gathered));
-    SPCONV_FORWARD_IF_ERROR(scratch(call, d.device, d.dtype, chunk * d.c_out, &product));
+    const int64_t elems[2] = {chunk * d.c_in, chunk * d.c_out};
+    void *buffers[2] = {};
+    SPCONV_FORWARD_IF_ERROR(scratch_buffers("spconv_conv_forward", call, ctx, d.device, sizeof(T),
+                                            2, elems, buffers));
+    void *gathered = buffers[0], *product = buffers[1];
     const int64_t sizes[2] = {d.num_out, d.c_out};
     spconv_tensor *result = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(d.device, d.dtype, 2, sizes, &result));
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in("spconv_conv_forward", ctx, d.device, d.dtype,
+                                                    2, sizes, &result));
     T *y = (T *)spconv_tensor_data(result);
     spconv_status st = SPCONV_OK;
     if (d.num_out * d.c_out > 0) {
@@ -338,7 +383,8 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
             st = forward_offsets<T>(call, rb, d, (const T *)x, (const T *)w, pin, pout,
                                     (T *)gathered, (T *)product, chunk, y);
     }
-    /* The scratch buffers are released when the call ends: wait for the work that uses them. */
+    /* Operand copies (and the scratch of a call without a context of this device) are released
+     * when the call ends: wait for the work that uses them. */
     if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
         st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_forward: %s",
                            cudaGetErrorString(cudaGetLastError()));
@@ -380,10 +426,10 @@ static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_in, d.c_in, d.c_out));
             if (dx != NULL)
-                CUBLAS_TRY(gemm_rm(call.blas, 0, 1, d.num_in, d.c_in, d.c_out, g, d.c_out, w_k,
+                CUBLAS_TRY(gemm_rm(call, 0, 1, d.num_in, d.c_in, d.c_out, g, d.c_out, w_k,
                                    d.c_out, (T)1, dx, d.c_in));
             if (dw_k != NULL)
-                CUBLAS_TRY(gemm_rm(call.blas, 1, 0, d.c_in, d.c_out, d.num_in, x, d.c_in, g,
+                CUBLAS_TRY(gemm_rm(call, 1, 0, d.c_in, d.c_out, d.num_in, x, d.c_in, g,
                                    d.c_out, (T)1, dw_k, d.c_out));
             continue;
         }
@@ -395,14 +441,14 @@ static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, rows, d.c_in, d.c_out));
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, g_buf, g, pout + first, rows, d.c_out));
             if (dx != NULL) {
-                CUBLAS_TRY(gemm_rm(call.blas, 0, 1, rows, d.c_in, d.c_out, g_buf, d.c_out, w_k,
+                CUBLAS_TRY(gemm_rm(call, 0, 1, rows, d.c_in, d.c_out, g_buf, d.c_out, w_k,
                                    d.c_out, (T)0, d_buf, d.c_in));
                 SPCONV_FORWARD_IF_ERROR(
                     launch_scatter_add(call, dx, pin + first, d_buf, rows, d.c_in));
             }
             if (dw_k != NULL) {
                 SPCONV_FORWARD_IF_ERROR(launch_gather(call, x_buf, x, pin + first, rows, d.c_in));
-                CUBLAS_TRY(gemm_rm(call.blas, 1, 0, d.c_in, d.c_out, rows, x_buf, d.c_in, g_buf,
+                CUBLAS_TRY(gemm_rm(call, 1, 0, d.c_in, d.c_out, rows, x_buf, d.c_in, g_buf,
                                    d.c_out, (T)1, dw_k, d.c_out));
             }
         }
@@ -425,10 +471,11 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     const int32_t *pin = NULL, *pout = NULL;
     SPCONV_FORWARD_IF_ERROR(device_pairs(call, ctx, rb, d.device, &pin, &pout));
     const int64_t chunk = chunk_pairs(rb, d.c_out + 2 * d.c_in, sizeof(T));
-    void *g_buf = NULL, *x_buf = NULL, *d_buf = NULL;
-    SPCONV_FORWARD_IF_ERROR(scratch(call, d.device, d.dtype, chunk * d.c_out, &g_buf));
-    SPCONV_FORWARD_IF_ERROR(scratch(call, d.device, d.dtype, chunk * d.c_in, &x_buf));
-    SPCONV_FORWARD_IF_ERROR(scratch(call, d.device, d.dtype, chunk * d.c_in, &d_buf));
+    const int64_t elems[3] = {chunk * d.c_out, chunk * d.c_in, chunk * d.c_in};
+    void *buffers[3] = {};
+    SPCONV_FORWARD_IF_ERROR(scratch_buffers("spconv_conv_backward", call, ctx, d.device,
+                                            sizeof(T), 3, elems, buffers));
+    void *g_buf = buffers[0], *x_buf = buffers[1], *d_buf = buffers[2];
     spconv_tensor *dx = NULL, *dw = NULL, *db = NULL;
     const int64_t in_sizes[2] = {d.num_in, d.c_in}, bias_size = d.c_out;
     spconv_status st = SPCONV_OK;
@@ -438,7 +485,8 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
         st = spconv_tensor_zeros(ctx, d.device, d.dtype, spconv_tensor_ndim(weight),
                                  spconv_tensor_sizes(weight), &dw);
     if (st == SPCONV_OK && grad_bias != NULL)
-        st = spconv_tensor_empty(d.device, d.dtype, 1, &bias_size, &db);
+        st = spconv__tensor_empty_in("spconv_conv_backward", ctx, d.device, d.dtype, 1,
+                                     &bias_size, &db);
     if (st == SPCONV_OK && db != NULL && d.c_out > 0) {
         SPCONV_CUDA_LAUNCH((column_sums_kernel<T>), call.grid(d.c_out), CONV_THREADS, 0,
                            call.stream, (T *)spconv_tensor_data(db), (const T *)g, d.num_out,
@@ -501,8 +549,11 @@ static spconv_status pool_forward_typed(spconv_context *ctx, const spconv_rulebo
     SPCONV_FORWARD_IF_ERROR(device_pairs(call, ctx, rb, dev, &pin, &pout));
     const int64_t sizes[2] = {n_out, c};
     spconv_tensor *y = NULL, *arg = NULL;
-    spconv_status st = spconv_tensor_empty(dev, dtype, 2, sizes, &y);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(dev, SPCONV_I32, 2, sizes, &arg);
+    spconv_status st =
+        spconv__tensor_empty_in("spconv_maxpool_forward", ctx, dev, dtype, 2, sizes, &y);
+    if (st == SPCONV_OK)
+        st = spconv__tensor_empty_in("spconv_maxpool_forward", ctx, dev, SPCONV_I32, 2, sizes,
+                                     &arg);
     if (st == SPCONV_OK && n_out * c > 0) {
         T *yd = (T *)spconv_tensor_data(y);
         int32_t *ad = (int32_t *)spconv_tensor_data(arg);

@@ -13,6 +13,7 @@
 #include "spconv/rulebook.h"
 #include "spconv/tensor.h"
 #include "spconv/voxelize.h"
+#include "tensor/tensor_impl.h"
 
 /* Makes a device current for the guard's lifetime and then restores the caller's choice, so a
  * library call never leaves the calling thread on another device than it found it. */
@@ -51,6 +52,56 @@ static inline cudaStream_t spconv__cuda_stream_for(const spconv_context *ctx, in
         return (cudaStream_t)ctx->cuda_stream;
     return cudaStreamLegacy;
 }
+
+/* Scratch memory of one call, carved into pieces: the context's workspace when the call's context
+ * is a CUDA context of its device (calls on one context are ordered on its stream, so the next
+ * call may reuse the workspace at once), otherwise memory the call allocates and frees. Ask for
+ * the total first (the sum of piece_bytes of every piece), then take the pieces: nothing else may
+ * ask the context for its workspace in between, since a larger one would replace it. */
+class spconv__cuda_scratch {
+public:
+    spconv__cuda_scratch() = default;
+    spconv__cuda_scratch(const spconv__cuda_scratch &) = delete;
+    spconv__cuda_scratch &operator=(const spconv__cuda_scratch &) = delete;
+    ~spconv__cuda_scratch() { spconv__context_free(&own_); }
+
+    /* Bytes a piece of @p nbytes takes: pieces start on the allocator alignment (context.h). */
+    static size_t piece_bytes(size_t nbytes) {
+        const size_t align = SPCONV_ALLOCATOR_ALIGNMENT;
+        return (nbytes + align - 1) / align * align;
+    }
+
+    spconv_status reserve(const char *func, spconv_context *ctx, spconv_device device,
+                          size_t nbytes) {
+        void *base = NULL;
+        if (ctx != NULL && spconv_device_equal(ctx->device, device)) {
+            SPCONV_FORWARD_IF_ERROR(spconv_context_workspace(ctx, nbytes, &base));
+        } else {
+            SPCONV_FORWARD_IF_ERROR(spconv__context_alloc(func, ctx, device, nbytes, &own_));
+            base = own_.data;
+        }
+        base_ = (char *)base;
+        size_ = nbytes;
+        used_ = 0;
+        return SPCONV_OK;
+    }
+
+    /* The next piece of @p nbytes (within what was reserved). */
+    void *take(size_t nbytes) {
+        if (base_ == NULL || used_ + piece_bytes(nbytes) > size_) return NULL;
+        void *piece = base_ + used_;
+        used_ += piece_bytes(nbytes);
+        return piece;
+    }
+
+    /* 1 when the memory is the call's own (freed when the scratch goes), not the workspace. */
+    int owns_memory() const { return own_.data != NULL; }
+
+private:
+    spconv__allocation own_ = {};
+    char *base_ = NULL;
+    size_t size_ = 0, used_ = 0;
+};
 
 /* Threads per block of the element-wise kernels. */
 #define SPCONV_CUDA_ELEMENTWISE_THREADS 256

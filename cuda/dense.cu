@@ -72,12 +72,14 @@ __global__ void gather_sites_kernel(T *features, int32_t *indices, const T *dens
 
 struct dense_call {
     spconv__cuda_device_guard guard;
+    const spconv_context *ctx = NULL; /* scratch arrays come from its allocator */
     cudaStream_t stream = NULL;
     int blocks = 1;
 
-    spconv_status enter(spconv_context *ctx, spconv_device device) {
+    spconv_status enter(spconv_context *call_ctx, spconv_device device) {
+        ctx = call_ctx;
         SPCONV_FORWARD_IF_ERROR(guard.enter(device.index));
-        stream = spconv__cuda_stream_for(ctx, device.index);
+        stream = spconv__cuda_stream_for(call_ctx, device.index);
         int resident = 0;
         SPCONV_FORWARD_IF_ERROR(spconv__cuda_resident_blocks(DENSE_THREADS, &resident));
         blocks = resident > 0 ? resident : 1;
@@ -112,7 +114,7 @@ static spconv_status check_rows(const char *func, dense_call &call, const int32_
     const int64_t grid[4] = {g.batch, g.d, g.h, g.w};
     spconv__site_check bad;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_check_sites(func, call.stream, call.blocks, idx, n, grid, &bad));
+        spconv__cuda_check_sites(func, call.ctx, call.stream, call.blocks, idx, n, grid, &bad));
     if (bad.bad_row == INT32_MAX) return SPCONV_OK;
     const int32_t *q = bad.site;
     if (bad.repeated)
@@ -181,8 +183,8 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
     const int64_t c = sizes[1], cells = g.d * g.h * g.w, sites = g.batch * cells;
     const T *dense = (const T *)spconv_tensor_data(d);
     spconv__device_array<int64_t> mask, pos;
-    SPCONV_FORWARD_IF_ERROR(mask.alloc(func, sites, "the site mask"));
-    SPCONV_FORWARD_IF_ERROR(pos.alloc(func, sites, "the site rows"));
+    SPCONV_FORWARD_IF_ERROR(mask.alloc(call.ctx, func, sites, "the site mask"));
+    SPCONV_FORWARD_IF_ERROR(pos.alloc(call.ctx, func, sites, "the site rows"));
     DENSE_LAUNCH(call, (mark_sites_kernel<T>), sites, mask.get(), dense, g.batch, c, cells);
     int64_t n = 0;
     if (sites > 0) {
@@ -199,8 +201,10 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
     const spconv_device device = spconv_tensor_device(d);
     const int64_t f_sizes[2] = {n, c}, i_sizes[2] = {n, 4};
     spconv_tensor *f = NULL, *idx = NULL;
-    spconv_status st = spconv_tensor_empty(device, spconv_tensor_dtype(d), 2, f_sizes, &f);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(device, SPCONV_I32, 2, i_sizes, &idx);
+    spconv_status st =
+        spconv__tensor_empty_in(func, ctx, device, spconv_tensor_dtype(d), 2, f_sizes, &f);
+    if (st == SPCONV_OK)
+        st = spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 2, i_sizes, &idx);
     if (st == SPCONV_OK && sites > 0) {
         SPCONV_CUDA_LAUNCH((gather_sites_kernel<T>), call.grid(sites), DENSE_THREADS, 0,
                            call.stream, (T *)spconv_tensor_data(f),

@@ -24,15 +24,15 @@ __global__ void hash_insert_kernel(spconv__hash_table table, const uint64_t *key
     }
 }
 
-spconv_status spconv__cuda_hash_table_init(const char *func, cudaStream_t stream,
-                                           uint64_t capacity,
+spconv_status spconv__cuda_hash_table_init(const char *func, const spconv_context *ctx,
+                                           cudaStream_t stream, uint64_t capacity,
                                            spconv__device_array<spconv__hash_slot> *slots,
                                            spconv__hash_table *table) {
     SPCONV_RETURN_ERROR_IF(capacity < 2 || (capacity & (capacity - 1)) != 0 ||
                                capacity > (UINT64_C(1) << 40),
                            SPCONV_ERR_OVERFLOW, "%s: a hash table of %llu slots is not possible",
                            func, (unsigned long long)capacity);
-    SPCONV_FORWARD_IF_ERROR(slots->alloc(func, (int64_t)capacity, "a hash table"));
+    SPCONV_FORWARD_IF_ERROR(slots->alloc(ctx, func, (int64_t)capacity, "a hash table"));
     table->slots = slots->get();
     table->capacity = capacity;
     table->bits = spconv__hash_bits_for(capacity);
@@ -45,13 +45,13 @@ spconv_status spconv__cuda_hash_table_init(const char *func, cudaStream_t stream
     return SPCONV_OK;
 }
 
-spconv_status spconv__cuda_hash_insert_all(const char *func, cudaStream_t stream,
-                                           const spconv__hash_table *table, const uint64_t *keys,
-                                           int64_t n, int64_t *repeated) {
+spconv_status spconv__cuda_hash_insert_all(const char *func, const spconv_context *ctx,
+                                           cudaStream_t stream, const spconv__hash_table *table,
+                                           const uint64_t *keys, int64_t n, int64_t *repeated) {
     *repeated = 0;
     if (n == 0) return SPCONV_OK;
     spconv__device_array<unsigned long long> counters;
-    SPCONV_FORWARD_IF_ERROR(counters.alloc(func, 2, "insert counters"));
+    SPCONV_FORWARD_IF_ERROR(counters.alloc(ctx, func, 2, "insert counters"));
     CUDA_TRY(cudaMemsetAsync(counters.get(), 0, 2 * sizeof(unsigned long long), stream));
     int blocks;
     SPCONV_FORWARD_IF_ERROR(spconv__cuda_map_blocks(n, &blocks));
@@ -75,12 +75,14 @@ spconv_status spconv__cuda_hash_fill_check(int device_index, const uint64_t *key
     SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
     const cudaStream_t stream = cudaStreamLegacy;
     spconv__device_array<uint64_t> device_keys;
-    SPCONV_FORWARD_IF_ERROR(device_keys.alloc(func, n, "keys"));
+    SPCONV_FORWARD_IF_ERROR(device_keys.alloc(NULL, func, n, "keys"));
     CUDA_TRY(cudaMemcpy(device_keys.get(), keys, (size_t)n * sizeof *keys,
                         cudaMemcpyHostToDevice));
     spconv__device_array<spconv__hash_slot> slots;
     spconv__hash_table table;
-    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_table_init(func, stream, capacity, &slots, &table));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_hash_table_init(func, NULL, stream, capacity, &slots, &table));
     int64_t repeated;
-    return spconv__cuda_hash_insert_all(func, stream, &table, device_keys.get(), n, &repeated);
+    return spconv__cuda_hash_insert_all(func, NULL, stream, &table, device_keys.get(), n,
+                                        &repeated);
 }

@@ -9,6 +9,7 @@
 #define SPCONV_CUDA_MAPS_COMMON_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "spconv/config.h"
 
@@ -44,8 +45,10 @@
 /* Threads per block of the map kernels (all grid-stride loops). */
 #define SPCONV_CUDA_MAP_THREADS 256
 
-/* A device array of n elements that frees itself; alloc() reports failure as a status naming
- * @p what, as the tensor allocator does. Copying is not allowed (one owner). */
+/* A device array of n elements on the current device that frees itself. Its memory comes from
+ * the call's context (its allocator hook when it has one and the current device is its device,
+ * cudaMalloc otherwise: context.h); alloc() reports failure as a status naming @p what. Copying is
+ * not allowed (one owner). */
 template <typename T> class spconv__device_array {
 public:
     spconv__device_array() = default;
@@ -53,29 +56,30 @@ public:
     spconv__device_array &operator=(const spconv__device_array &) = delete;
     ~spconv__device_array() { release(); }
 
-    spconv_status alloc(const char *func, int64_t n, const char *what) {
+    spconv_status alloc(const spconv_context *ctx, const char *func, int64_t n,
+                        const char *what) {
         release();
         const size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(T);
-        void *p = NULL;
-        const cudaError_t err = cudaMalloc(&p, bytes);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            return spconv__error(err == cudaErrorMemoryAllocation ? SPCONV_ERR_OUT_OF_MEMORY
-                                                                  : SPCONV_ERR_CUDA,
-                                 "%s: cudaMalloc of %zu bytes for %s failed: %s", func, bytes,
-                                 what, cudaGetErrorString(err));
+        int device = 0;
+        CUDA_TRY(cudaGetDevice(&device));
+        const spconv_status st =
+            spconv__context_alloc(func, ctx, spconv_cuda(device), bytes, &memory_);
+        if (st != SPCONV_OK) {
+            /* Copy the detail first: the new message overwrites the same buffer. */
+            char detail[320];
+            snprintf(detail, sizeof detail, "%s", spconv_last_error());
+            return spconv__error(st, "%s (for %s)", detail, what);
         }
-        data_ = (T *)p;
         return SPCONV_OK;
     }
     void release() {
-        if (data_ != NULL && cudaFree(data_) != cudaSuccess) (void)cudaGetLastError();
-        data_ = NULL;
+        spconv__context_free(&memory_);
+        memory_ = spconv__allocation();
     }
-    T *get() const { return data_; }
+    T *get() const { return (T *)memory_.data; }
 
 private:
-    T *data_ = NULL;
+    spconv__allocation memory_ = {};
 };
 
 /* Blocks of SPCONV_CUDA_MAP_THREADS for a grid-stride loop over n elements: enough to fill the
@@ -100,9 +104,10 @@ typedef struct spconv__map_counters {
 } spconv__map_counters;
 
 /* A device hash table of the layout of rulebook/hash.h: @p capacity slots (a power of two), the
- * host's seed, every slot free (key SPCONV_HASH_EMPTY, value INT32_MAX). */
-spconv_status spconv__cuda_hash_table_init(const char *func, cudaStream_t stream,
-                                           uint64_t capacity,
+ * host's seed, every slot free (key SPCONV_HASH_EMPTY, value INT32_MAX). Its slots, and the
+ * counters of an insert, come from @p ctx's allocator (NULL: cudaMalloc). */
+spconv_status spconv__cuda_hash_table_init(const char *func, const spconv_context *ctx,
+                                           cudaStream_t stream, uint64_t capacity,
                                            spconv__device_array<spconv__hash_slot> *slots,
                                            spconv__hash_table *table);
 
@@ -110,8 +115,8 @@ spconv_status spconv__cuda_hash_table_init(const char *func, cudaStream_t stream
  * smallest index of a repeated key wins). *repeated gets how many inserts found their key there
  * already. A table that runs out of free slots is SPCONV_ERR_CAPACITY naming @p func: never a
  * hang, since every probe visits each slot at most once. Synchronises to read the counts. */
-spconv_status spconv__cuda_hash_insert_all(const char *func, cudaStream_t stream,
-                                           const spconv__hash_table *table, const uint64_t *keys,
-                                           int64_t n, int64_t *repeated);
+spconv_status spconv__cuda_hash_insert_all(const char *func, const spconv_context *ctx,
+                                           cudaStream_t stream, const spconv__hash_table *table,
+                                           const uint64_t *keys, int64_t n, int64_t *repeated);
 
 #endif /* SPCONV_CUDA_MAPS_COMMON_H */

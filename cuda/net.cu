@@ -149,16 +149,16 @@ struct net_call {
     cudaStream_t stream = NULL;
     int blocks = 1;
     spconv_device device = {};
-    spconv_tensor *held[8] = {};
-    int num_held = 0;
+    spconv__cuda_scratch scratch;
 
     net_call() = default;
     net_call(const net_call &) = delete;
     net_call &operator=(const net_call &) = delete;
     ~net_call() {
-        /* Temporaries may still be read by queued kernels: wait before releasing them. */
-        if (num_held > 0 && cudaStreamSynchronize(stream) != cudaSuccess) (void)cudaGetLastError();
-        for (int i = 0; i < num_held; ++i) spconv_tensor_release(held[i]);
+        /* Scratch of the call's own may still be read by queued kernels: wait before it goes.
+         * The context's workspace stays, and the next call is queued behind this one. */
+        if (scratch.owns_memory() && cudaStreamSynchronize(stream) != cudaSuccess)
+            (void)cudaGetLastError();
     }
 
     spconv_status enter(spconv_context *ctx, const spconv_tensor *t) {
@@ -176,28 +176,33 @@ struct net_call {
         return (int)(needed < blocks ? (needed > 0 ? needed : 1) : blocks);
     }
 
-    /* @p n doubles of @p host on the device (held). */
-    spconv_status doubles_to_device(spconv_context *ctx, const double *host, int64_t n,
-                                    const double **out) {
-        spconv_tensor *t = NULL;
-        const int64_t size = n > 0 ? n : 1;
-        const double zero = 0.0;
-        SPCONV_FORWARD_IF_ERROR(
-            spconv_tensor_from_host(ctx, device, SPCONV_F64, 1, &size, n > 0 ? host : &zero, &t));
-        held[num_held++] = t;
-        *out = (const double *)spconv_tensor_data(t);
+    /* Scratch for @p count arrays of doubles of lengths[i] elements (in the context's workspace),
+     * before any of them is taken with doubles() or doubles_to_device(). */
+    spconv_status reserve_doubles(spconv_context *ctx, int count, const int64_t *lengths) {
+        size_t total = 0;
+        for (int i = 0; i < count; ++i)
+            total += spconv__cuda_scratch::piece_bytes(array_bytes(lengths[i]));
+        return scratch.reserve("the cuda backend's network layers", ctx, device, total);
+    }
+
+    /* The next scratch array of @p n doubles. */
+    double *doubles(int64_t n) { return (double *)scratch.take(array_bytes(n)); }
+
+    /* The next scratch array, holding @p n doubles of @p host (copied before this returns, so
+     * that the caller may reuse @p host). */
+    spconv_status doubles_to_device(const double *host, int64_t n, const double **out) {
+        double *d = doubles(n);
+        if (n > 0) {
+            CUDA_TRY(cudaMemcpyAsync(d, host, (size_t)n * sizeof *d, cudaMemcpyHostToDevice,
+                                     stream));
+            CUDA_TRY(cudaStreamSynchronize(stream));
+        }
+        *out = d;
         return SPCONV_OK;
     }
 
-    /* A device scratch tensor of @p n elements of @p dtype (held). */
-    spconv_status scratch(spconv_dtype dtype, int64_t n, void **out) {
-        spconv_tensor *t = NULL;
-        const int64_t size = n > 0 ? n : 1;
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, dtype, 1, &size, &t));
-        held[num_held++] = t;
-        *out = spconv_tensor_data(t);
-        return SPCONV_OK;
-    }
+private:
+    static size_t array_bytes(int64_t n) { return (size_t)(n > 0 ? n : 1) * sizeof(double); }
 };
 
 #define NET_LAUNCH(call, kernel, work, ...)                                                        \
@@ -241,8 +246,9 @@ static spconv_status bn_stats_typed(spconv_context *ctx, const spconv_tensor *x,
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    void *partial = NULL;
-    SPCONV_FORWARD_IF_ERROR(call.scratch(SPCONV_F64, blocks * c, &partial));
+    const int64_t lengths[2] = {blocks * c, c};
+    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 2, lengths));
+    void *partial = call.doubles(blocks * c);
     const T *xd = (const T *)spconv_tensor_data(x);
     NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd,
                (const double *)NULL, n, c, blocks);
@@ -250,7 +256,7 @@ static spconv_status bn_stats_typed(spconv_context *ctx, const spconv_tensor *x,
     for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
     /* Two passes (mean, then squared deviations), as the CPU computes them. */
     const double *mean_d = NULL;
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, mean, c, &mean_d));
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(mean, c, &mean_d));
     NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd, mean_d, n, c,
                blocks);
     SPCONV_FORWARD_IF_ERROR(
@@ -287,8 +293,10 @@ static spconv_status bn_apply_typed(spconv_context *ctx, const spconv_tensor *x,
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     const double *scale_d = NULL, *shift_d = NULL;
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, scale, c, &scale_d));
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(ctx, shift, c, &shift_d));
+    const int64_t lengths[2] = {c, c};
+    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 2, lengths));
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(scale, c, &scale_d));
+    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(shift, c, &shift_d));
     NET_LAUNCH(call, (bn_apply_kernel<T>), n * c, (T *)spconv_tensor_data(y),
                (const T *)spconv_tensor_data(x), scale_d, shift_d, n, c);
     return SPCONV_OK;
@@ -320,9 +328,11 @@ static spconv_status bn_backward_typed(spconv_context *ctx, const spconv_tensor 
     const double *mean_d = NULL, *invstd_d = NULL, *v_d = NULL;
     void *partial = NULL;
     const T *xd = (const T *)spconv_tensor_data(x), *gd = (const T *)spconv_tensor_data(dy);
-    if (st == SPCONV_OK) st = call.doubles_to_device(ctx, mean, c, &mean_d);
-    if (st == SPCONV_OK) st = call.doubles_to_device(ctx, invstd, c, &invstd_d);
-    if (st == SPCONV_OK) st = call.scratch(SPCONV_F64, blocks * 2 * c, &partial);
+    const int64_t lengths[4] = {c, c, blocks * 2 * c, 5 * c};
+    if (st == SPCONV_OK) st = call.reserve_doubles(ctx, 4, lengths);
+    if (st == SPCONV_OK) st = call.doubles_to_device(mean, c, &mean_d);
+    if (st == SPCONV_OK) st = call.doubles_to_device(invstd, c, &invstd_d);
+    if (st == SPCONV_OK) partial = call.doubles(blocks * 2 * c);
     if (st == SPCONV_OK && blocks * c > 0) {
         SPCONV_CUDA_LAUNCH((sum_grad_rows_kernel<T>), call.grid(blocks * c), NET_THREADS, 0,
                            call.stream, (double *)partial, xd, gd, mean_d, invstd_d, n, c, blocks);
@@ -341,7 +351,7 @@ static spconv_status bn_backward_typed(spconv_context *ctx, const spconv_tensor 
             v[3 * c + ch] = dbeta[ch];
             v[4 * c + ch] = dgamma[ch];
         }
-        st = call.doubles_to_device(ctx, v, 5 * c, &v_d);
+        st = call.doubles_to_device(v, 5 * c, &v_d);
     }
     if (st == SPCONV_OK && n * c > 0) {
         SPCONV_CUDA_LAUNCH((bn_backward_kernel<T>), call.grid(n * c), NET_THREADS, 0, call.stream,
@@ -424,7 +434,8 @@ extern "C" spconv_status spconv__cuda_to_dense_scatter(spconv_context *ctx,
      * order is named, whether outside the map or repeating an earlier row. */
     spconv__site_check bad;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_check_sites("to-dense", call.stream, call.blocks, idx, n, dims.d, &bad));
+        spconv__cuda_check_sites("to-dense", ctx, call.stream, call.blocks, idx, n, dims.d,
+                                 &bad));
     const int32_t *q = bad.site;
     if (bad.bad_row != INT32_MAX && bad.repeated)
         return spconv__error(SPCONV_ERR_DUPLICATE_INDEX,

@@ -68,6 +68,7 @@ __global__ void owner_kernel(spconv__hash_table table, const uint64_t *keys, int
 /* What every builder of this file shares. */
 struct build_state {
     const char *func;
+    spconv_context *ctx; /* outputs come from its allocator (context.h) */
     cudaStream_t stream;
     spconv_device device;
     const int32_t *rows; /* device, [N, 4], validated */
@@ -98,9 +99,9 @@ static spconv_status build_site_table(build_state *s, const int64_t shape[3],
     const int64_t n = s->num_in;
     SPCONV_FORWARD_IF_ERROR(
         spconv__key_layout_checked(func, "input", batch_size, shape, &s->in_layout));
-    SPCONV_FORWARD_IF_ERROR(s->keys.alloc(func, n, "site keys"));
+    SPCONV_FORWARD_IF_ERROR(s->keys.alloc(s->ctx, func, n, "site keys"));
     spconv__device_array<unsigned long long> marks;
-    SPCONV_FORWARD_IF_ERROR(marks.alloc(func, 2, "validation marks"));
+    SPCONV_FORWARD_IF_ERROR(marks.alloc(s->ctx, func, 2, "validation marks"));
     CUDA_TRY(cudaMemsetAsync(marks.get(), 0xff, 2 * sizeof(unsigned long long), s->stream));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, site_keys_kernel, s->rows, n, s->in_layout, batch_size, shape[0],
@@ -113,10 +114,11 @@ static spconv_status build_site_table(build_state *s, const int64_t shape[3],
     SPCONV_RETURN_ERROR_IF(capacity == 0, SPCONV_ERR_OVERFLOW,
                            "%s: a hash table for %" PRId64 " sites is too large", func, n);
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_table_init(func, s->stream, capacity, &s->slots, &s->table));
+        spconv__cuda_hash_table_init(func, s->ctx, s->stream, capacity, &s->slots, &s->table));
     int64_t repeated;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_insert_all(func, s->stream, &s->table, s->keys.get(), bad, &repeated));
+        spconv__cuda_hash_insert_all(func, s->ctx, s->stream, &s->table, s->keys.get(), bad,
+                                     &repeated));
     int32_t row[4];
     if (repeated > 0) {
         LAUNCH_MAP(s->stream, bad, first_duplicate_kernel, s->table, s->keys.get(), bad,
@@ -125,7 +127,7 @@ static spconv_status build_site_table(build_state *s, const int64_t shape[3],
         SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get() + 1, &first_dup));
         if (first_dup < (unsigned long long)bad) {
             spconv__device_array<int32_t> owner;
-            SPCONV_FORWARD_IF_ERROR(owner.alloc(func, 1, "a row owner"));
+            SPCONV_FORWARD_IF_ERROR(owner.alloc(s->ctx, func, 1, "a row owner"));
             SPCONV_CUDA_LAUNCH(owner_kernel, 1, 1, 0, s->stream, s->table, s->keys.get(),
                                (int64_t)first_dup, owner.get());
             CUDA_TRY(cudaGetLastError());
@@ -323,7 +325,8 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
                                   int64_t n, spconv_rulebook *rb) {
     const char *func = s->func;
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
     if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
     uint64_t *keys = pair_keys->get();
     thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), keys, keys + n, pair_in);
@@ -331,8 +334,8 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
                (int32_t *)spconv_tensor_data(rb->pairs_out));
     spconv__device_array<int64_t> active, counts;
     const int64_t most = n < rb->kernel_volume ? n : rb->kernel_volume;
-    SPCONV_FORWARD_IF_ERROR(active.alloc(func, most, "active offsets"));
-    SPCONV_FORWARD_IF_ERROR(counts.alloc(func, most, "pair counts"));
+    SPCONV_FORWARD_IF_ERROR(active.alloc(s->ctx, func, most, "active offsets"));
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, most, "pair counts"));
     const auto offsets_begin = thrust::make_transform_iterator(keys, offset_of_pair());
     const auto ends = thrust::reduce_by_key(
         SPCONV_THRUST_ON(s->stream), offsets_begin, offsets_begin + n,
@@ -388,8 +391,8 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     g.kernel_volume = rb->kernel_volume;
     g.half = rb->kernel_volume / 2;
     spconv__device_array<int64_t> hits, starts;
-    SPCONV_FORWARD_IF_ERROR(hits.alloc(func, n, "neighbour counts"));
-    SPCONV_FORWARD_IF_ERROR(starts.alloc(func, n, "neighbour starts"));
+    SPCONV_FORWARD_IF_ERROR(hits.alloc(s->ctx, func, n, "neighbour counts"));
+    SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "neighbour starts"));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_count_kernel, g, s->table, s->in_layout, s->rows, n,
                    hits.get());
@@ -397,9 +400,9 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, hits.get(), n, starts.get(), &total_hits));
     const int64_t num_pairs = 2 * total_hits + n;
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
-    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, num_pairs, "pair keys"));
+    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, num_pairs, "pair keys"));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
                    starts.get(), total_hits, pair_keys.get(),
@@ -418,14 +421,14 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", rb->batch_size,
                                                        rb->out_shape, &g.out_layout));
     spconv__device_array<int64_t> counts, starts;
-    SPCONV_FORWARD_IF_ERROR(counts.alloc(func, n, "candidate counts"));
-    SPCONV_FORWARD_IF_ERROR(starts.alloc(func, n, "candidate starts"));
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, n, "candidate counts"));
+    SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "candidate starts"));
     if (n > 0) LAUNCH_MAP(s->stream, n, candidate_count_kernel, g, s->rows, n, counts.get());
     int64_t total;
     SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, counts.get(), n, starts.get(), &total));
     spconv__device_array<uint64_t> out_keys, values;
-    SPCONV_FORWARD_IF_ERROR(out_keys.alloc(func, total, "candidate keys"));
-    SPCONV_FORWARD_IF_ERROR(values.alloc(func, total, "candidates"));
+    SPCONV_FORWARD_IF_ERROR(out_keys.alloc(s->ctx, func, total, "candidate keys"));
+    SPCONV_FORWARD_IF_ERROR(values.alloc(s->ctx, func, total, "candidates"));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, candidate_write_kernel, g, s->rows, n, starts.get(),
                    out_keys.get(), values.get());
@@ -434,7 +437,7 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), out_keys.get(), out_keys.get() + total,
                         values.get());
     spconv__device_array<int64_t> heads;
-    SPCONV_FORWARD_IF_ERROR(heads.alloc(func, total, "output numbers"));
+    SPCONV_FORWARD_IF_ERROR(heads.alloc(s->ctx, func, total, "output numbers"));
     int64_t num_out = 0;
     if (total > 0) {
         LAUNCH_MAP(s->stream, total, output_heads_kernel, out_keys.get(), total, heads.get());
@@ -448,11 +451,12 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
                            "%s: %" PRId64 " output sites exceed int32 row numbers", func, num_out);
     rb->num_out = num_out;
     const int64_t out_sizes[2] = {num_out, 4};
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 2,
+                                                    out_sizes, &rb->out_indices));
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(s->device, SPCONV_I32, 2, out_sizes, &rb->out_indices));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
-    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(func, total, "pair keys"));
+    SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, total, "pair keys"));
     if (total > 0)
         LAUNCH_MAP(s->stream, total, outputs_kernel, g.out_layout, out_keys.get(), values.get(),
                    heads.get(), total, (int32_t *)spconv_tensor_data(rb->out_indices),
@@ -484,6 +488,7 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
     rb->num_in = spconv_tensor_size(rows, 0);
     build_state s;
     s.func = func;
+    s.ctx = ctx;
     s.stream = spconv__cuda_stream_for(ctx, device.index);
     s.device = device;
     s.rows = (const int32_t *)spconv_tensor_data(rows);

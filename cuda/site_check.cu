@@ -55,7 +55,8 @@ static int grid_for(int64_t work, int blocks) {
     return (int)(needed < blocks ? (needed > 0 ? needed : 1) : blocks);
 }
 
-spconv_status spconv__cuda_check_sites(const char *func, cudaStream_t stream, int blocks,
+spconv_status spconv__cuda_check_sites(const char *func, const spconv_context *ctx,
+                                       cudaStream_t stream, int blocks,
                                        const int32_t *idx, int64_t n, const int64_t grid[4],
                                        spconv__site_check *out) {
     out->bad_row = INT32_MAX;
@@ -65,8 +66,8 @@ spconv_status spconv__cuda_check_sites(const char *func, cudaStream_t stream, in
     const site_grid g = {{grid[0], grid[1], grid[2], grid[3]}};
     const int64_t cells = grid[0] * grid[1] * grid[2] * grid[3];
     spconv__device_array<int32_t> owner, flags;
-    SPCONV_FORWARD_IF_ERROR(owner.alloc(func, cells, "the first row at each site"));
-    SPCONV_FORWARD_IF_ERROR(flags.alloc(func, 2, "the first bad rows"));
+    SPCONV_FORWARD_IF_ERROR(owner.alloc(ctx, func, cells, "the first row at each site"));
+    SPCONV_FORWARD_IF_ERROR(flags.alloc(ctx, func, 2, "the first bad rows"));
     if (cells > 0)
         SPCONV_CUDA_LAUNCH(site_fill_kernel, grid_for(cells, blocks), SITE_THREADS, 0, stream,
                            owner.get(), INT32_MAX, cells);

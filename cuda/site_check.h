@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "spconv/context.h"
 #include "spconv/status.h"
 
 /* What the check found; rows are INT32_MAX where there is nothing to report. */
@@ -19,9 +20,10 @@ typedef struct spconv__site_check {
 } spconv__site_check;
 
 /* Check the @p n rows of @p idx (device memory) against @p grid (B, D, H, W) on @p stream, with
- * grid-stride launches of up to @p blocks blocks; synchronises to read the answer back.
- * Messages name @p func. */
-spconv_status spconv__cuda_check_sites(const char *func, cudaStream_t stream, int blocks,
+ * grid-stride launches of up to @p blocks blocks; synchronises to read the answer back. Scratch
+ * comes from @p ctx's allocator (NULL: cudaMalloc). Messages name @p func. */
+spconv_status spconv__cuda_check_sites(const char *func, const spconv_context *ctx,
+                                       cudaStream_t stream, int blocks,
                                        const int32_t *idx, int64_t n, const int64_t grid[4],
                                        spconv__site_check *out);
 

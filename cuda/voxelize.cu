@@ -178,6 +178,7 @@ struct voxel_scan {
 
 struct voxel_batch {
     const char *func;
+    const spconv_context *ctx; /* scratch arrays come from its allocator */
     cudaStream_t stream;
     voxel_grid_args grid;
     const spconv_voxelize_params *params;
@@ -199,7 +200,7 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     const char *func = b->func;
     const int64_t P = s->in.num_points;
     spconv__device_array<uint64_t> keys;
-    SPCONV_FORWARD_IF_ERROR(keys.alloc(func, P, "voxel keys"));
+    SPCONV_FORWARD_IF_ERROR(keys.alloc(b->ctx, func, P, "voxel keys"));
     if (P > 0)
         LAUNCH_GRID(P, voxel_keys_kernel, s->in.points, P, s->in.num_features, b->grid,
                     keys.get(), b->counts);
@@ -209,16 +210,17 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     while (capacity < 2 * (uint64_t)P) capacity <<= 1;
     spconv__device_array<spconv__hash_slot> slots;
     spconv__hash_table table;
-    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_table_init(func, b->stream, capacity, &slots, &table));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_hash_table_init(func, b->ctx, b->stream, capacity, &slots, &table));
     int64_t repeated;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_insert_all(func, b->stream, &table, keys.get(), P, &repeated));
+        spconv__cuda_hash_insert_all(func, b->ctx, b->stream, &table, keys.get(), P, &repeated));
 
     spconv__device_array<int32_t> first_points;
     spconv__device_array<unsigned long long> distinct;
-    SPCONV_FORWARD_IF_ERROR(first_points.alloc(func, P, "first points of voxels"));
-    SPCONV_FORWARD_IF_ERROR(s->voxel_keys.alloc(func, P, "voxel keys"));
-    SPCONV_FORWARD_IF_ERROR(distinct.alloc(func, 1, "a voxel count"));
+    SPCONV_FORWARD_IF_ERROR(first_points.alloc(b->ctx, func, P, "first points of voxels"));
+    SPCONV_FORWARD_IF_ERROR(s->voxel_keys.alloc(b->ctx, func, P, "voxel keys"));
+    SPCONV_FORWARD_IF_ERROR(distinct.alloc(b->ctx, func, 1, "a voxel count"));
     CUDA_TRY(cudaMemsetAsync(distinct.get(), 0, sizeof(unsigned long long), b->stream));
     LAUNCH_GRID((int64_t)capacity, gather_voxels_kernel, table.slots, (int64_t)capacity,
                 first_points.get(), s->voxel_keys.get(), distinct.get());
@@ -232,11 +234,11 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     s->num_voxels = D < b->params->max_voxels ? D : b->params->max_voxels;
 
     spconv__device_array<int32_t> rank_of_first, point_row, sort_rows;
-    SPCONV_FORWARD_IF_ERROR(rank_of_first.alloc(func, P, "voxel ranks"));
-    SPCONV_FORWARD_IF_ERROR(point_row.alloc(func, P, "voxel rows"));
-    SPCONV_FORWARD_IF_ERROR(sort_rows.alloc(func, P, "voxel rows"));
-    SPCONV_FORWARD_IF_ERROR(s->members.alloc(func, P, "voxel members"));
-    SPCONV_FORWARD_IF_ERROR(s->starts.alloc(func, s->num_voxels + 1, "voxel starts"));
+    SPCONV_FORWARD_IF_ERROR(rank_of_first.alloc(b->ctx, func, P, "voxel ranks"));
+    SPCONV_FORWARD_IF_ERROR(point_row.alloc(b->ctx, func, P, "voxel rows"));
+    SPCONV_FORWARD_IF_ERROR(sort_rows.alloc(b->ctx, func, P, "voxel rows"));
+    SPCONV_FORWARD_IF_ERROR(s->members.alloc(b->ctx, func, P, "voxel members"));
+    SPCONV_FORWARD_IF_ERROR(s->starts.alloc(b->ctx, func, s->num_voxels + 1, "voxel starts"));
     CUDA_TRY(cudaMemsetAsync(s->starts.get(), 0, (size_t)(s->num_voxels + 1) * sizeof(int32_t),
                              b->stream));
     if (P == 0) return SPCONV_OK;
@@ -251,18 +253,23 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     return SPCONV_OK;
 }
 
-static spconv_status make_outputs(const spconv_voxelize_params *params, spconv_device device,
+static spconv_status make_outputs(spconv_context *ctx, const char *func,
+                                  const spconv_voxelize_params *params, spconv_device device,
                                   int64_t M, int64_t F, int batch_column, spconv_voxels *out) {
     const int64_t coord_sizes[2] = {M, batch_column ? 4 : 3};
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_I32, 2, coord_sizes, &out->coords));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_I32, 1, &M, &out->num_points));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 2, coord_sizes, &out->coords));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I32, 1, &M, &out->num_points));
     if (params->outputs & SPCONV_VOXELIZE_VOXELS) {
         const int64_t sizes[3] = {M, params->max_points, F};
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_F32, 3, sizes, &out->voxels));
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, ctx, device, SPCONV_F32, 3, sizes, &out->voxels));
     }
     if (params->outputs & SPCONV_VOXELIZE_MEAN) {
         const int64_t sizes[2] = {M, F};
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, SPCONV_F32, 2, sizes, &out->features));
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, ctx, device, SPCONV_F32, 2, sizes, &out->features));
     }
     return SPCONV_OK;
 }
@@ -318,9 +325,10 @@ static spconv_status voxelize_scans(spconv_context *ctx, voxel_batch *b,
         total_points += states[i].in.num_points;
     }
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(device, SPCONV_I64, 1, &total_points, &out->point_voxel));
+        spconv__tensor_empty_in(func, ctx, device, SPCONV_I64, 1, &total_points,
+                                &out->point_voxel));
     spconv__device_array<unsigned long long> counts;
-    SPCONV_FORWARD_IF_ERROR(counts.alloc(func, NUM_COUNTS, "drop counters"));
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(b->ctx, func, NUM_COUNTS, "drop counters"));
     CUDA_TRY(cudaMemsetAsync(counts.get(), 0, NUM_COUNTS * sizeof(unsigned long long), b->stream));
     b->counts = counts.get();
     int64_t *point_voxel = (int64_t *)spconv_tensor_data(out->point_voxel);
@@ -329,7 +337,7 @@ static spconv_status voxelize_scans(spconv_context *ctx, voxel_batch *b,
         SPCONV_FORWARD_IF_ERROR(assign_scan(b, &states[i], point_voxel));
         total_voxels += states[i].num_voxels;
     }
-    SPCONV_FORWARD_IF_ERROR(make_outputs(params, device, total_voxels,
+    SPCONV_FORWARD_IF_ERROR(make_outputs(ctx, func, params, device, total_voxels,
                                          states[0].in.num_features, batch_column, out));
     for (int64_t i = 0; i < num_scans; ++i)
         SPCONV_FORWARD_IF_ERROR(fill_scan(b, &states[i], i, batch_column, out));
@@ -356,6 +364,7 @@ spconv_status spconv__cuda_voxelize(spconv_context *ctx, const char *func,
     SPCONV_FORWARD_IF_ERROR(guard.enter(device.index));
     voxel_batch b = {};
     b.func = func;
+    b.ctx = ctx;
     b.stream = spconv__cuda_stream_for(ctx, device.index);
     b.params = params;
     voxel_scan *states = new (std::nothrow) voxel_scan[(size_t)num_scans];

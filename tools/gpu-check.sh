@@ -3,9 +3,10 @@
 #   1. unpack the carried packages of .gpu-deps/*.deb into .gpu-deps/root (never into /);
 #   2. configure for sm_90 without PCL against that prefix, build only what the checks need;
 #   3. print `nvidia-smi -L` and `spconv version` (the library's build and device report);
-#   4. run the CUDA tests (ctest -R 'cuda|backend_ops'), the test data coming from .gpu-deps/data,
-#      test_cuda_tensor once more under compute-sanitizer's memcheck, and test_backend_ops (the
-#      voxelizer and rulebook builders against the CPU) under memcheck and racecheck;
+#   4. run the CUDA tests (ctest -R 'cuda|backend_ops|test_context'), the test data coming from
+#      .gpu-deps/data, test_cuda_tensor once more under compute-sanitizer's memcheck, and
+#      test_backend_ops (the voxelizer and rulebook builders against the CPU) under memcheck and
+#      racecheck;
 #   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
 #   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
 #      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
@@ -83,7 +84,7 @@ fi
 grep -E '^-- spconv:' "$out/configure.log"
 
 targets=(spconv_cli)
-for src in tests/test_cuda_*.c tests/test_cuda_*.cu tests/test_backend_ops.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
+for src in tests/test_cuda_*.c tests/test_cuda_*.cu tests/test_backend_ops.c tests/test_context.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
 echo "targets: ${targets[*]}"
 start=$(date +%s)
 # -k 0: a target that fails to build must not keep the others from being checked.
@@ -106,7 +107,7 @@ fi
 # ---- 4. CUDA tests ---------------------------------------------------------------------------
 section "CUDA tests"
 # Whole outputs in the JUnit file: the summary counts the cases of each program from them.
-ctest --test-dir "$build" -R 'cuda|backend_ops' --output-on-failure --output-junit "$out/ctest.xml" \
+ctest --test-dir "$build" -R 'cuda|backend_ops|test_context' --output-on-failure --output-junit "$out/ctest.xml" \
       --test-output-size-passed 1000000 --test-output-size-failed 1000000 \
       >"$out/ctest.log" 2>&1 || status=1
 tail -25 "$out/ctest.log"

@@ -1,6 +1,9 @@
 /* The host emulation of cuBLAS handles (cublas_v2.h). */
 #include "cublas_v2.h"
 
+#include <stdint.h>
+#include <string.h>
+
 #include <new>
 
 struct spconv__emu_cublas {
@@ -32,12 +35,34 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* The element as the product reads it: unchanged, or rounded to TF32. */
+struct exact_input {
+    template <typename T> T operator()(T v) const { return v; }
+};
+
+/* Round to the nearest float with a 10-bit mantissa, ties to even; infinities and NaN stay. The
+ * exponent range is f32's, so nothing overflows except values within half a TF32 step of
+ * FLT_MAX, which round to infinity as the carry into the exponent says. */
+struct tf32_input {
+    float operator()(float v) const {
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        if ((bits & 0x7f800000u) == 0x7f800000u) return v;
+        const uint32_t dropped = 13, half = (1u << (dropped - 1)) - 1;
+        bits += half + ((bits >> dropped) & 1u);
+        bits &= ~((1u << dropped) - 1u);
+        memcpy(&v, &bits, sizeof v);
+        return v;
+    }
+};
+
 /* C = alpha op(A) op(B) + beta C, column-major; beta 0 ignores C's old contents (NaN included),
  * as cuBLAS does. Arguments are checked as cuBLAS checks them. */
-template <typename T>
+template <typename T, typename Input = exact_input>
 static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const T *alpha, const T *A,
-                           int lda, const T *B, int ldb, const T *beta, T *C, int ldc) {
+                           int lda, const T *B, int ldb, const T *beta, T *C, int ldc,
+                           Input input = Input()) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
     if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) ||
@@ -47,8 +72,10 @@ static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
         for (int i = 0; i < m; ++i) {
             T sum = 0;
             for (int p = 0; p < k; ++p) {
-                const T a = transa == CUBLAS_OP_N ? A[i + (size_t)p * lda] : A[p + (size_t)i * lda];
-                const T b = transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb] : B[j + (size_t)p * ldb];
+                const T a = input(transa == CUBLAS_OP_N ? A[i + (size_t)p * lda]
+                                                        : A[p + (size_t)i * lda]);
+                const T b = input(transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb]
+                                                        : B[j + (size_t)p * ldb]);
                 sum += a * b;
             }
             T *c = &C[i + (size_t)j * ldc];
@@ -71,12 +98,36 @@ cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
+        algo != CUBLAS_GEMM_DEFAULT)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float *a = (const float *)A, *b = (const float *)B;
+    const float *al = (const float *)alpha, *be = (const float *)beta;
+    float *c = (float *)C;
+    switch (computeType) {
+    case CUBLAS_COMPUTE_32F:
+        return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
+    case CUBLAS_COMPUTE_32F_FAST_TF32:
+        return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc, tf32_input());
+    default:
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+}
+
 const char *cublasGetStatusName(cublasStatus_t status) {
     switch (status) {
     case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
     case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
     case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     }
     return "CUBLAS_STATUS_UNKNOWN";
 }
@@ -87,6 +138,7 @@ const char *cublasGetStatusString(cublasStatus_t status) {
     case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
     case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
     case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
     }
     return "unknown error";
 }

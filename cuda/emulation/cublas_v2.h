@@ -1,7 +1,11 @@
 /* Host emulation of the part of cuBLAS that the CUDA backend uses (see cuda_runtime.h beside it):
- * a handle bound to a stream, and the products cublasSgemm / cublasDgemm (column-major, host
- * pointer mode), computed by a plain loop in the element type: an implementation independent of
- * the CPU backend's BLAS, so the tests that compare the two compare two computations. */
+ * a handle bound to a stream, and the products cublasSgemm / cublasDgemm and cublasGemmEx on f32
+ * (column-major, host pointer mode), computed by a plain loop in the element type: an
+ * implementation independent of the CPU backend's BLAS, so the tests that compare the two compare
+ * two computations. cublasGemmEx with CUBLAS_COMPUTE_32F is the loop of cublasSgemm (the same
+ * bits); with CUBLAS_COMPUTE_32F_FAST_TF32 it first rounds every element of A and B to TF32 (a
+ * 10-bit mantissa, to nearest even) and then runs that loop, which is what a tensor core's TF32
+ * product does to its inputs. */
 #ifndef SPCONV_CUDA_EMULATION_CUBLAS_V2_H
 #define SPCONV_CUDA_EMULATION_CUBLAS_V2_H
 
@@ -12,11 +16,22 @@ typedef enum {
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
     CUBLAS_STATUS_ALLOC_FAILED = 3,
     CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
 
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
 
 typedef struct spconv__emu_cublas *cublasHandle_t;
+
+/* The values of the CUDA toolkit's headers (library_types.h, cublas_api.h); only the ones used
+ * here are declared. */
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1 } cudaDataType;
+typedef enum {
+    CUBLAS_COMPUTE_32F = 68,
+    CUBLAS_COMPUTE_64F = 70,
+    CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+} cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
@@ -30,6 +45,15 @@ cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const double *alpha,
                            const double *A, int lda, const double *B, int ldb, const double *beta,
                            double *C, int ldc);
+/* f32 operands only (Atype = Btype = Ctype = CUDA_R_32F, compute type CUBLAS_COMPUTE_32F or
+ * CUBLAS_COMPUTE_32F_FAST_TF32, alpha and beta float); anything else is
+ * CUBLAS_STATUS_NOT_SUPPORTED. */
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo);
 const char *cublasGetStatusName(cublasStatus_t status);
 const char *cublasGetStatusString(cublasStatus_t status);
 

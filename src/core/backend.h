@@ -41,6 +41,8 @@ typedef struct spconv_backend {
     int (*device_count)(void);                                /* 0 when none, never an error */
     spconv_status (*context_init)(spconv_context *ctx);       /* stream, handles */
     void (*context_destroy)(spconv_context *ctx);
+    /* queue ctx's work on `stream` (NULL: the context's own) and bind its handles to it */
+    spconv_status (*context_set_stream)(spconv_context *ctx, void *stream);
     spconv_status (*synchronize)(spconv_context *ctx);
 
     /* memory on this backend's device number device_index */

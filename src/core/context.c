@@ -1,5 +1,9 @@
-/* Execution contexts: device choice, CPU thread count and a growable workspace; the CUDA
- * backend fills in the stream and cuBLAS handle through its context_init slot. */
+/* Execution contexts: device choice, CPU thread count, a growable workspace, the allocator hook
+ * that the library's allocations for calls made with the context go through, and the TF32
+ * setting; the CUDA backend fills in the stream and cuBLAS handle through its context_init slot
+ * and switches streams through context_set_stream. */
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/backend.h"
@@ -10,6 +14,8 @@
 #if SPCONV_HAVE_OPENMP
 #include <omp.h>
 #endif
+
+static void release_workspace(spconv_context *ctx);
 
 spconv_status spconv_context_create(spconv_device device, spconv_context **out) {
     SPCONV_CHECK_NOT_NULL("spconv_context_create", out);
@@ -35,7 +41,7 @@ void spconv_context_destroy(spconv_context *ctx) {
     if (ctx == NULL) return;
     const spconv_backend *backend = spconv__backend_for(ctx->device);
     if (backend != NULL) {
-        if (ctx->workspace != NULL) backend->free(ctx->device.index, ctx->workspace);
+        release_workspace(ctx);
         if (backend->context_destroy != NULL) backend->context_destroy(ctx);
     }
     free(ctx);
@@ -67,6 +73,77 @@ int spconv_context_num_threads(const spconv_context *ctx) {
 #endif
 }
 
+spconv_status spconv__context_alloc(const char *func, const spconv_context *ctx,
+                                    spconv_device device, size_t nbytes,
+                                    spconv__allocation *out) {
+    *out = (spconv__allocation){.device = device};
+    if (nbytes == 0) return SPCONV_OK;
+    const int hooked =
+        ctx != NULL && ctx->alloc_fn != NULL && spconv_device_equal(ctx->device, device);
+    if (!hooked) {
+        const spconv_backend *backend = NULL;
+        SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+        spconv_status st = backend->alloc(device.index, nbytes, &out->data);
+        if (st != SPCONV_OK) {
+            out->data = NULL;
+            /* Copy the backend's detail first: the new message overwrites the same buffer. */
+            char detail[256];
+            snprintf(detail, sizeof detail, "%s", spconv_last_error());
+            SPCONV_RETURN_ERROR(st, "%s: cannot allocate %zu bytes on the %s backend (%s)", func,
+                                nbytes, backend->name, detail);
+        }
+        out->nbytes = nbytes;
+        return SPCONV_OK;
+    }
+    char where[32];
+    if (device.type == SPCONV_DEVICE_CPU)
+        snprintf(where, sizeof where, "cpu");
+    else
+        snprintf(where, sizeof where, "cuda:%d", device.index);
+    void *data = ctx->alloc_fn(nbytes, device, ctx->alloc_user);
+    SPCONV_RETURN_ERROR_IF(data == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: the context's allocator hook (spconv_context_set_allocator) "
+                           "returned NULL for %zu bytes on %s",
+                           func, nbytes, where);
+    if ((uintptr_t)data % SPCONV_ALLOCATOR_ALIGNMENT != 0) {
+        ctx->free_fn(data, nbytes, device, ctx->alloc_user);
+        SPCONV_RETURN_ERROR(SPCONV_ERR_INVALID_ARGUMENT,
+                            "%s: the context's allocator hook (spconv_context_set_allocator) "
+                            "returned %p for %zu bytes on %s, which is not aligned to %d bytes",
+                            func, data, nbytes, where, SPCONV_ALLOCATOR_ALIGNMENT);
+    }
+    *out = (spconv__allocation){.data = data, .nbytes = nbytes, .device = device,
+                                .free_fn = ctx->free_fn, .free_user = ctx->alloc_user};
+    return SPCONV_OK;
+}
+
+void spconv__context_free(const spconv__allocation *allocation) {
+    if (allocation->data == NULL) return;
+    if (allocation->free_fn != NULL) {
+        allocation->free_fn(allocation->data, allocation->nbytes, allocation->device,
+                            allocation->free_user);
+        return;
+    }
+    /* The backend allocated this memory, so it is built in: the lookup cannot fail. */
+    spconv__backend_for(allocation->device)->free(allocation->device.index, allocation->data);
+}
+
+/* Give the workspace back to the allocator that made it, once the work that may still use it
+ * (queued on the context's stream) is done. */
+static void release_workspace(spconv_context *ctx) {
+    if (ctx->workspace == NULL) return;
+    const spconv_backend *backend = spconv__backend_for(ctx->device);
+    /* A failed wait means a broken device, which the next checked call reports; freeing is all
+     * that is left to do. */
+    if (backend->synchronize != NULL) (void)backend->synchronize(ctx);
+    const spconv__allocation old = {.data = ctx->workspace, .nbytes = ctx->workspace_bytes,
+                                    .device = ctx->device, .free_fn = ctx->free_fn,
+                                    .free_user = ctx->alloc_user};
+    spconv__context_free(&old);
+    ctx->workspace = NULL;
+    ctx->workspace_bytes = 0;
+}
+
 spconv_status spconv_context_workspace(spconv_context *ctx, size_t nbytes, void **ptr) {
     SPCONV_CHECK_NOT_NULL("spconv_context_workspace", ctx);
     SPCONV_CHECK_NOT_NULL("spconv_context_workspace", ptr);
@@ -75,20 +152,56 @@ spconv_status spconv_context_workspace(spconv_context *ctx, size_t nbytes, void 
         *ptr = ctx->workspace;
         return SPCONV_OK;
     }
-    const spconv_backend *backend;
-    SPCONV_FORWARD_IF_ERROR(spconv__backend_check("spconv_context_workspace", ctx->device, &backend));
     /* Grow geometrically so that a sequence of slightly larger requests does not reallocate
      * each time. */
     size_t want = nbytes < 64 ? 64 : nbytes;
     if (want < ctx->workspace_bytes + ctx->workspace_bytes / 2)
         want = ctx->workspace_bytes + ctx->workspace_bytes / 2;
-    void *fresh = NULL;
-    SPCONV_FORWARD_IF_ERROR(backend->alloc(ctx->device.index, want, &fresh));
-    if (ctx->workspace != NULL) backend->free(ctx->device.index, ctx->workspace);
-    ctx->workspace = fresh;
+    spconv__allocation fresh;
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__context_alloc("spconv_context_workspace", ctx, ctx->device, want, &fresh));
+    release_workspace(ctx);
+    ctx->workspace = fresh.data;
     ctx->workspace_bytes = want;
-    *ptr = fresh;
+    *ptr = fresh.data;
     return SPCONV_OK;
+}
+
+spconv_status spconv_context_set_allocator(spconv_context *ctx, spconv_alloc_fn alloc_fn,
+                                           spconv_free_fn free_fn, void *user_data) {
+    static const char func[] = "spconv_context_set_allocator";
+    SPCONV_CHECK_NOT_NULL(func, ctx);
+    SPCONV_RETURN_ERROR_IF((alloc_fn == NULL) != (free_fn == NULL), SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: alloc_fn is %s but free_fn is %s (give both, or both NULL for the "
+                           "library's own allocator)",
+                           func, alloc_fn == NULL ? "NULL" : "set",
+                           free_fn == NULL ? "NULL" : "set");
+    release_workspace(ctx);
+    ctx->alloc_fn = alloc_fn;
+    ctx->free_fn = free_fn;
+    ctx->alloc_user = alloc_fn != NULL ? user_data : NULL;
+    return SPCONV_OK;
+}
+
+spconv_status spconv_context_set_cuda_stream(spconv_context *ctx, void *stream) {
+    static const char func[] = "spconv_context_set_cuda_stream";
+    SPCONV_CHECK_NOT_NULL(func, ctx);
+    const spconv_backend *backend = spconv__backend_for(ctx->device);
+    SPCONV_RETURN_ERROR_IF(backend == NULL || backend->context_set_stream == NULL,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the context is on the %s backend, which has no CUDA stream", func,
+                           backend != NULL ? backend->name : "missing");
+    return backend->context_set_stream(ctx, stream);
+}
+
+spconv_status spconv_context_set_allow_tf32(spconv_context *ctx, int allow) {
+    SPCONV_CHECK_NOT_NULL("spconv_context_set_allow_tf32", ctx);
+    ctx->allow_tf32 = allow != 0;
+    return SPCONV_OK;
+}
+
+int spconv_context_allow_tf32(const spconv_context *ctx) {
+    return ctx != NULL && ctx->allow_tf32;
 }
 
 void *spconv_context_cuda_stream(const spconv_context *ctx) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "net/net_internal.h"
+#include "tensor/tensor_impl.h"
 
 static const char backward_func[] = "spconv_net_backward";
 
@@ -164,7 +165,8 @@ static spconv_status backward_to_dense(back_pass *b, const spconv__net_layer *la
         spconv_tensor_contiguous(b->ctx, spconv_sparse_indices(tape->in), &indices));
     const int64_t sizes[2] = {n, layer->c_in};
     spconv_status st =
-        spconv_tensor_empty(spconv_tensor_device(b->grad), b->net->dtype, 2, sizes, &d_in);
+        spconv__tensor_empty_in("spconv_net_backward", b->ctx, spconv_tensor_device(b->grad),
+                                b->net->dtype, 2, sizes, &d_in);
     if (st == SPCONV_OK) {
         st = spconv__net_to_dense_gather(b->ctx, b->grad, indices, d_in);
         if (st == SPCONV_OK)

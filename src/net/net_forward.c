@@ -29,12 +29,14 @@ typedef struct net_pass {
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
 
-/* A new [rows, cols] tensor of the network's dtype, on the device of the current features. */
+/* A new [rows, cols] tensor of the network's dtype, on the device of the current features, from
+ * the context's allocator. */
 static spconv_status new_matrix(const net_pass *p, int64_t rows, int64_t cols,
                                 spconv_tensor **out) {
     const int64_t sizes[2] = {rows, cols};
-    return spconv_tensor_empty(spconv_tensor_device(cur_features(p)), p->net->dtype, 2, sizes,
-                               out);
+    return spconv__tensor_empty_in("spconv_net_forward", p->ctx,
+                                   spconv_tensor_device(cur_features(p)), p->net->dtype, 2, sizes,
+                                   out);
 }
 
 /* Rulebook through @p p->cur's cache, timed as the rulebook phase. */

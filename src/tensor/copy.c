@@ -50,7 +50,8 @@ static spconv_status upload(const char *func, spconv_context *ctx, spconv_tensor
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
     spconv_tensor *staged = dst;
     if (!dst->is_contiguous)
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, dst->dtype, dst->ndim, dst->sizes, &staged));
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, ctx, device, dst->dtype, dst->ndim, dst->sizes, &staged));
     spconv_status st = backend->copy_to_device(ctx, device.index, spconv_tensor_data(staged),
                                                spconv_tensor_data(host),
                                                (size_t)dst->numel * spconv__tensor_element_size(dst));
@@ -146,10 +147,11 @@ spconv_status spconv_tensor_copy_(spconv_context *ctx, spconv_tensor *dst, const
 }
 
 /* A new contiguous tensor on `device` of `dtype` holding t's values. */
-static spconv_status converted_copy(spconv_context *ctx, const spconv_tensor *t,
+static spconv_status converted_copy(const char *func, spconv_context *ctx, const spconv_tensor *t,
                                     spconv_device device, spconv_dtype dtype, spconv_tensor **out) {
     spconv_tensor *fresh = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(device, dtype, t->ndim, t->sizes, &fresh));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, ctx, device, dtype, t->ndim, t->sizes, &fresh));
     spconv_status st = spconv_tensor_copy_(ctx, fresh, t);
     if (st != SPCONV_OK) {
         spconv_tensor_release(fresh);
@@ -173,14 +175,14 @@ spconv_status spconv_tensor_contiguous(spconv_context *ctx, const spconv_tensor 
     *out = NULL;
     SPCONV_CHECK_NOT_NULL("spconv_tensor_contiguous", t);
     if (t->is_contiguous) return same_tensor(t, out);
-    return converted_copy(ctx, t, t->storage->device, t->dtype, out);
+    return converted_copy("spconv_tensor_contiguous", ctx, t, t->storage->device, t->dtype, out);
 }
 
 spconv_status spconv_tensor_clone(spconv_context *ctx, const spconv_tensor *t, spconv_tensor **out) {
     SPCONV_CHECK_NOT_NULL("spconv_tensor_clone", out);
     *out = NULL;
     SPCONV_CHECK_NOT_NULL("spconv_tensor_clone", t);
-    return converted_copy(ctx, t, t->storage->device, t->dtype, out);
+    return converted_copy("spconv_tensor_clone", ctx, t, t->storage->device, t->dtype, out);
 }
 
 spconv_status spconv_tensor_to_device(spconv_context *ctx, const spconv_tensor *t,
@@ -193,7 +195,7 @@ spconv_status spconv_tensor_to_device(spconv_context *ctx, const spconv_tensor *
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
     if (t->is_contiguous && spconv_device_equal(device, t->storage->device))
         return same_tensor(t, out);
-    return converted_copy(ctx, t, device, t->dtype, out);
+    return converted_copy(func, ctx, t, device, t->dtype, out);
 }
 
 spconv_status spconv_tensor_to_dtype(spconv_context *ctx, const spconv_tensor *t,
@@ -204,7 +206,7 @@ spconv_status spconv_tensor_to_dtype(spconv_context *ctx, const spconv_tensor *t
     SPCONV_CHECK_NOT_NULL(func, t);
     SPCONV_FORWARD_IF_ERROR(spconv__check_dtype(func, dtype));
     if (t->is_contiguous && t->dtype == dtype) return same_tensor(t, out);
-    return converted_copy(ctx, t, t->storage->device, dtype, out);
+    return converted_copy(func, ctx, t, t->storage->device, dtype, out);
 }
 
 spconv_status spconv_tensor_fill(spconv_context *ctx, spconv_tensor *t, double value) {

@@ -239,6 +239,7 @@ const spconv_backend spconv__cpu_backend = {
     .device_count    = cpu_device_count,
     .context_init    = NULL,
     .context_destroy = NULL,
+    .context_set_stream = NULL,
     .synchronize     = NULL,
     .alloc           = cpu_alloc,
     .free            = cpu_free,

@@ -8,16 +8,17 @@
 #include "tensor/geometry.h"
 #include "tensor/tensor_impl.h"
 
-/* A new contiguous tensor on a device known to be present, with checked sizes. */
-static spconv_status empty_checked(const char *func, spconv_device device, spconv_dtype dtype,
-                                   int ndim, const int64_t *sizes, spconv_tensor **out) {
+/* A new contiguous tensor with checked sizes, its memory from ctx's allocator (context.h). */
+static spconv_status empty_checked(const char *func, spconv_context *ctx, spconv_device device,
+                                   spconv_dtype dtype, int ndim, const int64_t *sizes,
+                                   spconv_tensor **out) {
     *out = NULL;
     int64_t numel = 0, nbytes = 0;
     SPCONV_FORWARD_IF_ERROR(spconv__check_dtype(func, dtype));
     SPCONV_FORWARD_IF_ERROR(spconv__check_sizes(func, ndim, sizes, &numel));
     SPCONV_FORWARD_IF_ERROR(spconv__check_nbytes(func, numel, dtype, &nbytes));
     spconv_storage *storage = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv__storage_create(func, device, (size_t)nbytes, &storage));
+    SPCONV_FORWARD_IF_ERROR(spconv__storage_create_in(func, ctx, device, (size_t)nbytes, &storage));
     spconv_status st = spconv__tensor_make(storage, 0, dtype, ndim, sizes, NULL, out);
     spconv_storage_release(storage);
     return st;
@@ -26,7 +27,13 @@ static spconv_status empty_checked(const char *func, spconv_device device, spcon
 spconv_status spconv_tensor_empty(spconv_device device, spconv_dtype dtype, int ndim,
                                   const int64_t *sizes, spconv_tensor **out) {
     SPCONV_CHECK_NOT_NULL("spconv_tensor_empty", out);
-    return empty_checked("spconv_tensor_empty", device, dtype, ndim, sizes, out);
+    return empty_checked("spconv_tensor_empty", NULL, device, dtype, ndim, sizes, out);
+}
+
+spconv_status spconv__tensor_empty_in(const char *func, spconv_context *ctx, spconv_device device,
+                                      spconv_dtype dtype, int ndim, const int64_t *sizes,
+                                      spconv_tensor **out) {
+    return empty_checked(func, ctx, device, dtype, ndim, sizes, out);
 }
 
 static spconv_status filled(const char *func, spconv_context *ctx, spconv_device device,
@@ -35,7 +42,7 @@ static spconv_status filled(const char *func, spconv_context *ctx, spconv_device
     SPCONV_CHECK_NOT_NULL(func, out);
     *out = NULL;
     spconv_tensor *t = NULL;
-    SPCONV_FORWARD_IF_ERROR(empty_checked(func, device, dtype, ndim, sizes, &t));
+    SPCONV_FORWARD_IF_ERROR(empty_checked(func, ctx, device, dtype, ndim, sizes, &t));
     spconv_status st = spconv_tensor_fill(ctx, t, value);
     if (st != SPCONV_OK) {
         spconv_tensor_release(t);
@@ -87,7 +94,7 @@ spconv_status spconv_tensor_arange(spconv_context *ctx, spconv_device device, sp
     const spconv_backend *backend = NULL;
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
     spconv_tensor *host = NULL;
-    SPCONV_FORWARD_IF_ERROR(empty_checked(func, spconv_cpu(), dtype, 1, &length, &host));
+    SPCONV_FORWARD_IF_ERROR(empty_checked(func, ctx, spconv_cpu(), dtype, 1, &length, &host));
     char *data = spconv_tensor_data(host);
     size_t element = spconv_dtype_size(dtype);
     int64_t value = start;
@@ -115,7 +122,7 @@ spconv_status spconv_tensor_from_host(spconv_context *ctx, spconv_device device,
                            "%s: 'host_data' is NULL for %" PRId64 " elements", func, numel);
     SPCONV_FORWARD_IF_ERROR(spconv__check_context(func, ctx, device));
     spconv_tensor *t = NULL;
-    SPCONV_FORWARD_IF_ERROR(empty_checked(func, device, dtype, ndim, sizes, &t));
+    SPCONV_FORWARD_IF_ERROR(empty_checked(func, ctx, device, dtype, ndim, sizes, &t));
     if (nbytes > 0) {
         spconv_status st = spconv__backend_for(device)->copy_to_device(
             ctx, device.index, spconv_tensor_data(t), host_data, (size_t)nbytes);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "core/backend.h"
+#include "core/context_impl.h"
 #include "core/error.h"
 #include "tensor/tensor_impl.h"
 
@@ -16,26 +17,32 @@ static spconv_status storage_new(const char *func, spconv_device device, spconv_
     return SPCONV_OK;
 }
 
-spconv_status spconv__storage_create(const char *func, spconv_device device, size_t nbytes,
-                                     spconv_storage **out) {
+spconv_status spconv__storage_create_in(const char *func, spconv_context *ctx,
+                                        spconv_device device, size_t nbytes,
+                                        spconv_storage **out) {
     *out = NULL;
     const spconv_backend *backend = NULL;
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
     spconv_storage *storage = NULL;
     SPCONV_FORWARD_IF_ERROR(storage_new(func, device, &storage));
-    spconv_status st = backend->alloc(device.index, nbytes, &storage->data);
+    spconv__allocation memory;
+    spconv_status st = spconv__context_alloc(func, ctx, device, nbytes, &memory);
     if (st != SPCONV_OK) {
         free(storage);
-        /* Copy the backend's detail first: the new message overwrites the same buffer. */
-        char detail[256];
-        snprintf(detail, sizeof detail, "%s", spconv_last_error());
-        SPCONV_RETURN_ERROR(st, "%s: cannot allocate %zu bytes on the %s backend (%s)", func, nbytes,
-                            backend->name, detail);
+        return st;
     }
+    storage->data = memory.data;
     storage->nbytes = nbytes;
     storage->owns_data = 1;
+    storage->hook_free = memory.free_fn;
+    storage->hook_user = memory.free_user;
     *out = storage;
     return SPCONV_OK;
+}
+
+spconv_status spconv__storage_create(const char *func, spconv_device device, size_t nbytes,
+                                     spconv_storage **out) {
+    return spconv__storage_create_in(func, NULL, device, nbytes, out);
 }
 
 spconv_status spconv_storage_create(spconv_device device, size_t nbytes, spconv_storage **out) {
@@ -73,8 +80,11 @@ void spconv_storage_release(spconv_storage *storage) {
     if (storage == NULL) return;
     if (__atomic_sub_fetch(&storage->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     if (storage->owns_data) {
-        /* The backend allocated this memory, so it is built in: the lookup cannot fail. */
-        spconv__backend_for(storage->device)->free(storage->device.index, storage->data);
+        const spconv__allocation memory = {.data = storage->data, .nbytes = storage->nbytes,
+                                           .device = storage->device,
+                                           .free_fn = storage->hook_free,
+                                           .free_user = storage->hook_user};
+        spconv__context_free(&memory);
     } else if (storage->deleter != NULL) {
         storage->deleter(storage->data, storage->deleter_user);
     }

@@ -20,7 +20,10 @@ struct spconv_storage {
     size_t nbytes;
     spconv_deleter deleter; /* wrapped memory: called on the last release; NULL otherwise */
     void *deleter_user;
-    int owns_data;          /* 1: data came from the backend's alloc and is freed by it */
+    int owns_data;          /* 1: data came from spconv__context_alloc and goes back through
+                               hook_free (when set) or the backend's free */
+    spconv_free_fn hook_free; /* a context's allocator hook made data: its free, and user data */
+    void *hook_user;
 };
 
 struct spconv_tensor {
@@ -38,6 +41,19 @@ struct spconv_tensor {
 /* spconv_storage_create, with errors reported as coming from `func`. */
 spconv_status spconv__storage_create(const char *func, spconv_device device, size_t nbytes,
                                      spconv_storage **out);
+
+/* The same for a call made with @p ctx: the memory comes from the context's allocator hook when
+ * it has one and @p device is its device (context.h), and the storage gives it back there. */
+spconv_status spconv__storage_create_in(const char *func, spconv_context *ctx,
+                                        spconv_device device, size_t nbytes,
+                                        spconv_storage **out);
+
+/* A new contiguous tensor for a call named @p func made with @p ctx (NULL: the library's
+ * allocator), uninitialised, with the checks of spconv_tensor_empty: how ops allocate outputs so
+ * that a context's allocator hook provides them. */
+spconv_status spconv__tensor_empty_in(const char *func, spconv_context *ctx, spconv_device device,
+                                      spconv_dtype dtype, int ndim, const int64_t *sizes,
+                                      spconv_tensor **out);
 
 /* Element size of a tensor in bytes. */
 size_t spconv__tensor_element_size(const spconv_tensor *t);

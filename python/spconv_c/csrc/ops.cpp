@@ -120,9 +120,10 @@ spconv_context *context_for(const at::Device &device) {
     return contexts.cuda[index];
 }
 
-// CUDA work: the engine's context has its own stream (the C context has no external-stream hook
-// yet), so an op waits for PyTorch's work on the device before it starts and for its own stream
-// before it returns. Correct, not fast; the hook removes both waits.
+// CUDA work: the engine's context has its own stream (the binding does not yet give it PyTorch's
+// current stream with spconv_context_set_cuda_stream), so an op waits for PyTorch's work on the
+// device before it starts and for its own stream before it returns. Correct, not fast; setting the
+// stream removes both waits.
 struct DeviceScope {
     at::Device device;
     spconv_context *ctx;

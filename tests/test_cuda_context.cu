@@ -1,0 +1,329 @@
+/* The CUDA side of a context that a framework configures (context.h), on whatever runs the
+ * kernels: a GPU in the nvcc build, the CPU in the host emulation (cuda/emulation/). An external
+ * stream set on the context carries its work and its cuBLAS handle, gives the same bits as the
+ * context's own stream, and is neither destroyed nor broken by the context; f32 products are
+ * cuBLAS's full-f32 product by default (bit for bit what cublasSgemm gives on the same operands),
+ * and TF32 products only when the context allows them: then within the TF32 rounding bound of the
+ * exact product and, for operands with full 24-bit significands, different from the f32 one.
+ * Compiled as cuda/ is, so that a GPU run (tools/gpu-check.sh) checks the same promises. Skips
+ * without a device. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* CMocka's header declares C functions without saying so to C++. */
+extern "C" {
+#include <cmocka.h>
+}
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "spconv/config.h"
+#include "spconv/spconv.h"
+
+#define CHECK_CUDA(call) assert_int_equal((call), cudaSuccess)
+#define CHECK_CUBLAS(call) assert_int_equal((call), CUBLAS_STATUS_SUCCESS)
+#define CHECK_OK(call)                                                               \
+    do {                                                                             \
+        spconv_status st_ = (call);                                                  \
+        if (st_ != SPCONV_OK) fail_msg("%s: %s", #call, spconv_last_error());        \
+    } while (0)
+
+static int device_present(void) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return count > 0;
+}
+
+#define SKIP_WITHOUT_DEVICE()                                         \
+    do {                                                              \
+        if (!device_present()) {                                      \
+            printf("no CUDA device (nor the emulation): skipped\n");  \
+            skip();                                                   \
+        }                                                             \
+    } while (0)
+
+/* A fixed generator: the checks below hold for any inputs of the stated ranges. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double next_uniform(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * 0x1p-53;
+}
+
+/* f32 tensor on the device with values in [lo, hi). */
+static spconv_tensor *device_floats(int ndim, const int64_t *sizes, double lo, double hi,
+                                    float **host_copy) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= sizes[i];
+    float *v = (float *)malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; ++i) v[i] = (float)(lo + (hi - lo) * next_uniform());
+    spconv_tensor *t = NULL;
+    CHECK_OK(spconv_tensor_from_host(NULL, spconv_cuda(0), SPCONV_F32, ndim, sizes, v, &t));
+    if (host_copy != NULL)
+        *host_copy = v;
+    else
+        free(v);
+    return t;
+}
+
+/* A dense block of sites, (0, z, y, x) for every cell of @p shape, on the device. */
+static spconv_tensor *block_sites(const int64_t shape[3]) {
+    const int64_t n = shape[0] * shape[1] * shape[2];
+    int32_t *rows = (int32_t *)malloc((size_t)n * 4 * sizeof *rows);
+    assert_non_null(rows);
+    for (int64_t i = 0; i < n; ++i) {
+        rows[4 * i] = 0;
+        rows[4 * i + 1] = (int32_t)(i / (shape[1] * shape[2]));
+        rows[4 * i + 2] = (int32_t)(i / shape[2] % shape[1]);
+        rows[4 * i + 3] = (int32_t)(i % shape[2]);
+    }
+    const int64_t sizes[2] = {n, 4};
+    spconv_tensor *t = NULL;
+    CHECK_OK(spconv_tensor_from_host(NULL, spconv_cuda(0), SPCONV_I32, 2, sizes, rows, &t));
+    free(rows);
+    return t;
+}
+
+static spconv_rulebook *subm_rulebook(spconv_context *ctx, const spconv_tensor *sites,
+                                      const int64_t shape[3], int64_t kernel) {
+    spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    for (int i = 0; i < 3; ++i) p.kernel[i] = kernel;
+    spconv_rulebook *rb = NULL;
+    CHECK_OK(spconv_rulebook_build(ctx, sites, shape, 1, &p, &rb));
+    return rb;
+}
+
+static float *to_host(const spconv_tensor *t) {
+    const size_t bytes = (size_t)spconv_tensor_numel(t) * sizeof(float);
+    float *v = (float *)malloc(bytes > 0 ? bytes : 1);
+    assert_non_null(v);
+    CHECK_OK(spconv_tensor_copy_to_host(NULL, t, v, bytes));
+    return v;
+}
+
+static void assert_same_bits(const spconv_tensor *a, const spconv_tensor *b) {
+    assert_int_equal(spconv_tensor_numel(a), spconv_tensor_numel(b));
+    float *x = to_host(a), *y = to_host(b);
+    assert_memory_equal(x, y, (size_t)spconv_tensor_numel(a) * sizeof(float));
+    free(x);
+    free(y);
+}
+
+/* ---- an external stream ---------------------------------------------------------------------- */
+
+static void test_external_stream_carries_the_work(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    cudaStream_t own = (cudaStream_t)spconv_context_cuda_stream(ctx);
+    cublasHandle_t handle = (cublasHandle_t)spconv_context_cublas_handle(ctx);
+    assert_non_null(own);
+    assert_non_null(handle);
+    const int64_t shape[3] = {5, 4, 6}, c_in = 7, c_out = 5;
+    spconv_tensor *sites = block_sites(shape);
+    const int64_t n = spconv_tensor_size(sites, 0);
+    const int64_t f_sizes[2] = {n, c_in}, w_sizes[3] = {27, c_in, c_out};
+    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
+    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
+    spconv_rulebook *rb = subm_rulebook(ctx, sites, shape, 3);
+    spconv_tensor *y_own = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, rb, x, w, NULL, &y_own));
+
+    cudaStream_t external = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&external, cudaStreamNonBlocking));
+    CHECK_OK(spconv_context_set_cuda_stream(ctx, external));
+    assert_ptr_equal(spconv_context_cuda_stream(ctx), external);
+    cudaStream_t bound = NULL;
+    CHECK_CUBLAS(cublasGetStream(handle, &bound));
+    assert_ptr_equal(bound, external);
+    spconv_tensor *y_ext = NULL, *dx = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, rb, x, w, NULL, &y_ext));
+    CHECK_OK(spconv_conv_backward(ctx, rb, x, w, y_ext, &dx, NULL, NULL));
+    CHECK_CUDA(cudaStreamSynchronize(external));
+    assert_same_bits(y_own, y_ext);
+
+    /* NULL goes back to the context's own stream, and the handle with it. */
+    CHECK_OK(spconv_context_set_cuda_stream(ctx, NULL));
+    assert_ptr_equal(spconv_context_cuda_stream(ctx), own);
+    CHECK_CUBLAS(cublasGetStream(handle, &bound));
+    assert_ptr_equal(bound, own);
+
+    /* The context never destroys a stream it was given. */
+    CHECK_OK(spconv_context_set_cuda_stream(ctx, external));
+    spconv_rulebook_release(rb);
+    spconv_context_destroy(ctx);
+    CHECK_CUDA(cudaStreamSynchronize(external));
+    CHECK_CUDA(cudaStreamDestroy(external));
+
+    spconv_tensor *held[] = {y_own, y_ext, dx, x, w, sites};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+}
+
+static void test_a_dead_stream_is_refused(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    void *own = spconv_context_cuda_stream(ctx);
+    cudaStream_t gone = NULL;
+    CHECK_CUDA(cudaStreamCreate(&gone));
+    CHECK_CUDA(cudaStreamDestroy(gone));
+    /* Only the emulation can say that a destroyed handle is dead; a GPU may not notice. */
+#if SPCONV_CUDA_EMULATION
+    assert_int_equal(spconv_context_set_cuda_stream(ctx, gone), SPCONV_ERR_CUDA);
+    assert_non_null(strstr(spconv_last_error(), "spconv_context_set_cuda_stream: stream"));
+    assert_ptr_equal(spconv_context_cuda_stream(ctx), own);
+#endif
+    (void)own;
+    spconv_context_destroy(ctx);
+}
+
+/* ---- f32 products: full f32 by default, TF32 when allowed ---------------------------------- */
+
+/* A 1x1x1 submanifold conv is one product, out = x @ W[0], on the features themselves: what it
+ * gives is exactly what the context's product gives. */
+struct product_case {
+    spconv_tensor *sites, *x, *w;
+    float *x_host, *w_host;
+    spconv_rulebook *rb;
+    int64_t n, c_in, c_out;
+};
+
+static product_case make_product_case(spconv_context *ctx, const int64_t shape[3], int64_t c_in,
+                                      int64_t c_out, double lo, double hi) {
+    product_case p = {};
+    p.sites = block_sites(shape);
+    p.n = spconv_tensor_size(p.sites, 0);
+    p.c_in = c_in;
+    p.c_out = c_out;
+    const int64_t f_sizes[2] = {p.n, c_in}, w_sizes[3] = {1, c_in, c_out};
+    p.x = device_floats(2, f_sizes, lo, hi, &p.x_host);
+    p.w = device_floats(3, w_sizes, lo, hi, &p.w_host);
+    p.rb = subm_rulebook(ctx, p.sites, shape, 1);
+    return p;
+}
+
+static void release_product_case(product_case *p) {
+    spconv_rulebook_release(p->rb);
+    spconv_tensor_release(p->sites);
+    spconv_tensor_release(p->x);
+    spconv_tensor_release(p->w);
+    free(p->x_host);
+    free(p->w_host);
+}
+
+static void test_f32_products_by_default_are_sgemm_bit_for_bit(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    assert_int_equal(spconv_context_allow_tf32(ctx), 0);
+    const int64_t shape[3] = {3, 5, 7};
+    product_case p = make_product_case(ctx, shape, 19, 23, -1, 1);
+    spconv_tensor *y = NULL, *y_default = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, p.rb, p.x, p.w, NULL, &y));
+    CHECK_OK(spconv_conv_forward(NULL, p.rb, p.x, p.w, NULL, &y_default));
+    assert_same_bits(y, y_default);
+
+    /* cublasSgemm on the same operands, accumulated into zeros as the executor does: row-major
+     * y [n, c_out] = x [n, c_in] W [c_in, c_out] is column-major y^T = W^T x^T. */
+    float *c = NULL;
+    const size_t bytes = (size_t)(p.n * p.c_out) * sizeof(float);
+    CHECK_CUDA(cudaMalloc((void **)&c, bytes));
+    CHECK_CUDA(cudaMemset(c, 0, bytes));
+    cublasHandle_t h = NULL;
+    CHECK_CUBLAS(cublasCreate(&h));
+    const float one = 1.0f;
+    CHECK_CUBLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)p.c_out, (int)p.n, (int)p.c_in,
+                             &one, (const float *)spconv_tensor_data(p.w), (int)p.c_out,
+                             (const float *)spconv_tensor_data(p.x), (int)p.c_in, &one, c,
+                             (int)p.c_out));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    float *expected = (float *)malloc(bytes);
+    assert_non_null(expected);
+    CHECK_CUDA(cudaMemcpy(expected, c, bytes, cudaMemcpyDeviceToHost));
+    float *got = to_host(y);
+    assert_memory_equal(got, expected, bytes);
+    free(got);
+    free(expected);
+    CHECK_CUBLAS(cublasDestroy(h));
+    CHECK_CUDA(cudaFree(c));
+    spconv_tensor_release(y);
+    spconv_tensor_release(y_default);
+    release_product_case(&p);
+    spconv_context_destroy(ctx);
+}
+
+static void test_tf32_products_only_when_allowed(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    /* Sizes a tensor core takes (multiples of 16), operands in [1, 2) with full significands,
+     * which TF32 cannot hold. */
+    const int64_t shape[3] = {4, 4, 4}, k = 32;
+    product_case p = make_product_case(ctx, shape, k, 16, 1, 2);
+    spconv_tensor *y_f32 = NULL, *y_tf32 = NULL, *y_off_again = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, p.rb, p.x, p.w, NULL, &y_f32));
+    CHECK_OK(spconv_context_set_allow_tf32(ctx, 1));
+    CHECK_OK(spconv_conv_forward(ctx, p.rb, p.x, p.w, NULL, &y_tf32));
+    CHECK_OK(spconv_context_set_allow_tf32(ctx, 0));
+    CHECK_OK(spconv_conv_forward(ctx, p.rb, p.x, p.w, NULL, &y_off_again));
+    assert_same_bits(y_f32, y_off_again);
+
+    /* Each term a b with a and b rounded to 10 mantissa bits is within (2u + u^2) |a b| of the
+     * exact one (u = 2^-10 covers rounding to nearest and truncation), and the f32 sum of the k
+     * terms adds at most gamma_k of their absolute sum. */
+    float *f32 = to_host(y_f32), *tf32 = to_host(y_tf32);
+    const double u = ldexp(1.0, -10), uf = ldexp(1.0, -24);
+    const double gamma_k = (double)k * uf / (1.0 - (double)k * uf);
+    int64_t differing = 0;
+    for (int64_t r = 0; r < p.n; ++r)
+        for (int64_t j = 0; j < p.c_out; ++j) {
+            double exact = 0.0, absolute = 0.0;
+            for (int64_t q = 0; q < k; ++q) {
+                const double term = (double)p.x_host[r * k + q] * (double)p.w_host[q * p.c_out + j];
+                exact += term;
+                absolute += fabs(term);
+            }
+            const double bound = (2 * u + u * u + gamma_k * (1 + u) * (1 + u)) * absolute;
+            const float got = tf32[r * p.c_out + j];
+            if (fabs((double)got - exact) > bound)
+                fail_msg("row %lld column %lld: TF32 product %.9g, exact %.9g, bound %.3g",
+                         (long long)r, (long long)j, (double)got, exact, bound);
+            /* The f32 product holds the tighter bound. */
+            assert_true(fabs((double)f32[r * p.c_out + j] - exact) <= gamma_k * absolute);
+            if (got != f32[r * p.c_out + j]) ++differing;
+        }
+    if (differing == 0)
+        fail_msg("TF32 products equal the f32 ones: the setting did not reach cuBLAS");
+    free(f32);
+    free(tf32);
+    spconv_tensor_release(y_f32);
+    spconv_tensor_release(y_tf32);
+    spconv_tensor_release(y_off_again);
+    release_product_case(&p);
+    spconv_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_external_stream_carries_the_work),
+        cmocka_unit_test(test_a_dead_stream_is_refused),
+        cmocka_unit_test(test_f32_products_by_default_are_sgemm_bit_for_bit),
+        cmocka_unit_test(test_tf32_products_only_when_allowed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
