@@ -272,6 +272,45 @@ static spconv_tensor *random_floats(spconv_device device, int ndim, const int64_
     return t;
 }
 
+/* The CPU executors' outputs (conv forward and backward, max pooling forward and backward) come
+ * from a CPU context's hook, and all go back. */
+static void test_cpu_op_outputs_come_from_the_hook(void **state) {
+    (void)state;
+    counting_allocator a = {0};
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+    SPCONV_ASSERT_OK(spconv_context_set_allocator(ctx, counting_alloc, counting_free, &a));
+    const int64_t shape[3] = {5, 6, 7};
+    spconv_tensor *sites = random_sites(1, shape, 0.3);
+    const int64_t n = spconv_tensor_size(sites, 0), f_sizes[2] = {n, 3}, w_sizes[3] = {27, 3, 4};
+    spconv_tensor *features = random_floats(spconv_cpu(), 2, f_sizes);
+    spconv_tensor *weight = random_floats(spconv_cpu(), 3, w_sizes);
+    spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    for (int i = 0; i < 3; ++i) p.kernel[i] = 3;
+    spconv_rulebook *rb = NULL, *pool_rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, sites, shape, 1, &p, &rb));
+    spconv_tensor *y = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(ctx, rb, features, weight, NULL, &y));
+    SPCONV_ASSERT_OK(spconv_conv_backward(ctx, rb, features, weight, y, &gx, &gw, &gb));
+    spconv_conv_params pool = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int i = 0; i < 3; ++i) pool.kernel[i] = 2, pool.stride[i] = 2;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(ctx, sites, shape, 1, &pool, &pool_rb));
+    spconv_tensor *m = NULL, *arg = NULL, *gm = NULL;
+    SPCONV_ASSERT_OK(spconv_maxpool_forward(ctx, pool_rb, features, &m, &arg));
+    SPCONV_ASSERT_OK(spconv_maxpool_backward(ctx, pool_rb, arg, m, &gm));
+    spconv_tensor *outs[] = {y, gx, gw, gb, m, arg, gm};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; ++i)
+        assert_true(from_hook(&a, spconv_tensor_data(outs[i])));
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; ++i) spconv_tensor_release(outs[i]);
+    spconv_rulebook_release(rb);
+    spconv_rulebook_release(pool_rb);
+    spconv_tensor_release(features);
+    spconv_tensor_release(weight);
+    spconv_tensor_release(sites);
+    spconv_context_destroy(ctx);
+    assert_all_returned(&a);
+}
+
 static void test_cuda_op_outputs_come_from_the_hook(void **state) {
     (void)state;
     if (!have_cuda()) {
@@ -422,6 +461,7 @@ int main(void) {
         cmocka_unit_test(test_hook_returning_null_is_out_of_memory),
         cmocka_unit_test(test_misaligned_memory_is_given_back_and_refused),
         cmocka_unit_test(test_setter_arguments),
+        cmocka_unit_test(test_cpu_op_outputs_come_from_the_hook),
         cmocka_unit_test(test_cuda_op_outputs_come_from_the_hook),
         cmocka_unit_test(test_cuda_hook_returning_null_is_out_of_memory),
         cmocka_unit_test(test_cuda_stream_setter_round_trip),

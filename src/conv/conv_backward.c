@@ -20,6 +20,7 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
+#include "tensor/tensor_impl.h"
 
 /* Rows per block of the bias-gradient column sums, and elements per block of the reductions. */
 #define BIAS_BLOCK_ROWS 4096
@@ -386,10 +387,11 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     return SPCONV_OK;
 }
 
-static spconv_status new_output(const spconv_tensor *like, int ndim, const int64_t *sizes,
-                                spconv_tensor **result, char **data) {
-    SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(spconv_cpu(), spconv_tensor_dtype(like), ndim, sizes, result));
+static spconv_status new_output(spconv_context *ctx, const spconv_tensor *like, int ndim,
+                                const int64_t *sizes, spconv_tensor **result, char **data) {
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in("spconv_conv_backward", ctx, spconv_cpu(),
+                                                    spconv_tensor_dtype(like), ndim, sizes,
+                                                    result));
     *data = spconv_tensor_data(*result);
     return SPCONV_OK;
 }
@@ -411,14 +413,14 @@ static spconv_status backward_cpu(spconv_context *ctx, const spconv_rulebook *rb
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     int64_t in_sizes[2] = {dims->num_in, dims->c_in}, bias_size = dims->c_out;
     if (grad_features != NULL)
-        SPCONV_TRY_GOTO(st, new_output(features, 2, in_sizes, &d_in, &a.grad_in), done);
+        SPCONV_TRY_GOTO(st, new_output(ctx, features, 2, in_sizes, &d_in, &a.grad_in), done);
     if (grad_weight != NULL)
         SPCONV_TRY_GOTO(st,
-                        new_output(weight, spconv_tensor_ndim(weight), spconv_tensor_sizes(weight),
+                        new_output(ctx, weight, spconv_tensor_ndim(weight), spconv_tensor_sizes(weight),
                                    &d_w, &a.grad_weight),
                         done);
     if (grad_bias != NULL)
-        SPCONV_TRY_GOTO(st, new_output(grad_out, 1, &bias_size, &d_b, &a.grad_bias), done);
+        SPCONV_TRY_GOTO(st, new_output(ctx, grad_out, 1, &bias_size, &d_b, &a.grad_bias), done);
 
     spconv__conv_plan plan;
     spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,

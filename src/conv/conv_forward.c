@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
+#include "tensor/tensor_impl.h"
 
 /* Fewest out rows per block with the fused kernels: enough rows that finding a block's pairs
  * (two binary searches per offset) stays small next to its products. */
@@ -201,7 +202,10 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     if (bias != NULL) SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, bias, &b), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     int64_t sizes[2] = {dims->num_out, dims->c_out};
-    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), dims->dtype, 2, sizes, &result), done);
+    SPCONV_TRY_GOTO(st,
+                    spconv__tensor_empty_in("spconv_conv_forward", ctx, spconv_cpu(), dims->dtype, 2,
+                                            sizes, &result),
+                    done);
 
     spconv__conv_plan plan;
     spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,

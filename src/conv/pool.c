@@ -17,6 +17,7 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
+#include "tensor/tensor_impl.h"
 
 #define POOL_CHUNK 1024
 /* Out rows per block of the output-stationary forward: a block's rows stay in L1/L2 while every
@@ -155,10 +156,16 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     spconv_status st;
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
-    SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), a.dtype, 2, sizes, &y), done);
+    SPCONV_TRY_GOTO(st,
+                    spconv__tensor_empty_in("spconv_maxpool_forward", ctx, spconv_cpu(), a.dtype, 2,
+                                            sizes, &y),
+                    done);
     /* Only a caller that goes backward needs the argmax: without it the kernel keeps values. */
     if (argmax != NULL)
-        SPCONV_TRY_GOTO(st, spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 2, sizes, &arg), done);
+        SPCONV_TRY_GOTO(st,
+                        spconv__tensor_empty_in("spconv_maxpool_forward", ctx, spconv_cpu(),
+                                                SPCONV_I32, 2, sizes, &arg),
+                        done);
     a.pairs_in = spconv_tensor_data(pairs_in);
     a.pairs_out = spconv_tensor_data(pairs_out);
     a.features = spconv_tensor_data(f);
@@ -285,7 +292,8 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     SPCONV_TRY_GOTO(
-        st, spconv_tensor_empty(spconv_cpu(), spconv_tensor_dtype(grad_out), 2, sizes, &gx),
+        st, spconv__tensor_empty_in(func, ctx, spconv_cpu(), spconv_tensor_dtype(grad_out), 2,
+                                    sizes, &gx),
         done);
     spconv__pair_lists lists;
     SPCONV_TRY_GOTO(st,
