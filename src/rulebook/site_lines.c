@@ -7,10 +7,11 @@
 #include "core/error.h"
 #include "rulebook/sites.h"
 
-/* Most line starts allowed per site (beyond a floor for small inputs): 4 bytes each, so the index
- * stays within a few times the 8 bytes per site of its entries. */
-#define LINES_PER_SITE 4
-#define LINES_MIN (INT64_C(1) << 16)
+/* Most line starts allowed per site (beyond a floor for small inputs): 4 bytes each, so that the
+ * index (starts plus 8 bytes of entry per site) stays within the 64 bytes per site of the hash
+ * table it replaces (4 slots of 16 bytes per site). */
+#define LINES_PER_SITE 14
+#define LINES_MIN (INT64_C(1) << 17)
 /* Lines up to this long are sorted by insertion; longer ones by qsort (never quadratic). */
 #define INSERTION_MAX 32
 
