@@ -25,6 +25,10 @@
 #define POOL_BLOCK_BYTES (32 * 1024)
 #define POOL_BLOCK_MIN 16
 
+/* Input rows read ahead of the pair that needs them: a pool's input rows follow no pattern the
+ * hardware prefetcher can follow. */
+#define POOL_AHEAD 8
+
 typedef struct pool_args {
     spconv_dtype dtype;
     int64_t channels, num_in, num_out;
@@ -40,6 +44,7 @@ typedef struct pool_args {
 
 #define SPCONV_POOL_PAIRS(T)                                                                       \
     for (int64_t p = first; p < end; ++p) {                                                        \
+        if (p + POOL_AHEAD < end) prefetch_row(a, a->pairs_in[p + POOL_AHEAD]);                   \
         const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
         T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
         int32_t *restrict arg = a->argmax + (int64_t)a->pairs_out[p] * a->channels;                \
@@ -58,6 +63,7 @@ typedef struct pool_args {
  * element on data. */
 #define SPCONV_POOL_VALUES(T)                                                                      \
     for (int64_t p = first; p < end; ++p) {                                                        \
+        if (p + POOL_AHEAD < end) prefetch_row(a, a->pairs_in[p + POOL_AHEAD]);                   \
         const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
         T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
         for (int64_t c = 0; c < a->channels; ++c) {                                                \
@@ -65,6 +71,13 @@ typedef struct pool_args {
             y[c] = (v > m || (v != v && m == m)) ? v : m;                                          \
         }                                                                                          \
     }
+
+static inline void prefetch_row(const pool_args *a, int32_t row) {
+    const char *x = (const char *)a->features +
+                    (size_t)row * (size_t)a->channels * spconv_dtype_size(a->dtype);
+    const size_t bytes = (size_t)a->channels * spconv_dtype_size(a->dtype);
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(x + b);
+}
 
 static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
     if (a->argmax == NULL) {
@@ -218,6 +231,13 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
  * order whatever the thread count. */
 #define SPCONV_POOL_GRAD_ROWS(T)                                                                   \
     for (int64_t p = first; p < end; ++p) {                                                        \
+        if (p + POOL_AHEAD < end) {                                                                \
+            const int64_t ahead = lists->source[p + POOL_AHEAD] * channels;                        \
+            for (int64_t c = 0; c < channels; c += 16) {                                           \
+                __builtin_prefetch(argmax + ahead + c);                                            \
+                __builtin_prefetch((const T *)grad_out + ahead + c);                               \
+            }                                                                                      \
+        }                                                                                          \
         const int32_t i = lists->target[p];                                                        \
         const int64_t o = lists->source[p];                                                        \
         const int32_t *restrict arg = argmax + o * channels;                                       \
