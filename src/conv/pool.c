@@ -14,6 +14,7 @@
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
+#include "conv/gemm.h"
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
@@ -79,6 +80,8 @@ static inline void prefetch_row(const pool_args *a, int32_t row) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(x + b);
 }
 
+/* Whole rows of selects: wide vectors pay off (SPCONV__VECTOR_CLONES, gemm.h). */
+SPCONV__VECTOR_CLONES
 static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
     if (a->argmax == NULL) {
         if (a->dtype == SPCONV_F32) {
@@ -246,6 +249,7 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
         for (int64_t c = 0; c < channels; ++c) gi[c] += arg[c] == i ? g[c] : (T)0;                 \
     }
 
+SPCONV__VECTOR_CLONES
 static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channels,
                              const spconv__pair_lists *lists, const int32_t *argmax,
                              const void *grad_out, void *grad_in, int threads) {
