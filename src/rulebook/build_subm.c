@@ -162,7 +162,7 @@ static void probe_chunk_lines(const subm_plan *plan, const spconv_conv_params *p
     const spconv__site_lines *lines = plan->lines;
     const int64_t n = plan->in->num_in, group = plan->group_size, half = plan->end;
     const int64_t *shape = plan->shape, *kernel = params->kernel, *dil = params->dilation;
-    const int64_t reach_x = kernel[2] / 2 * dil[2];
+    const int64_t reach_x = kernel[2] / 2 * dil[2], step_x = dil[2];
     for (int64_t j = 0; j < half; ++j) counts[j] = 0;
     for (int64_t o = begin; o < end; ++o) {
         const int32_t *row = plan->in->rows + 4 * o;
@@ -194,8 +194,9 @@ static void probe_chunk_lines(const subm_plan *plan, const spconv_conv_params *p
                 for (; at < stop; ++at) {
                     const int64_t d = (int64_t)(lines->entries[at] >> 32) - row[3];
                     if (d > reach_x) break;
-                    if (d % dil[2] != 0) continue;
-                    const int64_t k = k_line + d / dil[2] + kernel[2] / 2;
+                    /* Undilated x (the common case) needs no division. */
+                    if (step_x != 1 && d % step_x != 0) continue;
+                    const int64_t k = k_line + (step_x == 1 ? d : d / step_x) + kernel[2] / 2;
                     if (k >= half) break;
                     const int32_t i = (int32_t)(lines->entries[at] & UINT32_MAX);
                     plan->nbr[k * n + o] = i;
