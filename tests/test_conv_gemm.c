@@ -168,9 +168,23 @@ static void test_default_vs_naive(void **state) {
 
 /* The fused kernels' promise (fused.h): y[dst_i, j] += (sum over p, increasing, of x[src_i, p] *
  * B[p, j] by fused multiply-adds from zero), or in set mode y[dst_i, j] = bias[j] (or 0) + that
- * sum, whatever the count, tiles and tails. The scalar
+ * sum, a NaN result stored as the default quiet NaN, whatever the count, tiles and tails. The scalar
  * loop below does exactly that with fma(), so the two agree bit for bit; rows of y that no pair
  * targets must keep their bits. */
+/* The default quiet NaN that the fused kernels store for every NaN result. */
+static float canonical_nan_float(void) {
+    const uint32_t bits = 0x7fc00000u;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static double canonical_nan_double(void) {
+    const uint64_t bits = 0x7ff8000000000000ull;
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
 #define FUSED_REFERENCE(T, FMA)                                                                    \
     static void fused_reference_##T(int64_t count, const T *x, const int32_t *src, T *y,           \
                                     const int32_t *dst, int64_t k, int64_t n, const T *b,          \
@@ -183,6 +197,7 @@ static void test_default_vs_naive(void **state) {
                               acc);                                                                \
                 T *out = &y[(int64_t)dst[i] * n + j];                                              \
                 *out = set ? (bias != NULL ? bias[j] : (T)0) + acc : *out + acc;                   \
+                if (isnan(*out)) *out = canonical_nan_##T();                                       \
             }                                                                                      \
     }
 FUSED_REFERENCE(float, fmaf)
@@ -199,6 +214,11 @@ FUSED_REFERENCE(double, fma)
         for (int64_t j = 0; j < n; ++j) bias[j] = (T)spconv_test_rand_float(-1.0f, 1.0f);          \
         const T *use_bias = with_bias ? bias : NULL;                                               \
         for (int64_t i = 0; i < rows * k; ++i) x[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);      \
+        if (special && rows * k > 0) { /* NaNs and infinities: the NaN results' bits are fixed */  \
+            x[spconv_test_rand_int(0, rows * k - 1)] = (T)NAN;                                     \
+            x[spconv_test_rand_int(0, rows * k - 1)] = (T)INFINITY;                                \
+            x[spconv_test_rand_int(0, rows * k - 1)] = -(T)INFINITY;                               \
+        }                                                                                          \
         for (int64_t i = 0; i < b_len; ++i) b[i] = (T)spconv_test_rand_float(-1.0f, 1.0f); \
         for (int64_t i = 0; i < rows * n; ++i) want[i] = y[i] = (T)spconv_test_rand_float(-2.0f, 2.0f); \
         spconv__fused_pack(DTYPE, b, ldb, trans, k, n, packed);                                    \
@@ -228,6 +248,7 @@ static void test_fused_rows_bitwise(void **state) {
         const int64_t k = spconv_test_rand_int(0, 70), n = spconv_test_rand_int(1, 70);
         const int trans = (int)spconv_test_rand_int(0, 1), identity = (int)spconv_test_rand_int(0, 3) == 0;
         const int set = (int)spconv_test_rand_int(0, 2) == 0, with_bias = (int)spconv_test_rand_int(0, 1);
+        const int special = (int)spconv_test_rand_int(0, 4) == 0;
         const int64_t ldb = (trans ? k : n) + spconv_test_rand_int(0, 2);
         const int64_t b_len = (trans ? n : k) * ldb; /* B's rows as stored */
         int32_t *src = malloc((size_t)rows * sizeof(int32_t)), *dst = malloc((size_t)rows * sizeof(int32_t));

@@ -64,20 +64,24 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
  * vector starting at column j of the last tile that lie below n. Each block of FUSED_ROWS pairs
  * runs every tile: the products of a tile are summed over p = 0..k-1 in registers, then added
  * into y, so every element gets its terms in the same order whatever the block. */
-#define FUSED_KERNEL(NAME, T, V, L, ZERO, LOAD, STORE, BCAST, FMA, ADD, MLOAD, MSTORE, MASKS)      \
-    /* y += c, or with @p base (set mode) y = base + c: base is the bias or, when NULL, zero. */   \
+#define FUSED_KERNEL(NAME, T, V, L, ZERO, LOAD, STORE, BCAST, FMA, ADD, MLOAD, MSTORE, MASKS,     \
+                     CANON)                                                                        \
+    /* y += c, or with @p base (set mode) y = base + c: base is the bias or, when NULL, zero. A    \
+     * NaN sum is stored as the default NaN (CANON): which of two NaN operands an x86 add returns  \
+     * depends on their order, which the compiler may swap, so this is what keeps NaN outputs      \
+     * bitwise identical across code paths and thread counts. */                                 \
     FUSED_TARGET static inline void NAME##_add(T *yr, const T *base, int set, V c0, V c1,          \
                                                int full, __m256i m0, __m256i m1) {                 \
         if (full) {                                                                                \
             const V b0 = !set ? LOAD(yr) : base != NULL ? LOAD(base) : ZERO();                     \
             const V b1 = !set ? LOAD(yr + L) : base != NULL ? LOAD(base + L) : ZERO();             \
-            STORE(yr, ADD(b0, c0));                                                                \
-            STORE(yr + L, ADD(b1, c1));                                                            \
+            STORE(yr, CANON(ADD(b0, c0)));                                                         \
+            STORE(yr + L, CANON(ADD(b1, c1)));                                                     \
         } else {                                                                                   \
             const V b0 = !set ? MLOAD(yr, m0) : base != NULL ? MLOAD(base, m0) : ZERO();           \
             const V b1 = !set ? MLOAD(yr + L, m1) : base != NULL ? MLOAD(base + L, m1) : ZERO();   \
-            MSTORE(yr, m0, ADD(b0, c0));                                                           \
-            MSTORE(yr + L, m1, ADD(b1, c1));                                                       \
+            MSTORE(yr, m0, CANON(ADD(b0, c0)));                                                    \
+            MSTORE(yr + L, m1, CANON(ADD(b1, c1)));                                                \
         }                                                                                          \
     }                                                                                              \
     FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
@@ -166,12 +170,23 @@ FUSED_TARGET static inline void masks_f64(int64_t width, __m256i *m0, __m256i *m
 #define MASKS_F32(width, m0, m1) masks_f32(width, &(m0), &(m1))
 #define MASKS_F64(width, m0, m1) masks_f64(width, &(m0), &(m1))
 
+/* NaN lanes become the default quiet NaN (sign clear, no payload): 0x7fc00000 / 0x7ff8... */
+FUSED_TARGET static inline __m256 canon_f32(__m256 v) {
+    return _mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)),
+                            _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+FUSED_TARGET static inline __m256d canon_f64(__m256d v) {
+    return _mm256_blendv_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(0x7ff8000000000000LL)),
+                            _mm256_cmp_pd(v, v, _CMP_UNORD_Q));
+}
+
 FUSED_KERNEL(rows_f32, float, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps,
              _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_add_ps, _mm256_maskload_ps,
-             _mm256_maskstore_ps, MASKS_F32)
+             _mm256_maskstore_ps, MASKS_F32, canon_f32)
 FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd,
              _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_add_pd, _mm256_maskload_pd,
-             _mm256_maskstore_pd, MASKS_F64)
+             _mm256_maskstore_pd, MASKS_F64, canon_f64)
 
 #endif /* SPCONV__FUSED_X86 */
 

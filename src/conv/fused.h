@@ -9,6 +9,8 @@
  * multiply-adds, starting from zero, before one add into y. An element's value therefore depends
  * only on its own row of x and column of B, never on how rows are grouped or which thread runs
  * them: results are bitwise identical for every thread count, block size and batch composition.
+ * A NaN result is stored as the default quiet NaN (0x7fc00000, 0x7ff8000000000000): which NaN an
+ * x86 add returns depends on its operands' order, so NaN bits would otherwise vary too.
  *
  * The kernels exist for x86-64 machines with AVX2 and FMA (checked at run time); elsewhere
  * spconv__fused_available() is 0 and the executors keep the unfused gather + BLAS + scatter
