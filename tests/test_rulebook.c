@@ -689,6 +689,38 @@ static void test_subm_line_index_and_table_agree(void **state) {
     spconv_context_destroy(ctx);
 }
 
+/* qsort order of rows (b, z, y, x). */
+static int compare_row_keys(const void *a, const void *b) { return compare_rows(a, b); }
+
+/* The line build walks a line's neighbours through rows of cells indexed by x, or with cursors
+ * when x is too wide for such rows (over 16384): both against the reference, for kernels of 1, 3
+ * or 5 per axis (up to 65 offsets take this build), dilations 1 to 3, rows in random order and
+ * sorted, on 1 and 3 threads. */
+static void test_subm_line_walks_agree(void **state) {
+    (void)state;
+    const int64_t narrow[3] = {6, 7, 300}, wide[3] = {6, 7, 40000};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        spconv_context *ctx = context_with_threads(threads);
+        for (int trial = 0; trial < 16; ++trial) {
+            spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+            do {
+                for (int axis = 0; axis < 3; ++axis) {
+                    p.kernel[axis] = 2 * spconv_test_rand_int(0, 2) + 1;
+                    p.dilation[axis] = spconv_test_rand_int(1, 3);
+                }
+            } while (spconv_conv_kernel_volume(&p) - 1 > 64 || spconv_conv_kernel_volume(&p) == 1);
+            const int64_t n = spconv_test_rand_int(200, 1500);
+            const int64_t *shape = trial % 2 ? wide : narrow;
+            int32_t *rows = spconv_test_random_sites(2, shape, n);
+            if (trial % 4 >= 2) qsort(rows, (size_t)(2 * n), 4 * sizeof *rows, compare_row_keys);
+            assert_true(spconv__site_lines_fit(2 * n, 2, shape));
+            check_against_reference(ctx, rows, 2 * n, shape, 2, &p);
+            free(rows);
+        }
+        spconv_context_destroy(ctx);
+    }
+}
+
 /* A random valid parameter set of @p kind with independent values per axis. */
 static spconv_conv_params random_anisotropic(spconv_conv_kind kind) {
     for (;;) {
@@ -1309,6 +1341,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_transposed_grid_matches_reference),
         cmocka_unit_test(test_subm_matches_reference),
         cmocka_unit_test(test_subm_line_index_and_table_agree),
+        cmocka_unit_test(test_subm_line_walks_agree),
         cmocka_unit_test(test_anisotropic_matches_reference),
         cmocka_unit_test(test_empty_input),
         cmocka_unit_test(test_kernel_larger_than_its_pairs),

@@ -38,7 +38,6 @@
 
 typedef struct subm_plan {
     const spconv__build_input *in;
-    const spconv__site_lines *lines; /* neighbours searched here when built, else in the table */
     const int64_t *shape;
     int64_t num_chunks;     /* min(threads * CHUNKS_PER_THREAD, N): more would be empty */
     int64_t group_size;     /* G: probed offsets per group */
@@ -154,60 +153,6 @@ static void probe_chunk(const subm_plan *plan, int64_t begin, int64_t end, int64
     }
 }
 
-/* probe_chunk through the line index, for a group that holds every offset below the centre:
- * for each (z, y) step of the kernel, one search in that line for the first x the kernel reaches,
- * then a walk along the line's sorted x over the window, each site met giving its offset. */
-static void probe_chunk_lines(const subm_plan *plan, const spconv_conv_params *params,
-                              int64_t begin, int64_t end, int64_t *counts) {
-    const spconv__site_lines *lines = plan->lines;
-    const int64_t n = plan->in->num_in, group = plan->group_size, half = plan->end;
-    const int64_t *shape = plan->shape, *kernel = params->kernel, *dil = params->dilation;
-    const int64_t reach_x = kernel[2] / 2 * dil[2], step_x = dil[2];
-    for (int64_t j = 0; j < half; ++j) counts[j] = 0;
-    for (int64_t o = begin; o < end; ++o) {
-        const int32_t *row = plan->in->rows + 4 * o;
-        const int64_t batch_line = row[0] * lines->lines_per_batch;
-        for (int64_t qz = 0; qz < kernel[0]; ++qz) {
-            const int64_t z = row[1] + (qz - kernel[0] / 2) * dil[0];
-            if (z < 0 || z >= shape[0]) continue;
-            for (int64_t qy = 0; qy < kernel[1]; ++qy) {
-                const int64_t k_line = (qz * kernel[1] + qy) * kernel[2];
-                if (k_line >= half) break;
-                const int64_t y = row[2] + (qy - kernel[1] / 2) * dil[1];
-                if (y < 0 || y >= shape[1]) continue;
-                const int64_t line = batch_line + z * lines->height + y;
-                int64_t at = lines->starts[line];
-                const int64_t stop = lines->starts[line + 1];
-                const uint64_t first = (uint64_t)(row[3] - reach_x < 0 ? 0 : row[3] - reach_x) << 32;
-                /* Lines of a scan hold a few sites; a long one is searched, never walked. */
-                if (stop - at > 16) {
-                    int64_t hi = stop;
-                    while (at < hi) {
-                        const int64_t mid = at + (hi - at) / 2;
-                        if (lines->entries[mid] < first)
-                            at = mid + 1;
-                        else
-                            hi = mid;
-                    }
-                }
-                while (at < stop && lines->entries[at] < first) ++at;
-                for (; at < stop; ++at) {
-                    const int64_t d = (int64_t)(lines->entries[at] >> 32) - row[3];
-                    if (d > reach_x) break;
-                    /* Undilated x (the common case) needs no division. */
-                    if (step_x != 1 && d % step_x != 0) continue;
-                    const int64_t k = k_line + (step_x == 1 ? d : d / step_x) + kernel[2] / 2;
-                    if (k >= half) break;
-                    const int32_t i = (int32_t)(lines->entries[at] & UINT32_MAX);
-                    plan->nbr[k * n + o] = i;
-                    plan->nbr[(group + k) * n + i] = (int32_t)o;
-                    ++counts[k];
-                }
-            }
-        }
-    }
-}
-
 /* The @p count hits of @p column, in increasing output row, to pairs_in / pairs_out. */
 static void compact_column(const int32_t *column, int64_t n, int64_t count, int32_t *pairs_in,
                            int32_t *pairs_out) {
@@ -231,8 +176,7 @@ static void compact_column(const int32_t *column, int64_t n, int64_t count, int3
 
 /* Probe the current group, record its pair counts in plan->offsets[k + 1] (lower offsets only; a
  * mirror has its partner's count) and return the group's pairs per half. */
-static int64_t probe_group(subm_plan *plan, const spconv_conv_params *params) {
-    const int by_lines = plan->lines != NULL && plan->begin == 0 && plan->end == plan->group_size;
+static int64_t probe_group(subm_plan *plan) {
     const int num_threads = plan->in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t n = plan->in->num_in, group = plan->group_size, used = plan->end - plan->begin;
@@ -240,10 +184,7 @@ static int64_t probe_group(subm_plan *plan, const spconv_conv_params *params) {
     for (int64_t c = 0; c < plan->num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, plan->num_chunks, c, &begin, &end);
-        if (by_lines)
-            probe_chunk_lines(plan, params, begin, end, plan->counts + c * group);
-        else
-            probe_chunk(plan, begin, end, plan->counts + c * group);
+        probe_chunk(plan, begin, end, plan->counts + c * group);
     }
     int64_t total = 0;
     for (int64_t j = 0; j < used; ++j) {
@@ -317,7 +258,7 @@ static void fill_center(spconv_rulebook *rb, int64_t start) {
 static spconv_status build_one_group(subm_plan *plan, spconv_rulebook *rb) {
     const int64_t half = rb->kernel_volume / 2;
     group_start(plan, &rb->params, 0, half);
-    probe_group(plan, &rb->params);
+    probe_group(plan);
     SPCONV_FORWARD_IF_ERROR(offsets_from_lower_counts(plan->in->func, rb, plan->offsets));
     SPCONV_FORWARD_IF_ERROR(spconv__rulebook_alloc_pairs(rb));
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
@@ -346,7 +287,7 @@ static spconv_status build_in_groups(subm_plan *plan, spconv_rulebook *rb) {
         const int64_t begin = b * group, end = begin + group < half ? begin + group : half;
         group_start(plan, &rb->params, begin, end);
         pair_block *block = &blocks[b];
-        block->count = probe_group(plan, &rb->params);
+        block->count = probe_group(plan);
         if (block->count == 0) continue;
         block->lower_in = malloc((size_t)block->count * 4 * sizeof *block->lower_in);
         if (block->lower_in == NULL)
@@ -512,7 +453,7 @@ static spconv_status build_with_table(const spconv__build_input *in, spconv_rule
         if (st == SPCONV_OK) st = spconv__rulebook_alloc_pairs(rb);
         if (st == SPCONV_OK) fill_center(rb, 0);
     } else {
-        subm_plan plan = {&with, NULL, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+        subm_plan plan = {&with, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
         st = plan_alloc(in->func, in->num_threads, rb, &plan);
         if (st == SPCONV_OK)
             st = plan.group_size >= rb->kernel_volume / 2 ? build_one_group(&plan, rb)
@@ -523,30 +464,295 @@ static spconv_status build_with_table(const spconv__build_input *in, spconv_rule
     return st;
 }
 
+/* ---- through the line index: every offset at once, written straight into place ------------ *
+ *
+ * The walk goes line by line, whatever the order of the rows. For a line (b, z, y), the sites of
+ * its neighbouring lines (one per (z, y) step of the kernel) are dropped into rows of cells
+ * indexed by x; every site of the line then reads the cells its kernel covers, with no branch on
+ * whether a site is there, and the cells are emptied again. On grids too wide for such rows, a
+ * cursor per neighbouring line moves forward as the line's x increases instead. Either way each
+ * site gets a mask of the offsets that reach it and its inputs in offset order (the walk meets
+ * the offsets in increasing order: z step, y step, then x). The masks then give the pairs per
+ * chunk of output rows and offset, and a last pass over the sites in increasing row writes every
+ * pair into place: offset k's pairs in increasing output row, as the table's build gives them. */
+
+/* Offsets besides the centre that the line build takes (a bit each in a site's mask). */
+#define LINES_MAX_OFFSETS 64
+/* Widest x axis walked through rows of cells (one row per neighbouring line, 4 bytes a cell). */
+#define DENSE_MAX_WIDTH 16384
+
+typedef struct lines_plan {
+    const spconv__site_lines *lines;
+    const int64_t *shape, *kernel, *dilation;
+    int64_t num_sites, kernel_volume;
+    int64_t num_walks;   /* chunks of lines, of about equal sites */
+    int64_t *walk_lines; /* [num_walks + 1]: first line of each */
+    int64_t num_chunks;  /* chunks of output rows, chunk_len each (the last one shorter) */
+    int64_t chunk_len;
+    uint64_t *masks;     /* [N]: bit j for non-centre offset j (the centre skipped) */
+    int64_t *where;      /* [N]: where site o's inputs start in found */
+    int32_t *found;      /* inputs, site after site in walk order: walk w's from its first site
+                          * times KV on, which leaves a spare cell per site */
+    int64_t *counts;     /* [num_chunks][KV]: pairs, then where the chunk's go */
+} lines_plan;
+
+/* The neighbouring lines of @p line that lie in the grid and hold sites, in kernel order: their
+ * entries [at, stop) and the offset of their x = 0 step; returns how many. */
+static int64_t neighbour_lines(const lines_plan *plan, int64_t line, int64_t *at, int64_t *stop,
+                               int64_t *k_line) {
+    const spconv__site_lines *lines = plan->lines;
+    const int64_t *shape = plan->shape, *kernel = plan->kernel, *dil = plan->dilation;
+    const int64_t b = line / lines->lines_per_batch;
+    const int64_t z = line % lines->lines_per_batch / lines->height, y = line % lines->height;
+    int64_t used = 0;
+    for (int64_t q = 0; q < kernel[0] * kernel[1]; ++q) {
+        const int64_t nz = z + (q / kernel[1] - kernel[0] / 2) * dil[0];
+        const int64_t ny = y + (q % kernel[1] - kernel[1] / 2) * dil[1];
+        if (nz < 0 || nz >= shape[0] || ny < 0 || ny >= shape[1]) continue;
+        const int64_t other = b * lines->lines_per_batch + nz * lines->height + ny;
+        if (lines->starts[other] == lines->starts[other + 1]) continue;
+        at[used] = lines->starts[other];
+        stop[used] = lines->starts[other + 1];
+        k_line[used] = q * kernel[2];
+        ++used;
+    }
+    return used;
+}
+
+/* Sites [begin, end) of a line against rows of cells of @p width (x - reach at cell x), kx cells a
+ * row step cells apart: inlined with constants for the common 3-wide undilated kernel. */
+static inline __attribute__((always_inline)) int64_t
+read_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used, const int64_t *k_line,
+           const int32_t *cells, int64_t width, int64_t pos, int64_t kx, int64_t step) {
+    const uint64_t *entries = plan->lines->entries;
+    const int64_t centre = plan->kernel_volume / 2;
+    int32_t *found = plan->found;
+    uint64_t *masks = plan->masks;
+    int64_t *where = plan->where;
+    for (int64_t e = begin; e < end; ++e) {
+        const int64_t x = (int64_t)(entries[e] >> 32), o = (int64_t)(entries[e] & UINT32_MAX);
+        uint64_t mask = 0;
+        where[o] = pos;
+        for (int64_t u = 0; u < used; ++u) {
+            const int32_t *row = cells + u * width + x;
+            const int64_t k0 = k_line[u];
+            for (int64_t q = 0; q < kx; ++q) {
+                const int64_t k = k0 + q;
+                if (k == centre) continue; /* the site itself */
+                const int32_t v = row[q * step];
+                const uint64_t hit = v >= 0;
+                found[pos] = v; /* stored either way, kept only on a hit */
+                pos += (int64_t)hit;
+                mask |= hit << (k < centre ? k : k - 1);
+            }
+        }
+        masks[o] = mask;
+    }
+    return pos;
+}
+
+/* One line's sites through rows of cells of @p width, x + reach at cell x (-1: no site). */
+static void walk_line_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used,
+                            const int64_t *at, const int64_t *stop, const int64_t *k_line,
+                            int32_t *cells, int64_t width, int64_t *written) {
+    const uint64_t *entries = plan->lines->entries;
+    const int64_t kx = plan->kernel[2], step = plan->dilation[2], reach = kx / 2 * step;
+    for (int64_t u = 0; u < used; ++u)
+        for (int64_t e = at[u]; e < stop[u]; ++e)
+            cells[u * width + (int64_t)(entries[e] >> 32) + reach] = (int32_t)(entries[e] & UINT32_MAX);
+    if (kx == 3 && step == 1)
+        *written = read_cells(plan, begin, end, used, k_line, cells, width, *written, 3, 1);
+    else
+        *written = read_cells(plan, begin, end, used, k_line, cells, width, *written, kx, step);
+    for (int64_t u = 0; u < used; ++u)
+        for (int64_t e = at[u]; e < stop[u]; ++e)
+            cells[u * width + (int64_t)(entries[e] >> 32) + reach] = -1;
+}
+
+/* One line's sites with a cursor per neighbouring line, for grids too wide for rows of cells. */
+static void walk_line_cursors(const lines_plan *plan, int64_t begin, int64_t end, int64_t used,
+                              int64_t *at, const int64_t *stop, const int64_t *k_line,
+                              int64_t *written) {
+    const uint64_t *entries = plan->lines->entries;
+    const int64_t kx = plan->kernel[2], step = plan->dilation[2], reach = kx / 2 * step;
+    const int64_t centre = plan->kernel_volume / 2;
+    int64_t pos = *written;
+    for (int64_t e = begin; e < end; ++e) {
+        const int64_t x = (int64_t)(entries[e] >> 32), o = (int64_t)(entries[e] & UINT32_MAX);
+        const uint64_t low = (uint64_t)(x - reach < 0 ? 0 : x - reach) << 32;
+        uint64_t mask = 0;
+        plan->where[o] = pos;
+        for (int64_t u = 0; u < used; ++u) {
+            while (at[u] < stop[u] && entries[at[u]] < low) ++at[u];
+            for (int64_t f = at[u]; f < stop[u]; ++f) {
+                const int64_t d = (int64_t)(entries[f] >> 32) - x;
+                if (d > reach) break;
+                if (d % step != 0) continue;
+                const int64_t k = k_line[u] + (d + reach) / step;
+                if (k == centre) continue; /* the site itself: rows are unique */
+                mask |= UINT64_C(1) << (k < centre ? k : k - 1);
+                plan->found[pos++] = (int32_t)(entries[f] & UINT32_MAX);
+            }
+        }
+        plan->masks[o] = mask;
+    }
+    *written = pos;
+}
+
+static void walk_lines(const lines_plan *plan, int64_t walk) {
+    const spconv__site_lines *lines = plan->lines;
+    const int64_t steps = plan->kernel[0] * plan->kernel[1];
+    const int64_t width = plan->shape[2] + 2 * (plan->kernel[2] / 2 * plan->dilation[2]);
+    const int64_t first = plan->walk_lines[walk], last = plan->walk_lines[walk + 1];
+    int64_t written = (int64_t)lines->starts[first] * plan->kernel_volume;
+    int32_t *cells = NULL;
+    if (plan->shape[2] <= DENSE_MAX_WIDTH) { /* else (or without memory for them) cursors */
+        cells = malloc((size_t)(steps * width) * sizeof *cells);
+        if (cells != NULL) memset(cells, 0xff, (size_t)(steps * width) * sizeof *cells);
+    }
+    int64_t at[LINES_MAX_OFFSETS + 1], stop[LINES_MAX_OFFSETS + 1], k_line[LINES_MAX_OFFSETS + 1];
+    for (int64_t line = first; line < last; ++line) {
+        const int64_t begin = lines->starts[line], end = lines->starts[line + 1];
+        if (begin == end) continue;
+        const int64_t used = neighbour_lines(plan, line, at, stop, k_line);
+        if (cells != NULL)
+            walk_line_cells(plan, begin, end, used, at, stop, k_line, cells, width, &written);
+        else
+            walk_line_cursors(plan, begin, end, used, at, stop, k_line, &written);
+    }
+    free(cells);
+}
+
+/* Pairs per offset of output rows [begin, end), from their masks. */
+static void count_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end, int64_t *counts) {
+    const int64_t kv = plan->kernel_volume, centre = kv / 2;
+    for (int64_t k = 0; k < kv; ++k) counts[k] = 0;
+    for (int64_t o = begin; o < end; ++o)
+        for (uint64_t mask = plan->masks[o]; mask != 0; mask &= mask - 1) {
+            const int64_t j = __builtin_ctzll(mask);
+            ++counts[j < centre ? j : j + 1];
+        }
+}
+
+/* Write the pairs of output rows [begin, end) at the chunk's cursors @p next (one per offset). */
+static void emit_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end, int64_t *next,
+                             int32_t *pairs_in, int32_t *pairs_out) {
+    const int64_t centre = plan->kernel_volume / 2;
+    for (int64_t o = begin; o < end; ++o) {
+        if (o + 8 < end) __builtin_prefetch(plan->found + plan->where[o + 8]);
+        const int32_t *found = plan->found + plan->where[o];
+        for (uint64_t mask = plan->masks[o]; mask != 0; mask &= mask - 1) {
+            const int64_t j = __builtin_ctzll(mask);
+            const int64_t pos = next[j < centre ? j : j + 1]++;
+            pairs_in[pos] = *found++;
+            pairs_out[pos] = (int32_t)o;
+        }
+    }
+}
+
+/* Split the lines into walks of about equal sites. */
+static void plan_walks(lines_plan *plan) {
+    const spconv__site_lines *lines = plan->lines;
+    int64_t line = 0;
+    plan->walk_lines[0] = 0;
+    for (int64_t w = 1; w < plan->num_walks; ++w) {
+        const int64_t target = plan->num_sites * w / plan->num_walks;
+        while (line < lines->num_lines && lines->starts[line] < target) ++line;
+        plan->walk_lines[w] = line;
+    }
+    plan->walk_lines[plan->num_walks] = lines->num_lines;
+}
+
+static spconv_status build_by_lines(const spconv__build_input *in,
+                                    const spconv__site_lines *lines, spconv_rulebook *rb) {
+    const char *func = in->func;
+    const int num_threads = in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = rb->num_in, kv = rb->kernel_volume, centre = kv / 2;
+    lines_plan plan = {lines, rb->in_shape, rb->params.kernel, rb->params.dilation, n, kv, 0, NULL,
+                       0,     0,           NULL,             NULL,                 NULL, NULL};
+    plan.num_walks = (int64_t)num_threads * CHUNKS_PER_THREAD;
+    if (plan.num_walks > n) plan.num_walks = n;
+    plan.chunk_len = (n + plan.num_walks - 1) / plan.num_walks;
+    plan.num_chunks = (n + plan.chunk_len - 1) / plan.chunk_len;
+    const int64_t num_walks = plan.num_walks, num_chunks = plan.num_chunks;
+    spconv_status st = SPCONV_OK;
+    int64_t *offsets = malloc((size_t)(kv + 1) * sizeof *offsets);
+    plan.walk_lines = malloc((size_t)(num_walks + 1) * sizeof *plan.walk_lines);
+    plan.masks = malloc((size_t)n * sizeof *plan.masks);
+    plan.where = malloc((size_t)n * sizeof *plan.where);
+    /* Room for every offset of every site; only the pages of the hits are touched. */
+    plan.found = malloc((size_t)n * (size_t)kv * sizeof *plan.found);
+    plan.counts = malloc((size_t)(num_chunks * kv) * sizeof *plan.counts);
+    if (offsets == NULL || plan.walk_lines == NULL || plan.masks == NULL || plan.where == NULL ||
+        plan.found == NULL || plan.counts == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for the neighbours of %" PRId64 " sites", func,
+                         n);
+    plan_walks(&plan);
+    SPCONV_OMP(omp parallel num_threads(num_threads))
+    {
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t w = 0; w < num_walks; ++w) walk_lines(&plan, w);
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t c = 0; c < num_chunks; ++c) {
+            const int64_t begin = c * plan.chunk_len;
+            const int64_t end = begin + plan.chunk_len < n ? begin + plan.chunk_len : n;
+            count_lines_chunk(&plan, begin, end, plan.counts + c * kv);
+        }
+    }
+    /* Offset k's pairs chunk after chunk, so in increasing output row; the centre's are (r, r). */
+    int64_t running = 0;
+    for (int64_t k = 0; k < kv; ++k) {
+        offsets[k] = running;
+        if (k == centre) {
+            running += n;
+            continue;
+        }
+        for (int64_t c = 0; c < num_chunks; ++c) {
+            const int64_t count = plan.counts[c * kv + k];
+            plan.counts[c * kv + k] = running;
+            running += count;
+        }
+    }
+    offsets[kv] = running;
+    SPCONV_TRY_GOTO(st, spconv__rulebook_set_offsets(func, rb, kv, NULL, offsets), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        const int64_t begin = c * plan.chunk_len;
+        const int64_t end = begin + plan.chunk_len < n ? begin + plan.chunk_len : n;
+        emit_lines_chunk(&plan, begin, end, plan.counts + c * kv, pairs_in, pairs_out);
+    }
+    fill_center(rb, offsets[centre]);
+done:
+    free(offsets);
+    free(plan.walk_lines);
+    free(plan.masks);
+    free(plan.where);
+    free(plan.found);
+    free(plan.counts);
+    return st;
+}
+
 spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb) {
     rb->out_indices = rb->in_indices;
     spconv_tensor_retain(rb->out_indices);
     rb->num_out = rb->num_in;
     rb->center_is_identity = 1;
     if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* no pairs */
+    /* The line walk takes kernels of up to LINES_MAX_OFFSETS + 1 offsets (3x3x3 always) on grids
+     * whose lines are few next to the sites; the index validates the rows as the table would. */
     if (rb->num_in <= rb->kernel_volume / 2 || rb->kernel_volume == 1 ||
+        rb->kernel_volume - 1 > LINES_MAX_OFFSETS ||
         !spconv__site_lines_fit(rb->num_in, rb->batch_size, rb->in_shape))
         return build_with_table(in, rb);
-    subm_plan plan = {in, NULL, rb->in_shape, 0, 0, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL};
-    spconv_status st = plan_alloc(in->func, in->num_threads, rb, &plan);
-    /* The line walk serves a build whose one group holds the whole kernel (3x3x3 always); the
-     * index validates the rows as the table would. */
-    if (st == SPCONV_OK && plan.group_size < rb->kernel_volume / 2) {
-        plan_free(&plan);
-        return build_with_table(in, rb);
-    }
     spconv__site_lines lines = {0, 0, 0, NULL, NULL};
-    if (st == SPCONV_OK)
-        st = spconv__site_lines_build(in->func, in->num_threads, in->rows, rb->num_in,
-                                      rb->batch_size, rb->in_shape, &lines);
-    plan.lines = &lines;
-    if (st == SPCONV_OK) st = build_one_group(&plan, rb);
-    plan_free(&plan);
+    spconv_status st = spconv__site_lines_build(in->func, in->num_threads, in->rows, rb->num_in,
+                                                rb->batch_size, rb->in_shape, &lines);
+    if (st == SPCONV_OK) st = build_by_lines(in, &lines, rb);
     spconv__site_lines_free(&lines);
     return st;
 }
