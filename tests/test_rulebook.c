@@ -1053,14 +1053,17 @@ static void test_bad_rows(void **state) {
     free(rows);
 }
 
-/* A site repeated three times and another repeated twice: the subm build through the line index
+/* A site repeated three times and another repeated twice: the validation through the line index
  * (small grid) and through the table (the same rows far out in a huge grid) name the same first
- * repeat and its owner, for 1 and 2 threads. */
-static void test_subm_repeats_named_alike(void **state) {
+ * repeat and its owner, for subm, regular and transposed builds on 1 and 2 threads. */
+static void test_repeats_named_alike(void **state) {
     (void)state;
     const int64_t n = 300, small[3] = {12, 12, 12}, huge[3] = {2048, 2048, 12};
-    const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
-    for (int trial = 0; trial < 6; ++trial) {
+    const spconv_conv_params kinds[3] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1)};
+    for (int trial = 0; trial < 9; ++trial) {
+        const spconv_conv_params p = kinds[trial % 3];
         int32_t *rows = spconv_test_random_sites(1, small, n);
         const int64_t owner = spconv_test_rand_int(0, 99), second = spconv_test_rand_int(100, 199),
                       third = spconv_test_rand_int(200, n - 1);
@@ -1350,7 +1353,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_any_indices_layout),
         cmocka_unit_test(test_inverse_rulebook),
         cmocka_unit_test(test_bad_rows),
-        cmocka_unit_test(test_subm_repeats_named_alike),
+        cmocka_unit_test(test_repeats_named_alike),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_real_scan_subm),
         cmocka_unit_test(test_real_scan_stride2),

@@ -138,10 +138,11 @@ def time_variant(lib, net, feats, idx, shape, backward, repeat, warmup):
             dense.sum().backward()
         if i >= warmup:
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), min(times), max(times)
+    return times
 
 
 def c_tool_forward_ms(net, repeat, warmup, threads):
+    """The C tool's forward wall time of every timed pass (ms), or None when it is not built."""
     tool = ROOT / "build" / "tools" / "spconv"
     if not tool.exists():
         return None
@@ -152,7 +153,7 @@ def c_tool_forward_ms(net, repeat, warmup, threads):
         cmd += ["--input", str(DATA if net == "basic" else DATA / "kitti_000008.bin")]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         report = json.loads(out.read_text())
-    return report["passes"]["forward"]["wall_ms"]["median"]
+    return [p["wall_ms"] for p in report["passes"]["forward"]["per_pass"]]
 
 
 def keep_freed_memory():
@@ -179,6 +180,10 @@ def main():
     ap.add_argument("--variants", default="ours,plain,spconv")
     ap.add_argument("--overhead", action="store_true",
                     help="compare with `build/tools/spconv bench` (writes its JSON figures)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the variants (and the C tool) this many times, alternating their "
+                         "order, and pool every pass: a machine whose speed drifts then weighs "
+                         "on all of them alike")
     ap.add_argument("--fresh-pages", action="store_true",
                     help="leave glibc's malloc as it is (see keep_freed_memory)")
     args = ap.parse_args()
@@ -196,37 +201,57 @@ def main():
         theirs = None
     nets = ["basic", "second"] if args.net == "all" else [args.net]
     modes = [False, True] if args.backward else [False]
-    print(f"threads {args.threads}, median [min, max] of {args.repeat} runs, ms")
+    print(f"threads {args.threads}, median [min, max] of {args.rounds} round(s) of {args.repeat} "
+          "runs, variants in alternating order, ms")
     for name in nets:
         feats, idx, shape = (basic_input if name == "basic" else second_input)(args.max_voxels)
         build = basic_net if name == "basic" else second_net
         torch.manual_seed(0)
         ref = build(ours).eval()
-        ours_forward = None
+        variants = [v for v in args.variants.split(",")]
+        if theirs is None and "spconv" in variants:
+            print(f"{name:7s} spconv   (not installed)")
+            variants.remove("spconv")
         for backward in modes:
             phase = "fwd+bwd" if backward else "forward"
-            for variant in args.variants.split(","):
-                if variant == "spconv" and theirs is None:
-                    print(f"{name:7s} {phase:8s} spconv   (not installed)")
-                    continue
+            nets_of = {}
+            for variant in variants:
                 lib = theirs if variant == "spconv" else ours
-                net = build(lib).eval()
-                net.load_state_dict(ref.state_dict())
-                ctx = PlainProducts() if variant == "plain" else _Nothing()
-                with ctx, torch.set_grad_enabled(backward):
-                    med, lo, hi = time_variant(lib, net, feats, idx, shape, backward,
-                                               args.repeat, args.warmup)
-                print(f"{name:7s} {phase:8s} {variant:8s} {med:9.1f} [{lo:.1f}, {hi:.1f}]  "
-                      f"({idx.shape[0]} voxels)", flush=True)
-                if variant == "ours" and not backward:
-                    ours_forward = med
-        if args.overhead and not args.max_voxels:
-            c_ms = c_tool_forward_ms(name, args.repeat, args.warmup, args.threads)
-            if c_ms is None:
-                print("overhead: build/tools/spconv not built")
-            elif ours_forward is not None:
-                print(f"{name:7s} forward  C tool   {c_ms:9.1f}  binding overhead "
-                      f"{100 * (ours_forward / c_ms - 1):+.1f}%")
+                nets_of[variant] = build(lib).eval()
+                nets_of[variant].load_state_dict(ref.state_dict())
+            times = {v: [] for v in variants}
+            tool = "C tool"
+            with_tool = args.overhead and not backward and not args.max_voxels
+            if with_tool:
+                times[tool] = []
+            for rnd in range(args.rounds):
+                order = list(times) if rnd % 2 == 0 else list(times)[::-1]
+                for variant in order:
+                    if variant == tool:
+                        c_ms = c_tool_forward_ms(name, args.repeat, args.warmup, args.threads)
+                        if c_ms is None:
+                            print("overhead: build/tools/spconv not built")
+                            del times[tool]
+                        else:
+                            times[tool] += c_ms
+                        continue
+                    lib = theirs if variant == "spconv" else ours
+                    ctx = PlainProducts() if variant == "plain" else _Nothing()
+                    with ctx, torch.set_grad_enabled(backward):
+                        times[variant] += time_variant(lib, nets_of[variant], feats, idx, shape,
+                                                       backward, args.repeat, args.warmup)
+            median = {v: statistics.median(t) for v, t in times.items()}
+            for v, t in times.items():
+                print(f"{name:7s} {phase:8s} {v:8s} {median[v]:9.1f} [{min(t):.1f}, {max(t):.1f}]  "
+                      f"({idx.shape[0]} voxels, {len(t)} passes)", flush=True)
+            if tool in median and "ours" in median:
+                print(f"{name:7s} {phase:8s} binding overhead over the C tool "
+                      f"{100 * (median['ours'] / median[tool] - 1):+.1f}%")
+            if "spconv" in median:
+                for v in median:
+                    if v != "spconv":
+                        print(f"{name:7s} {phase:8s} {v} is {median['spconv'] / median[v]:.2f}x "
+                              f"spconv 2.3.8")
 
 
 class _Nothing:

@@ -7,14 +7,14 @@
 #include "rulebook/internal.h"
 #include "rulebook/sites.h"
 
-/* What every builder gets: the input rows and, for the strided builders, their hash table (which
- * validated them: in range and unique). */
+/* What every builder gets: the input rows (validated by build.c for the strided builders, by
+ * spconv__build_subm itself for subm). */
 typedef struct spconv__build_input {
     const char *func;
     int num_threads;
     const int32_t *rows; /* contiguous [num_in, 4] */
     int64_t num_in;
-    const spconv__site_table *sites; /* NULL for spconv__build_subm, which validates the rows */
+    const spconv__site_table *sites; /* the subm table build's own table; NULL otherwise */
     const int64_t *shape;            /* the input's spatial shape */
     int64_t batch_size;
 } spconv__build_input;
