@@ -149,7 +149,7 @@ spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_ten
                                            double eps, double *mean, double *invstd,
                                            double *var_unbiased);
 spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
-                                           const double *scale, const double *shift,
+                                           const double *scale, const double *shift, int relu,
                                            spconv_tensor *y);
 spconv_status spconv__cuda_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
                                               const spconv_tensor *dy, const double *mean,

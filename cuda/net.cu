@@ -61,10 +61,18 @@ __global__ void sum_grad_rows_kernel(double *__restrict__ partial, const T *__re
 template <typename T>
 __global__ void bn_apply_kernel(T *y, const T *x,
                                 const double *scale, const double *shift,
-                                int64_t n, int64_t c) {
+                                int relu, int64_t n, int64_t c) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step)
-        y[i] = (T)(x[i] * scale[i % c] + shift[i % c]);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
+        /* A product and a sum each rounded, as the CPU computes them: nvcc would otherwise
+         * contract them into one fma and change the last bit. */
+#ifdef __CUDA_ARCH__
+        const T v = (T)__dadd_rn(__dmul_rn((double)x[i], scale[i % c]), shift[i % c]);
+#else
+        const T v = (T)((double)x[i] * scale[i % c] + shift[i % c]);
+#endif
+        y[i] = relu && v < 0 ? (T)0 : v;
+    }
 }
 
 /* dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / n); v[0..4c): gamma, invstd, mean, and
@@ -288,7 +296,8 @@ extern "C" spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const
 
 template <typename T>
 static spconv_status bn_apply_typed(spconv_context *ctx, const spconv_tensor *x,
-                                    const double *scale, const double *shift, spconv_tensor *y) {
+                                    const double *scale, const double *shift, int relu,
+                                    spconv_tensor *y) {
     net_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
@@ -298,16 +307,17 @@ static spconv_status bn_apply_typed(spconv_context *ctx, const spconv_tensor *x,
     SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(scale, c, &scale_d));
     SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(shift, c, &shift_d));
     NET_LAUNCH(call, (bn_apply_kernel<T>), n * c, (T *)spconv_tensor_data(y),
-               (const T *)spconv_tensor_data(x), scale_d, shift_d, n, c);
+               (const T *)spconv_tensor_data(x), scale_d, shift_d, relu, n, c);
     return SPCONV_OK;
 }
 
 extern "C" spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                                       const double *scale, const double *shift,
-                                                      spconv_tensor *y) {
+                                                      int relu, spconv_tensor *y) {
     SPCONV_FORWARD_IF_ERROR(check_float("batch norm", x));
-    return spconv_tensor_dtype(x) == SPCONV_F32 ? bn_apply_typed<float>(ctx, x, scale, shift, y)
-                                                : bn_apply_typed<double>(ctx, x, scale, shift, y);
+    return spconv_tensor_dtype(x) == SPCONV_F32
+               ? bn_apply_typed<float>(ctx, x, scale, shift, relu, y)
+               : bn_apply_typed<double>(ctx, x, scale, shift, relu, y);
 }
 
 template <typename T>

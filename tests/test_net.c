@@ -1127,6 +1127,85 @@ static void test_backend_without_the_kernels(void **state) {
     spconv_net_destroy(net);
 }
 
+/* ---- batch norm with the ReLU in the same pass ---------------------------------------------- */
+
+/* In inference a batch norm followed by a ReLU runs as one pass: its bits must be those of the
+ * two layers one after the other and of a scalar loop here (product and sum each rounded, in
+ * double), for f32 and f64, in place and not, on 1 and 2 threads, on both sides of the size at
+ * which the pass goes parallel, with NaN, infinities, signed zeros and values that the affine map
+ * sends just below zero. */
+static void test_batchnorm_relu_fused_bits(void **state) {
+    (void)state;
+    const unsigned long long seed = (unsigned long long)spconv_test_seed();
+    const int64_t shapes[3][2] = {{7, 5}, {1100, 33}, {5000, 64}};
+    for (int d = 0; d < 2; ++d) {
+        const spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+        for (int s = 0; s < 3; ++s) {
+            const int64_t n = shapes[s][0], c = shapes[s][1], total = n * c;
+            double *scale = malloc((size_t)c * sizeof *scale), *shift = malloc((size_t)c * sizeof *shift);
+            assert_non_null(scale);
+            assert_non_null(shift);
+            for (int64_t ch = 0; ch < c; ++ch) {
+                scale[ch] = spconv_test_rand_double(-2.0, 2.0);
+                shift[ch] = spconv_test_rand_double(-1.0, 1.0);
+                /* zero shifts, so that signed zeros reach the ReLU */
+                if (ch % 4 == 1) shift[ch] = 0.0;
+                if (ch % 4 == 2) shift[ch] = -0.0;
+            }
+            spconv_tensor *x = new_tensor(dtype, 2, shapes[s]);
+            const double specials[6] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0};
+            for (int64_t i = 0; i < total; ++i) {
+                const int64_t ch = i % c;
+                const int kind = (int)spconv_test_rand_int(0, 9);
+                /* x with x * scale + shift a hair from zero, either side */
+                const double near = scale[ch] != 0.0 ? -shift[ch] / scale[ch] : 0.0;
+                set_value(x, i, kind < 6 ? specials[kind]
+                                : kind < 8 ? near * (1.0 + spconv_test_rand_double(-1e-7, 1e-7))
+                                           : spconv_test_rand_double(-3.0, 3.0));
+            }
+            spconv_tensor *want = new_tensor(dtype, 2, shapes[s]);
+            for (int64_t i = 0; i < total; ++i) {
+                const int64_t ch = i % c;
+                if (dtype == SPCONV_F32) {
+                    const float v = (float)(((const float *)spconv_tensor_data(x))[i] * scale[ch] + shift[ch]);
+                    ((float *)spconv_tensor_data(want))[i] = v < 0 ? 0 : v;
+                } else {
+                    const double v = ((const double *)spconv_tensor_data(x))[i] * scale[ch] + shift[ch];
+                    ((double *)spconv_tensor_data(want))[i] = v < 0 ? 0 : v;
+                }
+            }
+            const size_t bytes = (size_t)total * spconv_dtype_size(dtype);
+            for (int threads = 1; threads <= 2; ++threads) {
+                spconv_context *ctx = NULL;
+                SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+                SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, threads));
+                spconv_tensor *fused = new_tensor(dtype, 2, shapes[s]);
+                spconv_tensor *two = new_tensor(dtype, 2, shapes[s]);
+                spconv_tensor *in_place = new_tensor(dtype, 2, shapes[s]);
+                SPCONV_ASSERT_OK(spconv__net_batchnorm_apply(ctx, x, scale, shift, 1, fused));
+                SPCONV_ASSERT_OK(spconv__net_batchnorm_apply(ctx, x, scale, shift, 0, two));
+                SPCONV_ASSERT_OK(spconv__net_relu_forward(ctx, two, two));
+                memcpy(spconv_tensor_data(in_place), spconv_tensor_data(x), bytes);
+                SPCONV_ASSERT_OK(
+                    spconv__net_batchnorm_apply(ctx, in_place, scale, shift, 1, in_place));
+                if (memcmp(spconv_tensor_data(fused), spconv_tensor_data(want), bytes) != 0 ||
+                    memcmp(spconv_tensor_data(two), spconv_tensor_data(want), bytes) != 0 ||
+                    memcmp(spconv_tensor_data(in_place), spconv_tensor_data(want), bytes) != 0)
+                    fail_msg("seed %llu: %s [%lld, %lld] on %d thread(s): bits differ", seed,
+                             spconv_dtype_name(dtype), (long long)n, (long long)c, threads);
+                spconv_tensor_release(fused);
+                spconv_tensor_release(two);
+                spconv_tensor_release(in_place);
+                spconv_context_destroy(ctx);
+            }
+            spconv_tensor_release(want);
+            spconv_tensor_release(x);
+            free(scale);
+            free(shift);
+        }
+    }
+}
+
 /* ---- empty inputs ---------------------------------------------------------------------------- */
 
 /* A scan whose points all fall outside every zoo range voxelizes to N = 0 and still runs. */
@@ -1327,6 +1406,7 @@ int main(void) {
         cmocka_unit_test(test_run_errors_sites),
         cmocka_unit_test(test_run_errors_arguments),
         cmocka_unit_test(test_backend_without_the_kernels),
+        cmocka_unit_test(test_batchnorm_relu_fused_bits),
         cmocka_unit_test(test_zero_voxels),
         cmocka_unit_test(test_zoo_on_sample_scan),
         cmocka_unit_test(test_zoo_on_kitti),

@@ -106,8 +106,11 @@ typedef struct spconv_backend {
      * may be dy) where the net works in place. */
     spconv_status (*batchnorm_stats)(spconv_context *ctx, const spconv_tensor *x, double eps,
                                      double *mean, double *invstd, double *var_unbiased);
+    /* y = x * scale + shift, then (relu != 0) y < 0 ? 0 : y in the same pass, as the ReLU slot
+     * would (NaN kept), so that a fused pair gives the bits of the two. */
     spconv_status (*batchnorm_apply)(spconv_context *ctx, const spconv_tensor *x,
-                                     const double *scale, const double *shift, spconv_tensor *y);
+                                     const double *scale, const double *shift, int relu,
+                                     spconv_tensor *y);
     spconv_status (*batchnorm_backward)(spconv_context *ctx, const spconv_tensor *x,
                                         const spconv_tensor *dy, const double *mean,
                                         const double *invstd, const double *gamma,

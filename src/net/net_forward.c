@@ -25,6 +25,7 @@ typedef struct net_pass {
     spconv_sparse_tensor **saved; /* [num_layers]: the tensor of each SAVE layer */
     spconv_tensor *dense;         /* TO_DENSE output */
     spconv_phase_ms *phase;       /* the running layer's forward times */
+    int relu_done;                /* the batch norm before has applied the next layer's ReLU */
 } net_pass;
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
@@ -158,8 +159,14 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
     }
     spconv_tensor *x = cur_features(p), *y = x;
     int in_place = p->cur_owned && !p->training;
+    /* In inference a ReLU right after is done in the same pass (its bits are the same): one
+     * trip through the features instead of two. Training keeps both outputs for backward. */
+    const spconv__net_layer *after = layer + 1;
+    const int fuse_relu = !p->training && after < p->net->layers + p->net->num_layers &&
+                          after->desc.kind == SPCONV_LAYER_RELU;
     if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p, n, c, &y), done);
-    st = spconv__net_batchnorm_apply(p->ctx, x, scale, shift, y);
+    st = spconv__net_batchnorm_apply(p->ctx, x, scale, shift, fuse_relu, y);
+    if (st == SPCONV_OK) p->relu_done = fuse_relu;
     if (st != SPCONV_OK) {
         if (!in_place) spconv_tensor_release(y);
     } else if (in_place) {
@@ -176,6 +183,12 @@ done:
 }
 
 static spconv_status forward_relu(net_pass *p, spconv_sparse_tensor **next) {
+    if (p->relu_done) { /* by the batch norm before, on features it owns */
+        p->relu_done = 0;
+        spconv_sparse_retain(p->cur);
+        *next = p->cur;
+        return SPCONV_OK;
+    }
     spconv_tensor *x = cur_features(p);
     if (p->cur_owned) {
         SPCONV_FORWARD_IF_ERROR(spconv__net_relu_forward(p->ctx, x, x));

@@ -75,9 +75,10 @@ spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
  * The sums run over fixed blocks of rows, so results do not depend on the thread count. */
 spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
                                           double *mean, double *invstd, double *var_unbiased);
-/* y = x * scale[c] + shift[c]; y may be x (in place). */
+/* y = x * scale[c] + shift[c], then with @p relu the ReLU of that in the same pass (the bits of
+ * spconv__net_relu_forward after it); y may be x (in place). */
 spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
-                                          const double *scale, const double *shift,
+                                          const double *scale, const double *shift, int relu,
                                           spconv_tensor *y);
 /* Batch-norm backward with batch statistics: dx, and dgamma / dbeta (f64 [C], overwritten). */
 spconv_status spconv__net_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/cpu_kernels.h"
+#include "conv/gemm.h" /* SPCONV__VECTOR_CLONES */
 #include "core/error.h"
 #include "net/net_internal.h"
 
@@ -105,26 +106,51 @@ spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tens
     return SPCONV_OK;
 }
 
+/* Rows [begin, end) of [*, c]: y = x * scale + shift in double, rounded to T, then with relu
+ * y < 0 ? 0 : y (NaN kept, as in spconv__cpu_relu_forward). Every version of the clones rounds
+ * the product and the sum each (no contraction in ISO C), so all give the same bits. */
+#define BN_ROWS(NAME, T)                                                                           \
+    SPCONV__VECTOR_CLONES                                                                          \
+    static void NAME(const T *src, T *dst, int64_t begin, int64_t end, int64_t c,                 \
+                     const double *restrict scale, const double *restrict shift, int relu) {       \
+        for (int64_t r = begin; r < end; ++r) {                                                    \
+            const T *in = src + r * c;                                                             \
+            T *out = dst + r * c;                                                                  \
+            if (relu)                                                                              \
+                for (int64_t ch = 0; ch < c; ++ch) {                                               \
+                    const T v = (T)(in[ch] * scale[ch] + shift[ch]);                               \
+                    out[ch] = v < 0 ? 0 : v;                                                       \
+                }                                                                                  \
+            else                                                                                   \
+                for (int64_t ch = 0; ch < c; ++ch) out[ch] = (T)(in[ch] * scale[ch] + shift[ch]);  \
+        }                                                                                          \
+    }
+BN_ROWS(bn_rows_f32, float)
+BN_ROWS(bn_rows_f64, double)
+#undef BN_ROWS
+
+/* The affine pass does a few operations per element in double, more than bandwidth alone: worth
+ * a team from fewer elements than the pure copies. */
+#define BN_PARALLEL_MIN (1 << 17)
+
 spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
-                                          const double *scale, const double *shift,
+                                          const double *scale, const double *shift, int relu,
                                           spconv_tensor *y) {
     const int threads = spconv_context_num_threads(ctx);
     (void)threads; /* only the OpenMP pragmas read it */
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
-#define BN_APPLY(T)                                                                                \
-    do {                                                                                           \
-        const T *src = spconv_tensor_data(x);                                                      \
-        T *dst = spconv_tensor_data(y);                                                            \
-        PARALLEL_FOR(n *c)                                                                         \
-        for (int64_t r = 0; r < n; ++r)                                                            \
-            for (int64_t ch = 0; ch < c; ++ch)                                                     \
-                dst[r * c + ch] = (T)(src[r * c + ch] * scale[ch] + shift[ch]);                    \
-    } while (0)
-    if (spconv_tensor_dtype(x) == SPCONV_F32)
-        BN_APPLY(float);
-    else
-        BN_APPLY(double);
-#undef BN_APPLY
+    const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    const int f32 = spconv_tensor_dtype(x) == SPCONV_F32;
+    const void *src = spconv_tensor_data(x);
+    void *dst = spconv_tensor_data(y);
+    SPCONV_OMP(omp parallel for num_threads(threads) schedule(static) if(n * c > BN_PARALLEL_MIN))
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t begin = blk * BLOCK_ROWS, end = begin + BLOCK_ROWS < n ? begin + BLOCK_ROWS : n;
+        if (f32)
+            bn_rows_f32(src, dst, begin, end, c, scale, shift, relu);
+        else
+            bn_rows_f64(src, dst, begin, end, c, scale, shift, relu);
+    }
     return SPCONV_OK;
 }
 

@@ -17,11 +17,11 @@ spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tens
 }
 
 spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
-                                          const double *scale, const double *shift,
+                                          const double *scale, const double *shift, int relu,
                                           spconv_tensor *y) {
     const spconv_backend *be;
     SPCONV_DISPATCH(FUNC, spconv_tensor_device(x), batchnorm_apply, "batch norm", &be);
-    return be->batchnorm_apply(ctx, x, scale, shift, y);
+    return be->batchnorm_apply(ctx, x, scale, shift, relu, y);
 }
 
 spconv_status spconv__net_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
