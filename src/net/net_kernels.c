@@ -344,17 +344,6 @@ static spconv_status site_offsets(const int32_t *idx, int64_t n, const int64_t d
     return st;
 }
 
-/* Zero @p bytes at @p base; in parallel, which also takes a fresh buffer's page faults in
- * parallel. */
-static void zero_bytes(char *base, size_t bytes, int threads) {
-    const size_t chunk = (size_t)1 << 20;
-    PARALLEL_FOR(bytes / sizeof(float))
-    for (int64_t part = 0; part < (int64_t)((bytes + chunk - 1) / chunk); ++part) {
-        size_t begin = (size_t)part * chunk;
-        memset(base + begin, 0, begin + chunk < bytes ? chunk : bytes - begin);
-    }
-}
-
 spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
                                            const spconv_tensor *indices, spconv_tensor *dense) {
     const int threads = spconv_context_num_threads(ctx);
@@ -369,19 +358,22 @@ spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_ten
         free(at);
         return st;
     }
-    zero_bytes(spconv_tensor_data(dense),
-               (size_t)spconv_tensor_numel(dense) * spconv_dtype_size(spconv_tensor_dtype(dense)),
-               threads);
-    /* Channel by channel, so that the writes of one pass stay in one [D, H, W] block (cache
-     * and TLB friendly) instead of striding across the whole map for every row. */
-    const int64_t block = dims[1] * dims[2] * dims[3];
+    /* Channel by channel: each channel's [D, H, W] blocks (one per batch entry) are zeroed and
+     * then take that channel's values while they are still in cache, so the map goes out to
+     * memory once, and the writes of one channel stay in its blocks (cache and TLB friendly)
+     * instead of striding across the whole map for every row. */
+    const int64_t block = dims[1] * dims[2] * dims[3], batches = dims[0];
 #define SCATTER(T)                                                                                 \
     do {                                                                                           \
         const T *src = spconv_tensor_data(features);                                               \
         T *dst = spconv_tensor_data(dense);                                                        \
-        PARALLEL_FOR(n * c)                                                                        \
-        for (int64_t ch = 0; ch < c; ++ch)                                                         \
+        SPCONV_OMP(omp parallel for num_threads(threads) schedule(static)                          \
+                            if(batches * block * c > PARALLEL_MIN))                                \
+        for (int64_t ch = 0; ch < c; ++ch) {                                                       \
+            for (int64_t b = 0; b < batches; ++b)                                                  \
+                memset(dst + (b * c + ch) * block, 0, (size_t)block * sizeof(T));                  \
             for (int64_t r = 0; r < n; ++r) dst[at[r] + ch * block] = src[r * c + ch];             \
+        }                                                                                          \
     } while (0)
     if (spconv_tensor_dtype(dense) == SPCONV_F32)
         SCATTER(float);
