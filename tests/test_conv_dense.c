@@ -15,6 +15,53 @@ static double dense_at(const double *d, const int64_t s[5], int64_t b, int64_t c
     return d[(((b * s[1] + c) * s[2] + r[1]) * s[3] + r[2]) * s[4] + r[3]];
 }
 
+/* Every element size (u8, f16, f32, f64) moves as bits, on 1 and 2 threads, in maps large enough
+ * that the scatter runs in parallel (2 x 3 x 180,000 elements, over its 2^20): each site's
+ * channels where the definition puts them, and zero bytes everywhere else. */
+static void test_sparse_to_dense_all_sizes_in_parallel(void **state) {
+    (void)state;
+    const spconv_dtype dtypes[4] = {SPCONV_U8, SPCONV_F16, SPCONV_F32, SPCONV_F64};
+    const int64_t shape[3] = {10, 120, 150}, batch = 2, channels = 3, per_batch = 5000;
+    const int64_t n = batch * per_batch, cells = shape[0] * shape[1] * shape[2];
+    int32_t *rows = oracle_random_sites(batch, shape, per_batch);
+    for (int d = 0; d < 4; ++d) {
+        const size_t elem = spconv_dtype_size(dtypes[d]);
+        unsigned char *bytes = malloc((size_t)(n * channels) * elem);
+        assert_non_null(bytes);
+        for (int64_t i = 0; i < n * channels * (int64_t)elem; ++i)
+            bytes[i] = (unsigned char)spconv_test_rand_int(1, 255); /* no zero byte */
+        const int64_t f_sizes[2] = {n, channels};
+        for (int threads = 1; threads <= 2; ++threads) {
+            spconv_context *ctx = NULL;
+            SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+            SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, threads));
+            spconv_tensor *f = NULL, *dense = NULL;
+            SPCONV_ASSERT_OK(spconv_tensor_from_host(ctx, spconv_cpu(), dtypes[d], 2, f_sizes,
+                                                     bytes, &f));
+            spconv_tensor *idx = conv_indices_tensor(rows, n);
+            SPCONV_ASSERT_OK(spconv_sparse_to_dense(ctx, f, idx, shape, batch, &dense));
+            const unsigned char *got = spconv_tensor_data(dense);
+            unsigned char *want = calloc((size_t)(batch * channels * cells), elem);
+            assert_non_null(want);
+            for (int64_t i = 0; i < n; ++i) {
+                const int32_t *r = rows + 4 * i;
+                const int64_t cell = ((int64_t)r[1] * shape[1] + r[2]) * shape[2] + r[3];
+                for (int64_t c = 0; c < channels; ++c)
+                    memcpy(want + ((r[0] * channels + c) * cells + cell) * elem,
+                           bytes + (i * channels + c) * elem, elem);
+            }
+            assert_memory_equal(got, want, (size_t)(batch * channels * cells) * elem);
+            free(want);
+            spconv_tensor_release(dense);
+            spconv_tensor_release(idx);
+            spconv_tensor_release(f);
+            spconv_context_destroy(ctx);
+        }
+        free(bytes);
+    }
+    free(rows);
+}
+
 static void test_sparse_to_dense_definition(void **state) {
     (void)state;
     for (int t = 0; t < 20; ++t) {
@@ -254,6 +301,7 @@ static void test_weight_layout_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_to_dense_definition),
+        cmocka_unit_test(test_sparse_to_dense_all_sizes_in_parallel),
         cmocka_unit_test(test_dense_to_sparse_rules),
         cmocka_unit_test(test_dense_errors),
         cmocka_unit_test(test_weight_layouts),

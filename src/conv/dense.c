@@ -1,5 +1,6 @@
 /* Sparse <-> dense [B, C, D, H, W] helpers (any dtype: they only move elements), on the CPU, and
  * their dispatchers. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,7 +8,9 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "tensor/convert.h"
+#include "tensor/tensor_impl.h"
 
 /* a * b into *out unless it passes INT64_MAX (both non-negative). */
 static int mul_fits(int64_t a, int64_t b, int64_t *out) {
@@ -39,15 +42,12 @@ static int64_t earlier_duplicate(const int32_t *idx, int64_t row) {
     return j;
 }
 
-static spconv_status scatter_to_dense(const char *func, const spconv_tensor *features,
-                                      const int32_t *idx, const int64_t shape[3],
-                                      int64_t batch_size, spconv_tensor *dense,
-                                      unsigned char *taken) {
-    const int64_t n = spconv_tensor_size(features, 0), channels = spconv_tensor_size(features, 1);
+/* Where each row of @p idx lands in a [B, C, cells] map, as b * C * cells + cell (add c * cells
+ * for channel c), after checking every row in order: inside the shape, and no site twice. */
+static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
+                                const int64_t shape[3], int64_t batch_size, int64_t channels,
+                                unsigned char *taken, int64_t *at) {
     const int64_t cells = shape[0] * shape[1] * shape[2];
-    const size_t elem = spconv_dtype_size(spconv_tensor_dtype(features));
-    const char *src = spconv_tensor_data(features);
-    char *dst = spconv_tensor_data(dense);
     for (int64_t i = 0; i < n; ++i) {
         SPCONV_FORWARD_IF_ERROR(check_site(func, idx, i, shape, batch_size));
         const int32_t *r = idx + i * 4;
@@ -60,12 +60,41 @@ static spconv_status scatter_to_dense(const char *func, const spconv_tensor *fea
                                 (long long)j, (long long)i, r[0], r[1], r[2], r[3]);
         }
         taken[site / 8] |= (unsigned char)(1u << (site % 8));
-        for (int64_t c = 0; c < channels; ++c)
-            memcpy(dst + (size_t)((r[0] * channels + c) * cells + cell) * elem,
-                   src + (size_t)(i * channels + c) * elem, elem);
+        at[i] = r[0] * channels * cells + cell;
     }
     return SPCONV_OK;
 }
+
+/* Channel by channel: each channel's [cells] blocks (one per batch entry) are zeroed and then
+ * take that channel's values while still in cache, so the map goes out to memory once and the
+ * writes of a channel stay inside its blocks. Elements are moved as bits of their size. */
+#define SCATTER_CHANNELS(T)                                                                        \
+    do {                                                                                           \
+        const T *from = (const T *)src;                                                            \
+        T *to = (T *)dst;                                                                          \
+        SPCONV_OMP(omp parallel for num_threads(threads) schedule(static)                          \
+                            if(batch_size * channels * cells > (1 << 20)))                          \
+        for (int64_t c = 0; c < channels; ++c) {                                                   \
+            for (int64_t b = 0; b < batch_size; ++b)                                               \
+                memset(to + (b * channels + c) * cells, 0, (size_t)cells * sizeof(T));             \
+            for (int64_t i = 0; i < n; ++i) to[at[i] + c * cells] = from[i * channels + c];        \
+        }                                                                                          \
+    } while (0)
+
+static void scatter_to_dense(int threads, const spconv_tensor *features, const int64_t *at,
+                             int64_t cells, int64_t batch_size, spconv_tensor *dense) {
+    (void)threads; /* only the OpenMP pragmas read it */
+    const int64_t n = spconv_tensor_size(features, 0), channels = spconv_tensor_size(features, 1);
+    const char *src = spconv_tensor_data(features);
+    char *dst = spconv_tensor_data(dense);
+    switch (spconv_dtype_size(spconv_tensor_dtype(features))) {
+    case 1: SCATTER_CHANNELS(uint8_t); break;
+    case 2: SCATTER_CHANNELS(uint16_t); break;
+    case 4: SCATTER_CHANNELS(uint32_t); break;
+    default: SCATTER_CHANNELS(uint64_t); break;
+    }
+}
+#undef SCATTER_CHANNELS
 
 static spconv_status sparse_to_dense_cpu(spconv_context *ctx, const spconv_tensor *features,
                                          const spconv_tensor *indices, const int64_t shape[3],
@@ -74,25 +103,32 @@ static spconv_status sparse_to_dense_cpu(spconv_context *ctx, const spconv_tenso
     static const char func[] = "spconv_sparse_to_dense";
     spconv_tensor *f = NULL, *idx = NULL, *dense = NULL;
     unsigned char *taken = NULL;
+    int64_t *at = NULL;
     spconv_status st;
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, indices, &idx), done);
-    SPCONV_TRY_GOTO(st,
-                    spconv_tensor_zeros(ctx, spconv_cpu(), spconv_tensor_dtype(features), 5,
-                                        dense_sizes, &dense),
-                    done);
-    int64_t sites = batch_size * shape[0] * shape[1] * shape[2];
+    const int64_t n = spconv_tensor_size(f, 0), cells = shape[0] * shape[1] * shape[2];
+    int64_t sites = batch_size * cells;
     taken = calloc((size_t)(sites / 8 + 1), 1);
-    if (taken == NULL)
+    at = malloc((size_t)(n > 0 ? n : 1) * sizeof *at);
+    if (taken == NULL || at == NULL)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
                          "%s: no memory for the occupancy bitmap of %lld sites", func,
                          (long long)sites);
-    SPCONV_TRY_GOTO(
-        st, scatter_to_dense(func, f, spconv_tensor_data(idx), shape, batch_size, dense, taken),
-        done);
+    SPCONV_TRY_GOTO(st,
+                    site_cells(func, spconv_tensor_data(idx), n, shape, batch_size,
+                               dense_sizes[1], taken, at),
+                    done);
+    /* Every element is written below (zeroed or scattered): no zero fill first. */
+    SPCONV_TRY_GOTO(st,
+                    spconv__tensor_empty_in(func, ctx, spconv_cpu(), spconv_tensor_dtype(features),
+                                            5, dense_sizes, &dense),
+                    done);
+    scatter_to_dense(spconv_context_num_threads(ctx), f, at, cells, batch_size, dense);
     *out = dense, dense = NULL;
 done:
     free(taken);
+    free(at);
     spconv_tensor_release(dense);
     spconv_tensor_release(idx);
     spconv_tensor_release(f);
