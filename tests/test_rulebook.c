@@ -1053,6 +1053,37 @@ static void test_bad_rows(void **state) {
     free(rows);
 }
 
+/* Enough sites that the line index sorts its lines on a team of threads (over 16384): two repeats
+ * far apart are still named by the first, with its owner, on 1 and 3 threads. */
+static void test_many_sites_first_repeat_named(void **state) {
+    (void)state;
+    const int64_t n = 40000, shape[3] = {40, 600, 6}; /* 24,000 lines */
+    const spconv_conv_params kinds[2] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1)};
+    for (int trial = 0; trial < 4; ++trial) {
+        int32_t *rows = spconv_test_random_sites(1, shape, n);
+        assert_true(spconv__site_lines_fit(n, 1, shape));
+        const int64_t owner = spconv_test_rand_int(0, 9999), first = spconv_test_rand_int(10000, 19999);
+        const int64_t other = spconv_test_rand_int(20000, 29999), later = spconv_test_rand_int(30000, n - 1);
+        memcpy(rows + 4 * first, rows + 4 * owner, 4 * sizeof *rows);
+        memcpy(rows + 4 * later, rows + 4 * other, 4 * sizeof *rows);
+        char want[96], owned[64];
+        snprintf(want, sizeof want, "indices row %lld = ", (long long)first);
+        snprintf(owned, sizeof owned, "duplicates row %lld", (long long)owner);
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
+        for (int threads = 1; threads <= 3; threads += 2) {
+            spconv_context *ctx = context_with_threads(threads);
+            spconv_rulebook *rb = NULL;
+            SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, indices, shape, 1, &kinds[trial % 2], &rb),
+                                SPCONV_ERR_DUPLICATE_INDEX, want);
+            assert_non_null(strstr(spconv_last_error(), owned));
+            spconv_context_destroy(ctx);
+        }
+        spconv_tensor_release(indices);
+        free(rows);
+    }
+}
+
 /* A site repeated three times and another repeated twice: the validation through the line index
  * (small grid) and through the table (the same rows far out in a huge grid) name the same first
  * repeat and its owner, for subm, regular and transposed builds on 1 and 2 threads. */
@@ -1354,6 +1385,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_inverse_rulebook),
         cmocka_unit_test(test_bad_rows),
         cmocka_unit_test(test_repeats_named_alike),
+        cmocka_unit_test(test_many_sites_first_repeat_named),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_real_scan_subm),
         cmocka_unit_test(test_real_scan_stride2),

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "rulebook/sites.h"
 
 /* Most line starts allowed per site (beyond a floor for small inputs): 4 bytes each, so that the
@@ -14,6 +15,8 @@
 #define LINES_MIN (INT64_C(1) << 17)
 /* Lines up to this long are sorted by insertion; longer ones by qsort (never quadratic). */
 #define INSERTION_MAX 32
+/* Fewest sites whose lines are sorted by a team of threads. */
+#define LINES_PARALLEL_MIN 16384
 
 int spconv__site_lines_fit(int64_t num_sites, int64_t batch_size, const int64_t shape[3]) {
     const int64_t limit = num_sites * LINES_PER_SITE > LINES_MIN ? num_sites * LINES_PER_SITE
@@ -98,11 +101,24 @@ spconv_status spconv__site_lines_build(const char *func, int num_threads, const 
     }
     for (int64_t l = lines->num_lines; l > 0; --l) starts[l] = starts[l - 1];
     starts[0] = 0;
+    /* Lines sort independently; each thread keeps the smallest repeat it met, and the smallest
+     * of those is the first repeat whatever the thread count. */
     int64_t first_repeat = num_sites, owner = -1;
-    for (int64_t l = 0; l < lines->num_lines; ++l)
-        if (starts[l + 1] - starts[l] > 1)
-            sort_line_checked(lines->entries + starts[l], starts[l + 1] - starts[l], &first_repeat,
-                              &owner);
+    const int64_t num_lines = lines->num_lines;
+    SPCONV_OMP(omp parallel num_threads(num_threads) if(num_sites > LINES_PARALLEL_MIN))
+    {
+        int64_t mine = num_sites, my_owner = -1;
+        SPCONV_OMP(omp for schedule(dynamic, 512))
+        for (int64_t l = 0; l < num_lines; ++l)
+            if (starts[l + 1] - starts[l] > 1)
+                sort_line_checked(lines->entries + starts[l], starts[l + 1] - starts[l], &mine,
+                                  &my_owner);
+        SPCONV_OMP(omp critical(spconv_site_lines_repeat))
+        if (mine < first_repeat) {
+            first_repeat = mine;
+            owner = my_owner;
+        }
+    }
     spconv_status st = SPCONV_OK;
     if (first_repeat < num_sites)
         st = spconv__report_duplicate(func, rows + 4 * first_repeat, first_repeat, owner);
