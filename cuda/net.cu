@@ -71,7 +71,8 @@ __global__ void bn_apply_kernel(T *y, const T *x,
 #else
         const T v = (T)((double)x[i] * scale[i % c] + shift[i % c]);
 #endif
-        y[i] = relu && v < 0 ? (T)0 : v;
+        /* a NaN as the default quiet NaN, as on the CPU (which NaN an add returns varies) */
+        y[i] = v != v ? (T)NAN : relu && v < 0 ? (T)0 : v;
     }
 }
 

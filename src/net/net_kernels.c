@@ -108,7 +108,9 @@ spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tens
 
 /* Rows [begin, end) of [*, c]: y = x * scale + shift in double, rounded to T, then with relu
  * y < 0 ? 0 : y (NaN kept, as in spconv__cpu_relu_forward). Every version of the clones rounds
- * the product and the sum each (no contraction in ISO C), so all give the same bits. */
+ * the product and the sum each (no contraction in ISO C), so all give the same bits. A NaN y is
+ * stored as the default quiet NaN: which of two NaN operands an add returns is unspecified (the
+ * compiler may swap them), so without this the fused and the plain loop could differ. */
 #define BN_ROWS(NAME, T)                                                                           \
     SPCONV__VECTOR_CLONES                                                                          \
     static void NAME(const T *src, T *dst, int64_t begin, int64_t end, int64_t c,                 \
@@ -119,10 +121,13 @@ spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tens
             if (relu)                                                                              \
                 for (int64_t ch = 0; ch < c; ++ch) {                                               \
                     const T v = (T)(in[ch] * scale[ch] + shift[ch]);                               \
-                    out[ch] = v < 0 ? 0 : v;                                                       \
+                    out[ch] = v != v ? (T)NAN : v < 0 ? 0 : v;                                     \
                 }                                                                                  \
             else                                                                                   \
-                for (int64_t ch = 0; ch < c; ++ch) out[ch] = (T)(in[ch] * scale[ch] + shift[ch]);  \
+                for (int64_t ch = 0; ch < c; ++ch) {                                               \
+                    const T v = (T)(in[ch] * scale[ch] + shift[ch]);                               \
+                    out[ch] = v != v ? (T)NAN : v;                                                 \
+                }                                                                                  \
         }                                                                                          \
     }
 BN_ROWS(bn_rows_f32, float)
