@@ -3,7 +3,7 @@
 
     tools/bench_before_after.py --before OLD/spconv --after build/tools/spconv \\
         [--net basic] [--input ../shared/data] [--threads 2] [--rounds 5] [--repeat 3] \\
-        [--backward] [--markdown]
+        [--backward [--input-grad]] [--markdown]
 
 Each round runs `spconv bench --json` once with each tool, alternating which goes first, so that
 both see the same machine; every timed pass of every round is kept. The table gives, per phase and
@@ -31,6 +31,8 @@ def run_bench(tool, args, json_path, peak_size):
         cmd += ["--input", args.input]
     if args.backward:
         cmd += ["--backward"]
+    if args.input_grad:
+        cmd += ["--input-grad"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(json_path) as f:
         return json.load(f)
@@ -77,6 +79,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--input-grad", action="store_true",
+                    help="with --backward, the first layer's input gradient too (both tools must "
+                         "have the option)")
     ap.add_argument("--peak-size", type=int, default=2048)
     args = ap.parse_args()
 

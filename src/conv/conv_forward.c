@@ -14,6 +14,8 @@
 /* Fewest out rows per block with the fused kernels: enough rows that finding a block's pairs
  * (two binary searches per offset) stays small next to its products. */
 #define FUSED_MIN_BLOCK_ROWS 64
+/* Blocks per thread with the fused kernels, taken dynamically. */
+#define FUSED_BLOCKS_PER_THREAD 16
 
 typedef struct forward_args {
     const spconv__conv_plan *plan;
@@ -229,8 +231,10 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     int threads = spconv_context_num_threads(ctx);
     if (plan.fused) {
         /* An element's value does not depend on its block here (fused.h), so blocks may follow
-         * the thread count: a few per thread, so that small layers use every core too. */
-        int64_t balanced = (dims->num_out + 4 * threads - 1) / (4 * threads);
+         * the thread count: many per thread, so that small layers use every core too and the
+         * last blocks leave little idle time at the end of a layer. */
+        int64_t balanced = (dims->num_out + FUSED_BLOCKS_PER_THREAD * threads - 1) /
+                           (FUSED_BLOCKS_PER_THREAD * threads);
         if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
         if (balanced < a.block_rows) a.block_rows = balanced;
     }
