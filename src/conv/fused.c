@@ -98,17 +98,6 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                 a[r] = x + (src != NULL ? (int64_t)src[i + r] : src_base + i + r) * k;             \
                 yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;            \
             }                                                                                      \
-            /* The next block's rows lie anywhere: start loading them (its inputs, and the out     \
-             * rows it will add into) while this block computes. */                                \
-            if (i + 2 * FUSED_ROWS <= count)                                                       \
-                for (int r = FUSED_ROWS; r < 2 * FUSED_ROWS; ++r) {                                \
-                    const T *an = x + (src != NULL ? (int64_t)src[i + r] : src_base + i + r) * k;  \
-                    const T *yn = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;  \
-                    for (int64_t e = 0; e < k; e += 64 / (int64_t)sizeof(T))                       \
-                        __builtin_prefetch(an + e, 0, 3);                                          \
-                    for (int64_t e = 0; e < n; e += 64 / (int64_t)sizeof(T))                       \
-                        __builtin_prefetch(yn + e, 1, 3);                                          \
-                }                                                                                  \
             for (int64_t t = 0; t < tiles; ++t) {                                                  \
                 const T *w = packed + t * k * 2 * L;                                               \
                 V c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(),            \
