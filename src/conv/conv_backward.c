@@ -293,8 +293,10 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
     const spconv__conv_plan *plan = a->plan;
     a->block_rows = spconv__block_rows(plan, plan->c_in);
     if (plan->fused) {
-        /* many blocks per thread, taken dynamically: little idle time at the end (as forward) */
-        int64_t balanced = (plan->num_in + 16 * threads - 1) / (16 * threads);
+        /* many blocks per thread, taken dynamically: little idle time at the end; one thread
+         * needs no split (as forward) */
+        const int64_t parts = threads > 1 ? 16 * (int64_t)threads : 1;
+        int64_t balanced = (plan->num_in + parts - 1) / parts;
         if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
         if (balanced < a->block_rows) a->block_rows = balanced;
     }

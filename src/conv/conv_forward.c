@@ -232,9 +232,10 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     if (plan.fused) {
         /* An element's value does not depend on its block here (fused.h), so blocks may follow
          * the thread count: many per thread, so that small layers use every core too and the
-         * last blocks leave little idle time at the end of a layer. */
-        int64_t balanced = (dims->num_out + FUSED_BLOCKS_PER_THREAD * threads - 1) /
-                           (FUSED_BLOCKS_PER_THREAD * threads);
+         * last blocks leave little idle time at the end of a layer. One thread needs no split:
+         * each extra block streams every W[k] through the cache once more. */
+        const int64_t parts = threads > 1 ? FUSED_BLOCKS_PER_THREAD * threads : 1;
+        int64_t balanced = (dims->num_out + parts - 1) / parts;
         if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
         if (balanced < a.block_rows) a.block_rows = balanced;
     }
