@@ -81,13 +81,11 @@ static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
         }                                                                                          \
     } while (0)
 
-static void scatter_to_dense(int threads, const spconv_tensor *features, const int64_t *at,
-                             int64_t cells, int64_t batch_size, spconv_tensor *dense) {
+void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int64_t n,
+                                  int64_t channels, const int64_t *at, int64_t cells,
+                                  int64_t batch_size, void *dst) {
     (void)threads; /* only the OpenMP pragmas read it */
-    const int64_t n = spconv_tensor_size(features, 0), channels = spconv_tensor_size(features, 1);
-    const char *src = spconv_tensor_data(features);
-    char *dst = spconv_tensor_data(dense);
-    switch (spconv_dtype_size(spconv_tensor_dtype(features))) {
+    switch (elem) {
     case 1: SCATTER_CHANNELS(uint8_t); break;
     case 2: SCATTER_CHANNELS(uint16_t); break;
     case 4: SCATTER_CHANNELS(uint32_t); break;
@@ -124,7 +122,10 @@ static spconv_status sparse_to_dense_cpu(spconv_context *ctx, const spconv_tenso
                     spconv__tensor_empty_in(func, ctx, spconv_cpu(), spconv_tensor_dtype(features),
                                             5, dense_sizes, &dense),
                     done);
-    scatter_to_dense(spconv_context_num_threads(ctx), f, at, cells, batch_size, dense);
+    spconv__cpu_scatter_channels(spconv_context_num_threads(ctx),
+                                 spconv_dtype_size(spconv_tensor_dtype(f)), spconv_tensor_data(f),
+                                 n, dense_sizes[1], at, cells, batch_size,
+                                 spconv_tensor_data(dense));
     *out = dense, dense = NULL;
 done:
     free(taken);

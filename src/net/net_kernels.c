@@ -363,28 +363,10 @@ spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_ten
         free(at);
         return st;
     }
-    /* Channel by channel: each channel's [D, H, W] blocks (one per batch entry) are zeroed and
-     * then take that channel's values while they are still in cache, so the map goes out to
-     * memory once, and the writes of one channel stay in its blocks (cache and TLB friendly)
-     * instead of striding across the whole map for every row. */
-    const int64_t block = dims[1] * dims[2] * dims[3], batches = dims[0];
-#define SCATTER(T)                                                                                 \
-    do {                                                                                           \
-        const T *src = spconv_tensor_data(features);                                               \
-        T *dst = spconv_tensor_data(dense);                                                        \
-        SPCONV_OMP(omp parallel for num_threads(threads) schedule(static)                          \
-                            if(batches * block * c > PARALLEL_MIN))                                \
-        for (int64_t ch = 0; ch < c; ++ch) {                                                       \
-            for (int64_t b = 0; b < batches; ++b)                                                  \
-                memset(dst + (b * c + ch) * block, 0, (size_t)block * sizeof(T));                  \
-            for (int64_t r = 0; r < n; ++r) dst[at[r] + ch * block] = src[r * c + ch];             \
-        }                                                                                          \
-    } while (0)
-    if (spconv_tensor_dtype(dense) == SPCONV_F32)
-        SCATTER(float);
-    else
-        SCATTER(double);
-#undef SCATTER
+    /* [B, C * D, H, W] is [B, C, cells] with cells = D * H * W, as spconv_sparse_to_dense's map. */
+    spconv__cpu_scatter_channels(threads, spconv_dtype_size(spconv_tensor_dtype(dense)),
+                                 spconv_tensor_data(features), n, c, at,
+                                 dims[1] * dims[2] * dims[3], dims[0], spconv_tensor_data(dense));
     free(at);
     return SPCONV_OK;
 }
