@@ -693,9 +693,9 @@ static void test_subm_line_index_and_table_agree(void **state) {
 static int compare_row_keys(const void *a, const void *b) { return compare_rows(a, b); }
 
 /* The line build walks a line's neighbours through rows of cells indexed by x, or with cursors
- * when x is too wide for such rows (over 16384): both against the reference, for kernels of 1, 3
- * or 5 per axis (up to 65 offsets take this build), dilations 1 to 3, rows in random order and
- * sorted, on 1 and 3 threads. */
+ * when x is too wide for such rows (over 16384, or rows of over 2^18 cells in all): both against
+ * the reference, for kernels of 1, 3 or 5 per axis (up to 65 offsets take this build), dilations
+ * 1 to 3, rows in random order and sorted, on 1 and 3 threads. */
 static void test_subm_line_walks_agree(void **state) {
     (void)state;
     const int64_t narrow[3] = {6, 7, 300}, wide[3] = {6, 7, 40000};
@@ -717,6 +717,15 @@ static void test_subm_line_walks_agree(void **state) {
             check_against_reference(ctx, rows, 2 * n, shape, 2, &p);
             free(rows);
         }
+        /* 5 x 5 (z, y) steps of rows of 12,000 cells pass the cells' cap (2^18): cursors too. */
+        const int64_t tall[3] = {7, 7, 12000};
+        spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+        p.kernel[0] = p.kernel[1] = 5;
+        p.kernel[2] = 1;
+        int32_t *rows = spconv_test_random_sites(2, tall, 900);
+        assert_true(spconv__site_lines_fit(1800, 2, tall));
+        check_against_reference(ctx, rows, 1800, tall, 2, &p);
+        free(rows);
         spconv_context_destroy(ctx);
     }
 }

@@ -478,8 +478,10 @@ static spconv_status build_with_table(const spconv__build_input *in, spconv_rule
 
 /* Offsets besides the centre that the line build takes (a bit each in a site's mask). */
 #define LINES_MAX_OFFSETS 64
-/* Widest x axis walked through rows of cells (one row per neighbouring line, 4 bytes a cell). */
+/* Widest x axis walked through rows of cells (one row per neighbouring line, 4 bytes a cell), and
+ * most cells of a thread's rows (1 MiB): beyond either, cursors. */
 #define DENSE_MAX_WIDTH 16384
+#define DENSE_MAX_CELLS (INT64_C(1) << 18)
 
 typedef struct lines_plan {
     const spconv__site_lines *lines;
@@ -599,17 +601,28 @@ static void walk_line_cursors(const lines_plan *plan, int64_t begin, int64_t end
     *written = pos;
 }
 
-static void walk_lines(const lines_plan *plan, int64_t walk) {
+/* Cells in a thread's rows: one row of width cells per (z, y) step of the kernel. */
+static int64_t cells_width(const lines_plan *plan) {
+    return plan->shape[2] + 2 * (plan->kernel[2] / 2 * plan->dilation[2]);
+}
+
+/* A thread's rows of cells, all empty (-1), or NULL where the walk uses cursors: a grid wider
+ * than DENSE_MAX_WIDTH, rows of more than DENSE_MAX_CELLS cells in all (a kernel of many (z, y)
+ * steps), or no memory for them. Walks leave them empty again, so one set serves a thread's
+ * walks. */
+static int32_t *cells_alloc(const lines_plan *plan) {
+    const int64_t cells = plan->kernel[0] * plan->kernel[1] * cells_width(plan);
+    if (plan->shape[2] > DENSE_MAX_WIDTH || cells > DENSE_MAX_CELLS) return NULL;
+    int32_t *rows = malloc((size_t)cells * sizeof *rows);
+    if (rows != NULL) memset(rows, 0xff, (size_t)cells * sizeof *rows);
+    return rows;
+}
+
+static void walk_lines(const lines_plan *plan, int64_t walk, int32_t *cells) {
     const spconv__site_lines *lines = plan->lines;
-    const int64_t steps = plan->kernel[0] * plan->kernel[1];
-    const int64_t width = plan->shape[2] + 2 * (plan->kernel[2] / 2 * plan->dilation[2]);
+    const int64_t width = cells_width(plan);
     const int64_t first = plan->walk_lines[walk], last = plan->walk_lines[walk + 1];
     int64_t written = (int64_t)lines->starts[first] * plan->kernel_volume;
-    int32_t *cells = NULL;
-    if (plan->shape[2] <= DENSE_MAX_WIDTH) { /* else (or without memory for them) cursors */
-        cells = malloc((size_t)(steps * width) * sizeof *cells);
-        if (cells != NULL) memset(cells, 0xff, (size_t)(steps * width) * sizeof *cells);
-    }
     int64_t at[LINES_MAX_OFFSETS + 1], stop[LINES_MAX_OFFSETS + 1], k_line[LINES_MAX_OFFSETS + 1];
     for (int64_t line = first; line < last; ++line) {
         const int64_t begin = lines->starts[line], end = lines->starts[line + 1];
@@ -620,7 +633,6 @@ static void walk_lines(const lines_plan *plan, int64_t walk) {
         else
             walk_line_cursors(plan, begin, end, used, at, stop, k_line, &written);
     }
-    free(cells);
 }
 
 /* Pairs per offset of output rows [begin, end), from their masks. */
@@ -692,8 +704,10 @@ static spconv_status build_by_lines(const spconv__build_input *in,
     plan_walks(&plan);
     SPCONV_OMP(omp parallel num_threads(num_threads))
     {
+        int32_t *cells = cells_alloc(&plan);
         SPCONV_OMP(omp for schedule(dynamic, 1))
-        for (int64_t w = 0; w < num_walks; ++w) walk_lines(&plan, w);
+        for (int64_t w = 0; w < num_walks; ++w) walk_lines(&plan, w, cells);
+        free(cells);
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t c = 0; c < num_chunks; ++c) {
             const int64_t begin = c * plan.chunk_len;
