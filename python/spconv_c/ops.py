@@ -122,6 +122,52 @@ def _conv_backward(ctx, grad_out):
 torch.library.register_autograd("spconv_c::conv_forward", _conv_backward, setup_context=_conv_setup)
 
 
+# Double backward. conv_backward is linear in grad_out and in each of (features, weight):
+#   gf[i]  = sum over pairs (i, o, k) of g[o] W_k^T      (features' values unused)
+#   gw_k   = sum over pairs (i, o, k) of f[i]^T g[o]
+#   gb     = sum over o of g[o]
+# so the gradients of <ggf, gf> + <ggw, gw> + <ggb, gb> are again convolutions over the same
+# rulebook:
+#   wrt g: conv_forward(ggf, W) + conv_forward(f, ggw) + ggb
+#   wrt f: the data gradient of the conv with weight ggw, conv_backward(f, ggw, g)[0]
+#   wrt W: the weight gradient with features ggf, conv_backward(ggf, W, g)[1]
+# Each is computed with the differentiable operators, so every further order works too.
+
+def _conv_backward_setup(ctx, inputs, output):
+    rulebook, features, weight, grad_out, output_mask = inputs
+    ctx.rulebook = rulebook
+    ctx.mask = list(output_mask)
+    ctx.save_for_backward(features, weight, grad_out)
+
+
+def _conv_double_backward(ctx, ggf, ggw, ggb):
+    features, weight, grad_out = ctx.saved_tensors
+    rb = ctx.rulebook
+    # Outputs not asked for are empty tensors: their gradients are nothing to propagate.
+    ggf = ggf if ctx.mask[0] and ggf is not None else None
+    ggw = ggw if ctx.mask[1] and ggw is not None else None
+    ggb = ggb if ctx.mask[2] and ggb is not None else None
+    want_f, want_w, want_g = ctx.needs_input_grad[1:4]
+    d_f = d_w = d_g = None
+    if want_g:
+        d_g = grad_out.new_zeros(grad_out.shape)
+        if ggf is not None:
+            d_g = d_g + _ops.conv_forward(rb, ggf.contiguous(), weight, None)
+        if ggw is not None:
+            d_g = d_g + _ops.conv_forward(rb, features, ggw.contiguous(), None)
+        if ggb is not None:
+            d_g = d_g + ggb
+    if want_f and ggw is not None:
+        d_f = _ops.conv_backward(rb, features, ggw.contiguous(), grad_out, [True, False, False])[0]
+    if want_w and ggf is not None:
+        d_w = _ops.conv_backward(rb, ggf.contiguous(), weight, grad_out, [False, True, False])[1]
+    return None, d_f, d_w, d_g, None
+
+
+torch.library.register_autograd("spconv_c::conv_backward", _conv_double_backward,
+                                setup_context=_conv_backward_setup)
+
+
 def _pool_setup(ctx, inputs, output):
     rulebook, features = inputs
     ctx.rulebook = rulebook
@@ -136,6 +182,28 @@ def _pool_backward(ctx, grad_out, _grad_argmax):
 
 torch.library.register_autograd("spconv_c::maxpool_forward", _pool_backward,
                                 setup_context=_pool_setup)
+
+
+# maxpool_backward puts grad_out[o, c] at input row argmax[o, c]: linear in grad_out, and its
+# gradient reads the incoming gradient back at the same rows (outputs without pairs, argmax -1,
+# get 0). torch.gather keeps every further order differentiable.
+
+def _pool_backward_setup(ctx, inputs, output):
+    rulebook, argmax, grad_out = inputs
+    ctx.save_for_backward(argmax)
+
+
+def _pool_double_backward(ctx, gg):
+    (argmax,) = ctx.saved_tensors
+    if not ctx.needs_input_grad[2]:
+        return None, None, None
+    valid = argmax >= 0
+    picked = torch.gather(gg, 0, argmax.long().clamp(min=0))
+    return None, None, torch.where(valid, picked, picked.new_zeros(()))
+
+
+torch.library.register_autograd("spconv_c::maxpool_backward", _pool_double_backward,
+                                setup_context=_pool_backward_setup)
 
 
 def _dense_setup(ctx, inputs, output):

@@ -4,7 +4,7 @@ message."""
 
 import pytest
 import torch
-from torch.autograd import gradcheck
+from torch.autograd import gradcheck, gradgradcheck
 
 import spconv_c  # noqa: F401
 import spconv_c.pytorch as spconv
@@ -42,6 +42,47 @@ def test_conv_gradcheck(seed, kind):
     b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
     f = feats.detach().requires_grad_(True)
     assert gradcheck(lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
+
+
+@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
+def test_conv_gradgradcheck(seed, kind):
+    # Second derivatives (conv_backward's own autograd): gradgradcheck compares the gradient of
+    # the analytic backward with finite differences of it, for features, weight and bias.
+    gen, feats, idx = small_input(seed, count=20)
+    rb = rulebooks(idx)[kind]
+    cin, cout = 2, 3
+    if kind == "inverse":
+        feats = torch.randn(rb.num_in(), cin, generator=gen, dtype=torch.float64)
+    w = torch.randn(rb.kernel_volume(), cin, cout, generator=gen, dtype=torch.float64,
+                    requires_grad=True)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
+    f = feats.detach().requires_grad_(True)
+    assert gradgradcheck(lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
+
+
+def test_conv_double_backward_of_one_input(seed):
+    # Only some inputs need gradients: the double backward computes just those, and a 5-d
+    # weight keeps its shape.
+    gen, feats, idx = small_input(seed, count=20)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    w = torch.randn(3, 3, 3, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert gradgradcheck(lambda w: ops.indice_conv(rb, feats, w), (w,))
+    f = feats.detach().requires_grad_(True)
+    assert gradgradcheck(lambda f: ops.indice_conv(rb, f, w.detach()), (f,))
+
+
+def test_maxpool_gradgradcheck(seed):
+    _, feats, idx = small_input(seed, count=40)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
+    f = (torch.randperm(feats.numel(), dtype=torch.float64).view(feats.shape) / 7.0 - 3.0)
+    f.requires_grad_(True)
+    assert gradgradcheck(lambda f: ops.indice_maxpool(rb, f), (f,))
+
+
+def test_sparse_to_dense_gradgradcheck(seed):
+    _, feats, idx = small_input(seed)
+    f = feats.detach().requires_grad_(True)
+    assert gradgradcheck(lambda f: ops.sparse_to_dense(f, idx, SHAPE, 2), (f,))
 
 
 def test_maxpool_gradcheck(seed):
@@ -83,6 +124,13 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.conv_forward.default, (rb, f, w, b)),
         (torch.ops.spconv_c.conv_forward.default, (rbs["subm"], f, w, None)),
         (torch.ops.spconv_c.conv_backward.default, (rb, feats, w.detach(), g, [True, True, True])),
+        # Its own autograd (double backward), traced too:
+        (torch.ops.spconv_c.conv_backward.default, (rb, f, w, g.clone().requires_grad_(True),
+                                                    [True, True, True])),
+        (torch.ops.spconv_c.conv_backward.default, (rb, f, w, g.clone().requires_grad_(True),
+                                                    [True, False, False])),
+        (torch.ops.spconv_c.maxpool_backward.default,
+         (pool_rb, argmax, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.maxpool_forward.default, (pool_rb, f)),
         (torch.ops.spconv_c.maxpool_backward.default, (pool_rb, argmax, torch.ones_like(pooled))),
         (torch.ops.spconv_c.sparse_to_dense.default, (f, idx, SHAPE, 2)),
