@@ -1030,13 +1030,20 @@ static void test_bad_rows(void **state) {
     (void)state;
     const int64_t n = 400;
     const size_t bytes = (size_t)n * 4 * sizeof(int32_t);
-    const spconv_conv_params kinds[3] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+    /* The last three do not overlap their windows, so the strided build checks the rows in its
+     * sorted candidates: on this grid a 2^3 window of stride 2 reaches an output from every row
+     * with padding 1 (checked there alone), not with padding 0 (rows at the odd far edges reach
+     * none, so the rows are validated first), and a 1^3 one from every row. */
+    const spconv_conv_params kinds[6] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
                                          make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
-                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1)};
+                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 2, 2, 1, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 1, 1, 0, 1)};
     int32_t *rows = malloc(bytes);
     assert_non_null(rows);
-    for (int trial = 0; trial < 12; ++trial) {
-        const spconv_conv_params *p = &kinds[trial % 3];
+    for (int trial = 0; trial < 18; ++trial) {
+        const spconv_conv_params *p = &kinds[trial % 6];
         int32_t *valid = spconv_test_random_sites(2, GRID, n / 2);
         /* Three distinct rows: early < first < bad, and a later one. */
         const int64_t bad = spconv_test_rand_int(2, n - 2),
@@ -1067,9 +1074,11 @@ static void test_bad_rows(void **state) {
 static void test_many_sites_first_repeat_named(void **state) {
     (void)state;
     const int64_t n = 40000, shape[3] = {40, 600, 6}; /* 24,000 lines */
-    const spconv_conv_params kinds[2] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
-                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1)};
-    for (int trial = 0; trial < 4; ++trial) {
+    /* The pool's rows are checked in its sorted candidates, by a team of threads here. */
+    const spconv_conv_params kinds[3] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 2, 2, 0, 1)};
+    for (int trial = 0; trial < 6; ++trial) {
         int32_t *rows = spconv_test_random_sites(1, shape, n);
         assert_true(spconv__site_lines_fit(n, 1, shape));
         const int64_t owner = spconv_test_rand_int(0, 9999), first = spconv_test_rand_int(10000, 19999);
@@ -1083,7 +1092,7 @@ static void test_many_sites_first_repeat_named(void **state) {
         for (int threads = 1; threads <= 3; threads += 2) {
             spconv_context *ctx = context_with_threads(threads);
             spconv_rulebook *rb = NULL;
-            SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, indices, shape, 1, &kinds[trial % 2], &rb),
+            SPCONV_ASSERT_FAILS(spconv_rulebook_build(ctx, indices, shape, 1, &kinds[trial % 3], &rb),
                                 SPCONV_ERR_DUPLICATE_INDEX, want);
             assert_non_null(strstr(spconv_last_error(), owned));
             spconv_context_destroy(ctx);
@@ -1099,11 +1108,16 @@ static void test_many_sites_first_repeat_named(void **state) {
 static void test_repeats_named_alike(void **state) {
     (void)state;
     const int64_t n = 300, small[3] = {12, 12, 12}, huge[3] = {2048, 2048, 12};
-    const spconv_conv_params kinds[3] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
+    /* And the pools, whose rows the strided build checks in its sorted candidates (2^3 of
+     * stride 2: every row reaches an output on these even grids) or validates first (2^3 of
+     * stride 3, padding 1: a third of the coordinates reach none). */
+    const spconv_conv_params kinds[5] = {make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1),
                                          make_params(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
-                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1)};
-    for (int trial = 0; trial < 9; ++trial) {
-        const spconv_conv_params p = kinds[trial % 3];
+                                         make_params(SPCONV_CONV_TRANSPOSED, 3, 2, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
+                                         make_params(SPCONV_CONV_REGULAR, 2, 3, 1, 1)};
+    for (int trial = 0; trial < 15; ++trial) {
+        const spconv_conv_params p = kinds[trial % 5];
         int32_t *rows = spconv_test_random_sites(1, small, n);
         const int64_t owner = spconv_test_rand_int(0, 99), second = spconv_test_rand_int(100, 199),
                       third = spconv_test_rand_int(200, n - 1);

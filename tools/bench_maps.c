@@ -1,7 +1,7 @@
 /* Benchmark of the map ops on one device (tools/gpu-check.sh runs it with --device cuda and cpu):
  *   bench_maps [--device cpu|cuda[:N]] [--reps N] [DATA_DIR]
  * Cases: voxelizing spconv_benchmark_pc.bin (198,130 points; 0.1 m cells, 5 points, mean mode),
- * and the subm 3x3x3 and the stride-2 3x3x3 rulebooks of the 125,562 sites of
+ * and the subm 3x3x3, the stride-2 3x3x3 and the 2x2x2 stride-2 (pool) rulebooks of the 125,562 sites of
  * spconv_test_indices.i32. Inputs are on the device before the clock starts; each repetition is
  * timed from the call to the end of spconv_context_synchronize (monotonic host clock: the ops
  * read counts back, so they end synchronised anyway), after 3 warm-ups; prints the median as
@@ -151,8 +151,14 @@ int main(int argc, char **argv) {
                              {80, 1600, 1600}};
         const map_case c2 = {"rulebook_stride2_spconv_test", ctx, sites, NULL, &down,
                              {80, 1600, 1600}};
+        /* The first max pool of spconv's bench_basic: a 2^3 window, stride 2, no padding. */
+        spconv_conv_params pool = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+        for (int a = 0; a < 3; ++a) pool.kernel[a] = 2, pool.stride[a] = 2, pool.padding[a] = 0;
+        const map_case c3 = {"rulebook_pool2_spconv_test", ctx, sites, NULL, &pool,
+                             {80, 1600, 1600}};
         ok &= bench_case(&c1, reps);
         ok &= bench_case(&c2, reps);
+        ok &= bench_case(&c3, reps);
     }
     spconv_tensor_release(points);
     spconv_tensor_release(sites);

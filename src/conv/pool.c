@@ -96,14 +96,19 @@ static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
     }
 }
 
-/* Elements [begin, end) of out (and argmax) start at -inf (and -1). */
+/* Elements [begin, end) of out (and argmax) start at -inf (and -1): one typed loop each, no
+ * test per element, so they vectorise. */
 static void pool_init_range(const pool_args *a, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-        if (a->dtype == SPCONV_F32)
-            ((float *)a->out)[i] = -INFINITY;
-        else
-            ((double *)a->out)[i] = -INFINITY;
-        if (a->argmax != NULL) a->argmax[i] = -1;
+    if (a->dtype == SPCONV_F32) {
+        float *restrict y = (float *)a->out;
+        for (int64_t i = begin; i < end; ++i) y[i] = -INFINITY;
+    } else {
+        double *restrict y = (double *)a->out;
+        for (int64_t i = begin; i < end; ++i) y[i] = -INFINITY;
+    }
+    if (a->argmax != NULL) {
+        int32_t *restrict arg = a->argmax;
+        for (int64_t i = begin; i < end; ++i) arg[i] = -1;
     }
 }
 
@@ -135,9 +140,10 @@ static void pool_run(const pool_args *a, int threads) {
         return;
     }
     SPCONV_OMP(omp parallel num_threads(threads)) {
-        const int64_t n = a->num_out * a->channels;
+        const int64_t n = a->num_out * a->channels, pieces = (n + POOL_CHUNK - 1) / POOL_CHUNK;
         SPCONV_OMP(omp for schedule(static))
-        for (int64_t i = 0; i < n; ++i) pool_init_range(a, i, i + 1);
+        for (int64_t i = 0; i < pieces; ++i)
+            pool_init_range(a, i * POOL_CHUNK, (i + 1) * POOL_CHUNK < n ? (i + 1) * POOL_CHUNK : n);
         for (int64_t j = 0; j < a->num_active; ++j) {
             const int64_t start = a->starts[j], count = a->starts[j + 1] - start;
             const int64_t chunks = (count + POOL_CHUNK - 1) / POOL_CHUNK;

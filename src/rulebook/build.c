@@ -39,7 +39,7 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
 
 /* Rows in range and unique, with the site table's messages (sites.h): through a line index
  * when the grid's lines are few next to the rows, else through the table. */
-static spconv_status validate_rows(const spconv__build_input *in) {
+spconv_status spconv__validate_rows(const spconv__build_input *in) {
     if (in->num_in > 0 && spconv__site_lines_fit(in->num_in, in->batch_size, in->shape)) {
         spconv__site_lines lines;
         SPCONV_FORWARD_IF_ERROR(spconv__site_lines_build(in->func, in->num_threads, in->rows,
@@ -83,10 +83,7 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
     if (params->kind == SPCONV_CONV_SUBM) {
         st = spconv__build_subm(&in, rb); /* validates the rows its own way */
     } else {
-        /* The strided build finds outputs from the rows alone; the rows only need validating,
-         * which the line index does in a fraction of the table's time where it fits. */
-        SPCONV_TRY_GOTO(st, validate_rows(&in), fail);
-        st = spconv__build_strided(&in, rb);
+        st = spconv__build_strided(&in, rb); /* validates the rows too */
     }
     if (st != SPCONV_OK) goto fail;
     *out = rb;

@@ -23,7 +23,13 @@ typedef struct spconv__build_input {
  * validating the rows first (through the line index when the grid suits it, else the table). */
 spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook *rb);
 
-/* The same for REGULAR and TRANSPOSED rulebooks: outputs sorted by (b, z, y, x). */
+/* The same for REGULAR and TRANSPOSED rulebooks: outputs sorted by (b, z, y, x); the rows are
+ * validated with the site table's messages too (from the sorted candidates where windows do not
+ * overlap, else by spconv__validate_rows). */
 spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebook *rb);
+
+/* Rows in range and unique, with the site table's messages (sites.h): through a line index when
+ * the grid's lines are few next to the rows, else through the table. */
+spconv_status spconv__validate_rows(const spconv__build_input *in);
 
 #endif /* SPCONV_RULEBOOK_BUILD_H */

@@ -44,7 +44,37 @@ typedef struct strided_plan {
     int64_t *chunk_starts; /* [num_chunks + 1]: candidates per chunk, then their prefix sums */
     int64_t num_candidates;
     uint64_t *buffers[4]; /* keys, values and the sort's scratch copies */
+    /* Every axis has at most one (k, o) per coordinate (a regular conv or pool whose windows do
+     * not overlap: dilation 1, kernel <= stride), worked out by arithmetic, not lists. */
+    int single;
+    int64_t num_rows; /* rows that give candidates: [0, num_rows) */
 } strided_plan;
+
+/* The one (k, o) of coordinate c on an axis of a plan with `single`, or 0 where c reaches no
+ * output: c + padding = o * stride + k with 0 <= k < kernel and o < out_size. */
+static int axis_single_target(const axis_rule *rule, int64_t c, int64_t *k, int64_t *o) {
+    const int64_t t = c + rule->padding;
+    *o = t / rule->stride;
+    *k = t - *o * rule->stride;
+    return *k < rule->kernel && *o < rule->out_size;
+}
+
+/* row_candidates for a plan with `single`: the row's one candidate, or none. */
+static int64_t row_candidate_single(const strided_plan *plan, int64_t r, uint64_t *key,
+                                    uint64_t *value) {
+    const int32_t *row = plan->in->rows + 4 * r;
+    int64_t k[3], o[3];
+    if (!(axis_single_target(&plan->axes[0], row[1], &k[0], &o[0]) &
+          axis_single_target(&plan->axes[1], row[2], &k[1], &o[1]) &
+          axis_single_target(&plan->axes[2], row[3], &k[2], &o[2])))
+        return 0;
+    if (key != NULL) {
+        *key = spconv__key_pack(&plan->out_layout, row[0], o[0], o[1], o[2]);
+        *value = (uint64_t)r << 32 |
+                 (uint64_t)((k[0] * plan->axes[1].kernel + k[1]) * plan->axes[2].kernel + k[2]);
+    }
+    return 1;
+}
 
 /* Most (k, o) pairs one coordinate can have on an axis: o moves strictly with k, so distinct
  * offsets reach distinct outputs, and there are no more than the kernel or the outputs. Sizing the
@@ -130,7 +160,19 @@ static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scra
 
 static void chunk_candidates(const strided_plan *plan, int64_t chunk, int write) {
     int64_t begin, end;
-    spconv__chunk_bounds(plan->in->num_in, plan->num_chunks, chunk, &begin, &end);
+    spconv__chunk_bounds(plan->num_rows, plan->num_chunks, chunk, &begin, &end);
+    if (plan->single) {
+        if (!write) {
+            int64_t total = 0;
+            for (int64_t r = begin; r < end; ++r) total += row_candidate_single(plan, r, NULL, NULL);
+            plan->chunk_starts[chunk] = total;
+            return;
+        }
+        int64_t pos = plan->chunk_starts[chunk];
+        for (int64_t r = begin; r < end; ++r)
+            pos += row_candidate_single(plan, r, plan->buffers[0] + pos, plan->buffers[1] + pos);
+        return;
+    }
     int64_t *scratch = plan->scratch + chunk * plan->scratch_len;
     if (!write) {
         int64_t total = 0;
@@ -170,6 +212,72 @@ static spconv_status generate_candidates(strided_plan *plan) {
 }
 
 static int is_head(const uint64_t *keys, int64_t j) { return j == 0 || keys[j] != keys[j - 1]; }
+
+/* Most offsets whose repeats check_sorted_sites tracks with one bit each. */
+#define SORTED_CHECK_MAX_OFFSETS 64
+
+/* In a plan with `single`, two rows of one site give the same (output, offset), so they lie in
+ * that output's run of the sorted candidates, in increasing row (the sort is stable), the
+ * site's smallest row first. Over the runs whose head is in [begin, end): the smallest row that
+ * repeats an earlier one (*repeat, unchanged when none is smaller) and that site's first row
+ * (*owner). Linear: a run is read once, whatever its length. */
+static void chunk_repeats(const uint64_t *keys, const uint64_t *values, int64_t n, int64_t begin,
+                          int64_t end, int64_t *repeat, int64_t *owner) {
+    int64_t j = begin;
+    while (j < end && !is_head(keys, j)) ++j;
+    while (j < end) {
+        uint64_t seen = 0;
+        int64_t first[SORTED_CHECK_MAX_OFFSETS];
+        int64_t t = j;
+        do {
+            const uint64_t k = values[t] & UINT32_MAX;
+            const int64_t r = (int64_t)(values[t] >> 32);
+            if (seen >> k & 1) {
+                if (r < *repeat) {
+                    *repeat = r;
+                    *owner = first[k];
+                }
+            } else {
+                seen |= UINT64_C(1) << k;
+                first[k] = r;
+            }
+            ++t;
+        } while (t < n && keys[t] == keys[j]);
+        j = t;
+    }
+}
+
+/* The rows' checks for a plan with `single` whose every row gave a candidate: the first
+ * repeated row, else the first out-of-range row (rows [num_rows, num_in) were left out), with
+ * the site table's messages; the same row is named whatever the thread count. */
+static spconv_status check_sorted_sites(const strided_plan *plan, const uint64_t *keys,
+                                        const uint64_t *values) {
+    const spconv__build_input *in = plan->in;
+    const int num_threads = in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = plan->num_candidates;
+    int64_t repeat = n, owner = -1;
+    SPCONV_OMP(omp parallel num_threads(num_threads) if(n > 16384))
+    {
+        int64_t mine = n, my_owner = -1;
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t c = 0; c < plan->num_chunks; ++c) {
+            int64_t begin, end;
+            spconv__chunk_bounds(n, plan->num_chunks, c, &begin, &end);
+            chunk_repeats(keys, values, n, begin, end, &mine, &my_owner);
+        }
+        SPCONV_OMP(omp critical(spconv_strided_repeat))
+        if (mine < repeat) {
+            repeat = mine;
+            owner = my_owner;
+        }
+    }
+    if (repeat < n) return spconv__report_duplicate(in->func, in->rows + 4 * repeat, repeat, owner);
+    if (plan->num_rows < in->num_in)
+        return spconv__report_out_of_range(in->func, in->rows + 4 * plan->num_rows,
+                                           plan->num_rows, in->shape, in->batch_size);
+    return SPCONV_OK;
+}
 
 static void count_sorted_chunk(const uint64_t *keys, const uint64_t *values, int64_t begin,
                                int64_t end, int64_t *heads, int64_t *pair_counts) {
@@ -344,6 +452,7 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
     const spconv_conv_params *params = &rb->params;
     plan->in = in;
     plan->scratch_len = 0;
+    plan->single = params->kind != SPCONV_CONV_TRANSPOSED;
     for (int axis = 0; axis < 3; ++axis) {
         plan->axes[axis] = (axis_rule){
             params->kernel[axis],   params->stride[axis], params->padding[axis],
@@ -351,6 +460,7 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
             0,                      NULL,                NULL,
             NULL};
         plan->scratch_len += 2 * axis_max_targets(&plan->axes[axis]);
+        plan->single &= params->dilation[axis] == 1 && params->kernel[axis] <= params->stride[axis];
         SPCONV_FORWARD_IF_ERROR(axis_table(in->func, in->shape[axis], &plan->axes[axis]));
     }
     SPCONV_FORWARD_IF_ERROR(
@@ -381,13 +491,32 @@ spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebo
     strided_plan plan = {0};
     spconv_status st;
     SPCONV_TRY_GOTO(st, plan_init(in, rb, &plan), done);
+    /* Windows that do not overlap (a pool of kernel == stride) make each in-range row exactly one
+     * candidate or none, and a repeated site a repeated (output, offset) in the sorted
+     * candidates: the rows are checked there, in one pass over what the sort leaves, instead of
+     * in an index of their own. Otherwise, or where some row reaches no output (it would go
+     * unchecked), they are validated first. */
+    int validated = 0;
+    plan.num_rows = in->num_in;
+    if (plan.single && rb->kernel_volume <= SORTED_CHECK_MAX_OFFSETS) {
+        plan.num_rows = spconv__first_out_of_range(in->num_threads, in->rows, in->num_in,
+                                                   in->shape, in->batch_size);
+    } else {
+        SPCONV_TRY_GOTO(st, spconv__validate_rows(in), done);
+        validated = 1;
+    }
     SPCONV_TRY_GOTO(st, generate_candidates(&plan), done);
+    if (!validated && plan.num_candidates < plan.num_rows) {
+        SPCONV_TRY_GOTO(st, spconv__validate_rows(in), done);
+        validated = 1;
+    }
     uint64_t *keys, *values;
     SPCONV_TRY_GOTO(st,
                     spconv__radix_sort(in->func, in->num_threads, plan.num_candidates,
                                        plan.out_layout.total_bits, plan.buffers[0], plan.buffers[1],
                                        plan.buffers[2], plan.buffers[3], &keys, &values),
                     done);
+    if (!validated) SPCONV_TRY_GOTO(st, check_sorted_sites(&plan, keys, values), done);
     st = emit_rulebook(&plan, keys, values, rb);
 done:
     plan_free(&plan);
