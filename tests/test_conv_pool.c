@@ -176,9 +176,13 @@ static void test_pool_ties_and_anisotropic(void **state) {
 /* Backward: grad_in[argmax[o, c], c] += grad_out[o, c]; several outputs can share an input. */
 static void test_pool_backward(void **state) {
     (void)state;
-    for (int i = 0; i < 6; ++i) {
-        conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 1 + i % 3, 1, 1),
-                                     (int64_t[3]){19, 18, 17}, 2, 1500, 13, 0);
+    /* The last three do not overlap their windows (kernel == stride), so each input has one pair
+     * at most and the backward writes it directly; with padding 0 on these odd axes the far
+     * rows have none. */
+    for (int i = 0; i < 9; ++i) {
+        const spconv_conv_params p = i < 6 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 1 + i % 3, 1, 1)
+                                           : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, i % 2, 1);
+        conv_case c = conv_case_make(p, (int64_t[3]){19, 18, 17}, 2, 1500, 13, 0);
         conv_case_setup(&c, NULL);
         const int64_t n_out = c.n_out * c.c_in;
         double *y = calloc((size_t)n_out + 1, sizeof(double));
@@ -227,11 +231,16 @@ static void test_pool_backward(void **state) {
 static void test_pool_reference_and_threads(void **state) {
     (void)state;
     spconv_context *one = conv_context(1), *two = conv_context(2);
-    conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1),
+    /* Overlapping windows, then a pool of kernel == stride (one pair per input at most: the
+     * backward's direct path), whose gradient has zeros of both signs. */
+    for (int kind = 0; kind < 2; ++kind) {
+    conv_case c = conv_case_make(kind == 0 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1)
+                                           : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
                                  (int64_t[3]){19, 18, 17}, 2, 1500, 64, 0);
     conv_case_setup(&c, NULL);
     int64_t x_sizes[2] = {c.n_in, c.c_in}, y_sizes[2] = {c.n_out, c.c_in};
     double *dy = conv_random_values(c.n_out * c.c_in, -1.0, 1.0);
+    for (int64_t j = 0; j < c.n_out * c.c_in; j += 3) dy[j] = j % 2 ? -0.0 : 0.0;
     for (int d = 0; d < 2; ++d) {
         spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
         spconv_tensor *x = conv_tensor(dtype, 2, x_sizes, c.x),
@@ -247,6 +256,12 @@ static void test_pool_reference_and_threads(void **state) {
         SPCONV_ASSERT_OK(spconv_maxpool_backward(one, c.rb, a[0], g, &gx[0]));
         SPCONV_ASSERT_OK(spconv_maxpool_backward(two, c.rb, a[0], g, &gx[1]));
         assert_true(conv_same_bits(gx[0], gx[1]));
+        if (kind == 1) { /* one term per input: no order of summation, the reference's bits */
+            spconv_tensor *gx_ref = NULL;
+            SPCONV_ASSERT_OK(spconv__maxpool_backward_ref(NULL, c.rb, a[0], g, &gx_ref));
+            assert_true(conv_same_bits(gx[0], gx_ref));
+            spconv_tensor_release(gx_ref);
+        }
         for (int j = 0; j < 3; ++j) {
             spconv_tensor_release(y[j]);
             spconv_tensor_release(a[j]);
@@ -258,6 +273,7 @@ static void test_pool_reference_and_threads(void **state) {
     }
     free(dy);
     conv_case_free(&c);
+    }
     spconv_context_destroy(one);
     spconv_context_destroy(two);
 }
