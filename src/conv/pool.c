@@ -294,16 +294,25 @@ static int one_pair_per_input(const int32_t *in_rows, int64_t pairs, int64_t num
 }
 
 /* The backward where each input row has at most one pair: that pair's term is its whole
- * gradient, written once, in any order, 0 + term as the blocks' sum from zero would give it (so
- * the same bits, -0 included); rows without a pair get zeros. No sort by in row, no search. */
-#define SPCONV_POOL_GRAD_DIRECT(T)                                                                 \
+ * gradient, written once, in any order: 0 + g where argmax names the row, else +0, which is what
+ * the blocks' sum from zero gives (the same bits, -0 included); rows without a pair get zeros.
+ * No sort by in row, no search. */
+#define SPCONV_POOL_GRAD_DIRECT(T, U)                                                              \
     for (int64_t p = p0; p < p1; ++p) {                                                            \
         const int32_t i = in_rows[p];                                                              \
         const int64_t o = out_rows[p];                                                             \
         const int32_t *restrict arg = argmax + o * channels;                                       \
         const T *restrict g = (const T *)grad_out + o * channels;                                  \
         T *restrict gi = (T *)grad_in + (int64_t)i * channels;                                     \
-        for (int64_t c = 0; c < channels; ++c) gi[c] = (T)0 + (arg[c] == i ? g[c] : (T)0);         \
+        for (int64_t c = 0; c < channels; ++c) {                                                   \
+            /* As bits, masked: GCC turns a select between a value and 0 stored to memory into    \
+             * branches, and the loop would not vectorise. */                                       \
+            const T v = (T)0 + g[c];                                                               \
+            U bits;                                                                                \
+            memcpy(&bits, &v, sizeof bits);                                                        \
+            bits &= (U)0 - (U)(arg[c] == i);                                                       \
+            memcpy(gi + c, &bits, sizeof bits);                                                    \
+        }                                                                                          \
     }
 
 SPCONV__VECTOR_CLONES
@@ -327,9 +336,9 @@ static void pool_grad_direct(spconv_dtype dtype, int64_t num_in, int64_t channel
         for (int64_t b = 0; b < chunks; ++b) {
             const int64_t p0 = b * POOL_CHUNK, p1 = p0 + POOL_CHUNK < pairs ? p0 + POOL_CHUNK : pairs;
             if (dtype == SPCONV_F32) {
-                SPCONV_POOL_GRAD_DIRECT(float)
+                SPCONV_POOL_GRAD_DIRECT(float, uint32_t)
             } else {
-                SPCONV_POOL_GRAD_DIRECT(double)
+                SPCONV_POOL_GRAD_DIRECT(double, uint64_t)
             }
         }
     }
