@@ -177,8 +177,7 @@ static void test_pool_ties_and_anisotropic(void **state) {
 static void test_pool_backward(void **state) {
     (void)state;
     /* The last three do not overlap their windows (kernel == stride), so each input has one pair
-     * at most and the backward writes it directly; with padding 0 on these odd axes the far
-     * rows have none. */
+     * at most; with padding 0 on these odd axes the far rows have none. */
     for (int i = 0; i < 9; ++i) {
         const spconv_conv_params p = i < 6 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 1 + i % 3, 1, 1)
                                            : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, i % 2, 1);
@@ -231,8 +230,8 @@ static void test_pool_backward(void **state) {
 static void test_pool_reference_and_threads(void **state) {
     (void)state;
     spconv_context *one = conv_context(1), *two = conv_context(2);
-    /* Overlapping windows, then a pool of kernel == stride (one pair per input at most: the
-     * backward's direct path), whose gradient has zeros of both signs. */
+    /* Overlapping windows, then a pool of kernel == stride (one pair per input at most, so the
+     * reference's bits), whose gradient has zeros of both signs. */
     for (int kind = 0; kind < 2; ++kind) {
     conv_case c = conv_case_make(kind == 0 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1)
                                            : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),

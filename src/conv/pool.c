@@ -10,7 +10,6 @@
  * i, offsets in increasing k; threads take blocks of input rows, so every sum keeps that order
  * whatever the thread count. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "conv/conv_check.h"
@@ -280,70 +279,6 @@ static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channel
     }
 }
 
-/* Windows that do not overlap (a pool of kernel == stride) give each input row at most one pair:
- * 1 when that holds for these @p pairs (at most @p num_in of them), with seen[i] = 1 for the rows
- * that have one (@p seen: num_in zeroed bytes). */
-static int one_pair_per_input(const int32_t *in_rows, int64_t pairs, int64_t num_in,
-                              unsigned char *seen) {
-    if (pairs > num_in) return 0;
-    for (int64_t p = 0; p < pairs; ++p) {
-        if (seen[in_rows[p]]) return 0;
-        seen[in_rows[p]] = 1;
-    }
-    return 1;
-}
-
-/* The backward where each input row has at most one pair: that pair's term is its whole
- * gradient, written once, in any order: 0 + g where argmax names the row, else +0, which is what
- * the blocks' sum from zero gives (the same bits, -0 included); rows without a pair get zeros.
- * No sort by in row, no search. */
-#define SPCONV_POOL_GRAD_DIRECT(T, U)                                                              \
-    for (int64_t p = p0; p < p1; ++p) {                                                            \
-        const int32_t i = in_rows[p];                                                              \
-        const int64_t o = out_rows[p];                                                             \
-        const int32_t *restrict arg = argmax + o * channels;                                       \
-        const T *restrict g = (const T *)grad_out + o * channels;                                  \
-        T *restrict gi = (T *)grad_in + (int64_t)i * channels;                                     \
-        for (int64_t c = 0; c < channels; ++c) {                                                   \
-            /* As bits, masked: GCC turns a select between a value and 0 stored to memory into    \
-             * branches, and the loop would not vectorise. */                                       \
-            const T v = (T)0 + g[c];                                                               \
-            U bits;                                                                                \
-            memcpy(&bits, &v, sizeof bits);                                                        \
-            bits &= (U)0 - (U)(arg[c] == i);                                                       \
-            memcpy(gi + c, &bits, sizeof bits);                                                    \
-        }                                                                                          \
-    }
-
-SPCONV__VECTOR_CLONES
-static void pool_grad_direct(spconv_dtype dtype, int64_t num_in, int64_t channels, int64_t pairs,
-                             const int32_t *in_rows, const int32_t *out_rows,
-                             const unsigned char *seen, const int32_t *argmax,
-                             const void *grad_out, void *grad_in, int threads) {
-    const size_t row_bytes = (size_t)channels * spconv_dtype_size(dtype);
-    const int64_t chunks = (pairs + POOL_CHUNK - 1) / POOL_CHUNK,
-                  row_chunks = (num_in + POOL_CHUNK - 1) / POOL_CHUNK;
-    SPCONV_OMP(omp parallel num_threads(threads)) {
-        if (pairs < num_in) {
-            SPCONV_OMP(omp for schedule(static))
-            for (int64_t b = 0; b < row_chunks; ++b) {
-                const int64_t r1 = (b + 1) * POOL_CHUNK < num_in ? (b + 1) * POOL_CHUNK : num_in;
-                for (int64_t r = b * POOL_CHUNK; r < r1; ++r)
-                    if (!seen[r]) memset((char *)grad_in + (size_t)r * row_bytes, 0, row_bytes);
-            }
-        }
-        SPCONV_OMP(omp for schedule(dynamic, 1))
-        for (int64_t b = 0; b < chunks; ++b) {
-            const int64_t p0 = b * POOL_CHUNK, p1 = p0 + POOL_CHUNK < pairs ? p0 + POOL_CHUNK : pairs;
-            if (dtype == SPCONV_F32) {
-                SPCONV_POOL_GRAD_DIRECT(float, uint32_t)
-            } else {
-                SPCONV_POOL_GRAD_DIRECT(double, uint64_t)
-            }
-        }
-    }
-}
-
 /* The rulebook's pairs as lists sorted by in row within each offset (source = out rows): its own
  * arrays when they are, else sorted copies in a workspace (*temp: destroy when done). */
 static spconv_status pairs_by_in_row(spconv_context *ctx, const spconv_rulebook *rb,
@@ -379,7 +314,6 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
     int64_t sizes[2] = {spconv_rulebook_num_in(rb), channels};
     spconv_tensor *arg = NULL, *g = NULL, *gx = NULL, *pairs_in = NULL, *pairs_out = NULL;
     spconv_context *temp = NULL;
-    unsigned char *seen = NULL;
     spconv_status st;
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, argmax, &arg), done);
     SPCONV_TRY_GOTO(
@@ -391,22 +325,6 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
         st, spconv__tensor_empty_in(func, ctx, spconv_cpu(), spconv_tensor_dtype(grad_out), 2,
                                     sizes, &gx),
         done);
-    const int64_t pairs = spconv_rulebook_num_pairs(rb);
-    if (sizes[0] > 0 && channels > 0 && pairs <= sizes[0]) {
-        seen = calloc((size_t)sizes[0], 1);
-        if (seen == NULL)
-            SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
-                             "%s: out of host memory for %lld row marks", func,
-                             (long long)sizes[0]);
-        if (one_pair_per_input(spconv_tensor_data(pairs_in), pairs, sizes[0], seen)) {
-            pool_grad_direct(spconv_tensor_dtype(grad_out), sizes[0], channels, pairs,
-                             spconv_tensor_data(pairs_in), spconv_tensor_data(pairs_out), seen,
-                             spconv_tensor_data(arg), spconv_tensor_data(g),
-                             spconv_tensor_data(gx), spconv_context_num_threads(ctx));
-            *grad_features = gx, gx = NULL;
-            goto done;
-        }
-    }
     spconv__pair_lists lists;
     SPCONV_TRY_GOTO(st,
                     pairs_by_in_row(ctx, rb, spconv_tensor_data(pairs_in),
@@ -418,7 +336,6 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
                          spconv_context_num_threads(ctx));
     *grad_features = gx, gx = NULL;
 done:
-    free(seen);
     spconv_context_destroy(temp);
     spconv_tensor_release(pairs_out);
     spconv_tensor_release(pairs_in);
