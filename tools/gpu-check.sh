@@ -7,6 +7,8 @@
 #      .gpu-deps/data, test_cuda_tensor once more under compute-sanitizer's memcheck, and
 #      test_backend_ops (the voxelizer and rulebook builders against the CPU) under memcheck and
 #      racecheck;
+#   4b. compile the PyTorch extension against this build and run python/tests/test_cuda_binding.py
+#      when python3 has a CUDA torch;
 #   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
 #   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
 #      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
@@ -83,8 +85,14 @@ if ! "${configure[@]}" >"$out/configure.log" 2>&1; then
 fi
 grep -E '^-- spconv:' "$out/configure.log"
 
-targets=(spconv_cli)
-for src in tests/test_cuda_*.c tests/test_cuda_*.cu tests/test_backend_ops.c tests/test_context.c tools/bench_*.c; do targets+=("$(basename "$src" .c)"); done
+targets=(spconv_cli spconv) # spconv: the shared library the PyTorch binding's check links
+# Target names are the file names without .c or .cu (ninja stops at an unknown target before
+# building anything, -k 0 or not).
+for src in tests/test_cuda_*.c tests/test_cuda_*.cu tests/test_backend_ops.c tests/test_context.c tools/bench_*.c; do
+  name=$(basename "$src")
+  name=${name%.cu}
+  targets+=("${name%.c}")
+done
 echo "targets: ${targets[*]}"
 start=$(date +%s)
 # -k 0: a target that fails to build must not keep the others from being checked.
@@ -147,6 +155,26 @@ for test in test_backend_ops test_cuda_conv; do
     fi
   done
 done
+
+# ---- 4b. the PyTorch binding on CUDA ---------------------------------------------------------
+# The extension compiled just in time against this build, then python/tests/test_cuda_binding.py
+# (as a script: the machine may have no pytest): CUDA conv against the CPU, memory from torch's
+# caching allocator, work on torch's current stream. Its output goes to stdout and ctest.log.
+section "PyTorch binding on CUDA"
+if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  if SPCONV_C_BUILD_DIR=$build PYTHONPATH=$repo/python:$repo/python/tests timeout 600 \
+       python3 "$repo/python/tests/test_cuda_binding.py" >"$out/binding.tmp" 2>&1; then
+    echo "binding on CUDA: passed"
+  else
+    echo "binding on CUDA: FAILED"
+    status=1
+  fi
+  tail -15 "$out/binding.tmp"
+  { echo "### PyTorch binding on CUDA"; cat "$out/binding.tmp"; } >>"$out/ctest.log"
+  rm -f "$out/binding.tmp"
+else
+  echo "binding on CUDA: skipped (python3 with a CUDA torch not found)"
+fi
 
 # ---- 5. benchmarks ---------------------------------------------------------------------------
 section "benchmarks"

@@ -19,7 +19,11 @@
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <exception>
 
 #include <cstring>
 #include <string>
@@ -92,8 +96,29 @@ at::Device to_torch_device(spconv_device d) {
     return at::Device(at::kCPU);
 }
 
+// CUDA memory of the engine from PyTorch's allocator for CUDA (the caching allocator), through
+// the generic c10 interface, so the extension needs no CUDA headers: on the device of the call
+// and, as the caching allocator does, for the current stream, which is the one the engine's work
+// is queued on (DeviceScope). Its blocks are 512-byte aligned (the engine asks for 256). An
+// allocation PyTorch cannot make (c10::OutOfMemoryError) is NULL here, which the engine reports
+// as SPCONV_ERR_OUT_OF_MEMORY naming the hook.
+void *torch_cuda_alloc(size_t nbytes, spconv_device device, void * /*user_data*/) {
+    try {
+        c10::DeviceGuard guard(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
+        return c10::GetAllocator(c10::DeviceType::CUDA)->raw_allocate(nbytes);
+    } catch (const std::exception &) {
+        return nullptr;
+    }
+}
+
+void torch_cuda_free(void *ptr, size_t /*nbytes*/, spconv_device device, void * /*user_data*/) {
+    c10::DeviceGuard guard(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
+    c10::GetAllocator(c10::DeviceType::CUDA)->raw_deallocate(ptr);
+}
+
 // One engine context per thread and device (contexts are not thread-safe), created on first use.
 // CPU ops run with PyTorch's intra-op thread count so that torch.set_num_threads governs both.
+// CUDA contexts take their memory from PyTorch's allocator (above).
 struct ThreadContexts {
     spconv_context *cpu = nullptr;
     std::vector<spconv_context *> cuda;
@@ -114,24 +139,55 @@ spconv_context *context_for(const at::Device &device) {
     size_t index = device.has_index() ? static_cast<size_t>(device.index()) : 0;
     if (contexts.cuda.size() <= index) contexts.cuda.resize(index + 1, nullptr);
     if (!contexts.cuda[index]) {
-        SPCONV_TRY("context (cuda)",
-                   spconv_context_create(spconv_cuda(static_cast<int>(index)), &contexts.cuda[index]));
+        spconv_context *ctx = nullptr;
+        SPCONV_TRY("context (cuda)", spconv_context_create(spconv_cuda(static_cast<int>(index)), &ctx));
+        spconv_status s = spconv_context_set_allocator(ctx, torch_cuda_alloc, torch_cuda_free, nullptr);
+        if (s != SPCONV_OK) {
+            spconv_context_destroy(ctx);
+            engine_failure(s, "context (cuda allocator)");
+        }
+        contexts.cuda[index] = ctx;
     }
     return contexts.cuda[index];
 }
 
-// CUDA work: the engine's context has its own stream (the binding does not yet give it PyTorch's
-// current stream with spconv_context_set_cuda_stream), so an op waits for PyTorch's work on the
-// device before it starts and for its own stream before it returns. Correct, not fast; setting the
-// stream removes both waits.
+// CUDA work goes on PyTorch's current stream of the tensors' device
+// (spconv_context_set_cuda_stream, set again for every op, since torch.cuda.stream(...) may have
+// changed it), so it is ordered with PyTorch's own work on that stream: no wait before or after.
+// The legacy default stream (PyTorch's default, whose handle is 0) is cudaStreamLegacy for the
+// engine. Where this PyTorch cannot give the stream's handle, the op falls back to waiting for the
+// device before it starts and for the engine's own stream before it returns (correct, slower).
+at::Device with_index(const at::Device &d) {
+    if (!d.is_cuda() || d.has_index()) return d;
+    return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
+}
+
 struct DeviceScope {
-    at::Device device;
+    at::Device device; // CUDA devices with their index (the current one where a tensor has none)
     spconv_context *ctx;
-    explicit DeviceScope(const at::Device &d) : device(d), ctx(context_for(d)) {
-        if (device.is_cuda()) c10::impl::getDeviceGuardImpl(at::kCUDA)->synchronizeDevice(device.index());
+    c10::OptionalDeviceGuard guard;
+    bool on_torch_stream = false;
+    explicit DeviceScope(const at::Device &d) : device(with_index(d)), ctx(context_for(device)) {
+        if (!device.is_cuda()) return;
+        const c10::impl::DeviceGuardImplInterface *impl = c10::impl::getDeviceGuardImpl(at::kCUDA);
+        guard.reset_device(device);
+        void *handle = nullptr;
+        try {
+            handle = impl->getStream(device).native_handle();
+            on_torch_stream = true;
+        } catch (const std::exception &) {
+            on_torch_stream = false;
+        }
+        if (on_torch_stream) {
+            SPCONV_TRY("cuda stream", spconv_context_set_cuda_stream(
+                                          ctx, handle != nullptr ? handle : reinterpret_cast<void *>(0x1)));
+        } else {
+            impl->synchronizeDevice(device.index());
+        }
     }
     void finish() {
-        if (device.is_cuda()) SPCONV_TRY("synchronize", spconv_context_synchronize(ctx));
+        if (device.is_cuda() && !on_torch_stream)
+            SPCONV_TRY("synchronize", spconv_context_synchronize(ctx));
     }
 };
 

@@ -1,0 +1,93 @@
+"""The binding on a GPU: CUDA tensors through the engine's CUDA backend, its memory from PyTorch's
+caching allocator, its work on PyTorch's current stream. Skipped (and reported so) where torch
+sees no CUDA device, as on the CI machine; tools/gpu-check.sh runs it on a lent GPU."""
+
+import pytest
+import torch
+
+import spconv_c  # noqa: F401
+from spconv_c import ops
+from helpers import random_sparse
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="no CUDA device visible to torch")
+
+SHAPE = [6, 7, 6]
+
+
+def case(seed, count=60, cin=3, cout=4):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, count, cin)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    w = torch.randn(27, cin, cout, generator=gen, dtype=torch.float64)
+    b = torch.randn(cout, generator=gen, dtype=torch.float64)
+    return rb, feats, w, b
+
+
+def test_conv_on_cuda_equals_cpu(seed):
+    # float64: the GPU sums in another order, so not bitwise; each output is a sum of at most
+    # 27 * 3 products of values below ~4 in magnitude, whose float64 rounding is below 1e-13.
+    rb, feats, w, b = case(seed)
+    want = ops.indice_conv(rb, feats, w, b)
+    f = feats.cuda().requires_grad_(True)
+    wc = w.cuda().requires_grad_(True)
+    got = ops.indice_conv(rb, f, wc, b.cuda())
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-10)
+    g = torch.randn(got.shape, dtype=torch.float64)
+    got.backward(g.cuda())
+    f_cpu = feats.clone().requires_grad_(True)
+    w_cpu = w.clone().requires_grad_(True)
+    ops.indice_conv(rb, f_cpu, w_cpu, b).backward(g)
+    torch.testing.assert_close(f.grad.cpu(), f_cpu.grad, rtol=0, atol=1e-10)
+    torch.testing.assert_close(wc.grad.cpu(), w_cpu.grad, rtol=0, atol=1e-9)
+
+
+def test_outputs_come_from_the_caching_allocator(seed):
+    # The engine's CUDA context allocates through c10's CUDA allocator: an output held by torch
+    # shows in torch.cuda.memory_allocated(), and goes back to it when dropped.
+    rb, feats, w, b = case(seed, count=200, cin=8, cout=64)
+    f, wc = feats.cuda(), w.cuda()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    out = ops.indice_conv(rb, f, wc, None)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    assert held >= out.numel() * out.element_size(), (held, out.shape)
+    del out
+    torch.cuda.synchronize()
+    # What the op kept besides its output (the context's workspace) stays with the context.
+    assert torch.cuda.memory_allocated() - before < held
+
+
+def test_work_is_ordered_on_the_current_stream(seed):
+    # Features written on a side stream behind a long sleep, then the conv on that stream with no
+    # synchronisation: only an engine that queues on PyTorch's current stream reads them written.
+    rb, feats, w, b = case(seed)
+    want = ops.indice_conv(rb, feats, w, b)
+    base, wc, bc = feats.cuda(), w.cuda(), b.cuda()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        f = torch.empty_like(base)
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the write
+        f.copy_(base)
+        got = ops.indice_conv(rb, f, wc, bc)
+        host = got.to("cpu", non_blocking=False)
+    torch.testing.assert_close(host, want, rtol=0, atol=1e-10)
+
+
+if __name__ == "__main__":
+    # Without pytest (the GPU machine of tools/gpu-check.sh may lack it): each test once, with a
+    # printed seed; a failure raises.
+    import random
+    import sys
+    if not torch.cuda.is_available():
+        print("test_cuda_binding: skipped: no CUDA device visible to torch")
+        sys.exit(0)
+    seed = random.SystemRandom().randrange(2**31)
+    for test in (test_conv_on_cuda_equals_cpu, test_outputs_come_from_the_caching_allocator,
+                 test_work_is_ordered_on_the_current_stream):
+        print(f"test_cuda_binding: {test.__name__} (seed {seed})", flush=True)
+        test(seed)
+    print("test_cuda_binding: 3 passed")
