@@ -1194,6 +1194,22 @@ static void test_bad_arguments(void **state) {
     assert_null(rb);
     spconv_tensor_release(indices);
 
+    /* An input grid whose keys cannot be formed fails whatever the rows: here every row reaches
+     * an output of a 1^3 window of stride 1024 (whose rows are checked from the sorted
+     * candidates, without input keys), and then one does not (checked through the table). */
+    const int64_t vast[3] = {INT64_C(1) << 30, INT64_C(1) << 30, INT64_C(1) << 30};
+    spconv_conv_params sparse_grid = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int a = 0; a < 3; ++a) sparse_grid.stride[a] = 1024;
+    for (int reach = 1; reach >= 0; --reach) {
+        const int32_t far[8] = {0, 0, 1024, 3072, 0, 2048, 0, reach ? 1024 : 5};
+        spconv_tensor *far_rows = spconv_test_indices_tensor(far, 2);
+        SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, far_rows, vast, 1, &sparse_grid, &rb),
+                            SPCONV_ERR_OVERFLOW,
+                            "input spatial shape (1073741824, 1073741824, 1073741824) need 90 "
+                            "key bits");
+        spconv_tensor_release(far_rows);
+    }
+
     spconv_tensor *wrong = NULL;
     const int64_t sizes[2] = {2, 4}, narrow[2] = {2, 3}, flat_sizes[1] = {8};
     SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I64, 2, sizes, &wrong));

@@ -16,10 +16,13 @@ static spconv_status check_arguments(const char *func, const spconv_tensor *indi
     SPCONV_CHECK_NOT_NULL(func, params);
     SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
     SPCONV_FORWARD_IF_ERROR(spconv__check_batch_size(func, batch_size));
-    /* The input layout is checked by the site table; the output one is checked up front so
-     * that no work is done for a geometry whose keys cannot be formed. */
-    spconv__key_layout out_layout;
-    return spconv__key_layout_checked(func, "output", batch_size, out_shape, &out_layout);
+    /* Both key layouts up front, so that no work is done for a geometry whose keys cannot be
+     * formed, and so that such a geometry fails whatever the rows (a builder that validates the
+     * rows from its sorted candidates forms no input keys). The site table and the line index
+     * ask the same of the input layout, with the same message. */
+    spconv__key_layout layout;
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", batch_size, out_shape, &layout));
+    return spconv__key_layout_checked(func, "input", batch_size, spatial_shape, &layout);
 }
 
 spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,

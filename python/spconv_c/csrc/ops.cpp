@@ -111,9 +111,14 @@ void *torch_cuda_alloc(size_t nbytes, spconv_device device, void * /*user_data*/
     }
 }
 
+// Called from C (a tensor's release): nothing may unwind through it, so a failure here (a c10
+// error at teardown, or after a CUDA error) leaves the block to PyTorch instead.
 void torch_cuda_free(void *ptr, size_t /*nbytes*/, spconv_device device, void * /*user_data*/) {
-    c10::DeviceGuard guard(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
-    c10::GetAllocator(c10::DeviceType::CUDA)->raw_deallocate(ptr);
+    try {
+        c10::DeviceGuard guard(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device.index)));
+        c10::GetAllocator(c10::DeviceType::CUDA)->raw_deallocate(ptr);
+    } catch (const std::exception &) {
+    }
 }
 
 // One engine context per thread and device (contexts are not thread-safe), created on first use.
@@ -162,15 +167,19 @@ at::Device with_index(const at::Device &d) {
     return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
 }
 
+// The guard comes before the context, whose creation (cudaSetDevice) would otherwise change the
+// caller's current device for good.
 struct DeviceScope {
     at::Device device; // CUDA devices with their index (the current one where a tensor has none)
-    spconv_context *ctx;
     c10::OptionalDeviceGuard guard;
+    spconv_context *ctx;
     bool on_torch_stream = false;
-    explicit DeviceScope(const at::Device &d) : device(with_index(d)), ctx(context_for(device)) {
+    explicit DeviceScope(const at::Device &d)
+        : device(with_index(d)),
+          guard(device.is_cuda() ? c10::optional<at::Device>(device) : c10::optional<at::Device>()),
+          ctx(context_for(device)) {
         if (!device.is_cuda()) return;
         const c10::impl::DeviceGuardImplInterface *impl = c10::impl::getDeviceGuardImpl(at::kCUDA);
-        guard.reset_device(device);
         void *handle = nullptr;
         try {
             handle = impl->getStream(device).native_handle();
