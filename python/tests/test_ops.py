@@ -30,9 +30,15 @@ def rulebooks(idx):
     }
 
 
+# First derivatives by gradcheck; second ones (the backward ops' own autograd) by gradgradcheck,
+# which compares the gradient of the analytic backward with finite differences of it.
+CHECKS = {1: gradcheck, 2: gradgradcheck}
+
+
+@pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
-def test_conv_gradcheck(seed, kind):
-    gen, feats, idx = small_input(seed)
+def test_conv_gradcheck(seed, kind, order):
+    gen, feats, idx = small_input(seed, count=30 if order == 1 else 20)
     rb = rulebooks(idx)[kind]
     cin, cout = 2, 3
     if kind == "inverse":  # its input lives on the regular conv's output sites
@@ -41,23 +47,7 @@ def test_conv_gradcheck(seed, kind):
     w = torch.randn(kv, cin, cout, generator=gen, dtype=torch.float64, requires_grad=True)
     b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
     f = feats.detach().requires_grad_(True)
-    assert gradcheck(lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
-
-
-@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
-def test_conv_gradgradcheck(seed, kind):
-    # Second derivatives (conv_backward's own autograd): gradgradcheck compares the gradient of
-    # the analytic backward with finite differences of it, for features, weight and bias.
-    gen, feats, idx = small_input(seed, count=20)
-    rb = rulebooks(idx)[kind]
-    cin, cout = 2, 3
-    if kind == "inverse":
-        feats = torch.randn(rb.num_in(), cin, generator=gen, dtype=torch.float64)
-    w = torch.randn(rb.kernel_volume(), cin, cout, generator=gen, dtype=torch.float64,
-                    requires_grad=True)
-    b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
-    f = feats.detach().requires_grad_(True)
-    assert gradgradcheck(lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
+    assert CHECKS[order](lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
 
 
 def test_conv_double_backward_of_one_input(seed):
@@ -71,33 +61,21 @@ def test_conv_double_backward_of_one_input(seed):
     assert gradgradcheck(lambda f: ops.indice_conv(rb, f, w.detach()), (f,))
 
 
-def test_maxpool_gradgradcheck(seed):
-    _, feats, idx = small_input(seed, count=40)
-    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
-    f = (torch.randperm(feats.numel(), dtype=torch.float64).view(feats.shape) / 7.0 - 3.0)
-    f.requires_grad_(True)
-    assert gradgradcheck(lambda f: ops.indice_maxpool(rb, f), (f,))
-
-
-def test_sparse_to_dense_gradgradcheck(seed):
-    _, feats, idx = small_input(seed)
-    f = feats.detach().requires_grad_(True)
-    assert gradgradcheck(lambda f: ops.sparse_to_dense(f, idx, SHAPE, 2), (f,))
-
-
-def test_maxpool_gradcheck(seed):
+@pytest.mark.parametrize("order", [1, 2])
+def test_maxpool_gradcheck(seed, order):
     _, feats, idx = small_input(seed, count=40)
     rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
     # Distinct values keep every maximum away from ties, where max is not differentiable.
     f = (torch.randperm(feats.numel(), dtype=torch.float64).view(feats.shape) / 7.0 - 3.0)
     f.requires_grad_(True)
-    assert gradcheck(lambda f: ops.indice_maxpool(rb, f), (f,))
+    assert CHECKS[order](lambda f: ops.indice_maxpool(rb, f), (f,))
 
 
-def test_sparse_to_dense_gradcheck(seed):
+@pytest.mark.parametrize("order", [1, 2])
+def test_sparse_to_dense_gradcheck(seed, order):
     _, feats, idx = small_input(seed)
     f = feats.detach().requires_grad_(True)
-    assert gradcheck(lambda f: ops.sparse_to_dense(f, idx, SHAPE, 2), (f,))
+    assert CHECKS[order](lambda f: ops.sparse_to_dense(f, idx, SHAPE, 2), (f,))
 
 
 def test_opcheck_every_op(seed):
