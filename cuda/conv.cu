@@ -266,7 +266,8 @@ static spconv_status check_gemm_sizes(const char *func, int64_t rows, int64_t c_
 
 static spconv_status check_dtype(const char *func, spconv_dtype dtype) {
     SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: the cuda backend's conv kernels compute in f32 or f64, not %s yet",
+                           "%s: the cuda backend's conv kernels compute on floating-point features (f16, bf16, "
+                           "f32, f64), not %s",
                            func, spconv_dtype_name(dtype));
     return SPCONV_OK;
 }

@@ -2,7 +2,8 @@
  * (src/conv/dense.c): sparse_to_dense checks every row on the device before anything is written
  * and names the first bad row (outside the grid, or repeating an earlier row, whichever comes
  * first in row order); dense_to_sparse keeps the sites where any channel is non-zero (NaN
- * counts, -0 does not), in (b, z, y, x) order, numbered by a prefix sum. f32, f64 and i32.
+ * counts, -0 does not), in (b, z, y, x) order, numbered by a prefix sum. f16, bf16, f32, f64
+ * and i32.
  * The row checks are site_check.h's, shared with the network's to-dense. */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -33,6 +34,19 @@ __global__ void to_dense5_kernel(T *dense, const T *features, const int32_t *idx
     }
 }
 
+/* An f16 or bf16 element, moved as its bits. Both keep the sign in the top bit, so a value is
+ * zero exactly when the bits below it are (-0 is zero, NaN is not, as for the wider types). */
+struct float16_bits {
+    uint16_t bits;
+};
+
+template <typename T> __device__ inline bool is_nonzero(T value) {
+    return value != (T)0;
+}
+__device__ inline bool is_nonzero(float16_bits value) {
+    return (value.bits & 0x7FFFu) != 0;
+}
+
 /* mask[site] = 1 where any channel is non-zero. */
 template <typename T>
 __global__ void mark_sites_kernel(int64_t *mask, const T *dense, int64_t batch, int64_t c,
@@ -42,7 +56,7 @@ __global__ void mark_sites_kernel(int64_t *mask, const T *dense, int64_t batch, 
          s += step) {
         const int64_t b = s / cells, cell = s % cells;
         int64_t any = 0;
-        for (int64_t ch = 0; ch < c && !any; ++ch) any = dense[(b * c + ch) * cells + cell] != (T)0;
+        for (int64_t ch = 0; ch < c && !any; ++ch) any = is_nonzero(dense[(b * c + ch) * cells + cell]);
         mask[s] = any;
     }
 }
@@ -101,10 +115,12 @@ struct dense_call {
     } while (0)
 
 static spconv_status check_dtype(const char *func, spconv_dtype dtype) {
-    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64 && dtype != SPCONV_I32,
+    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F16 && dtype != SPCONV_BF16 && dtype != SPCONV_F32 &&
+                               dtype != SPCONV_F64 && dtype != SPCONV_I32,
                            SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: the cuda backend moves f32, f64 or i32 elements, not %s yet", func,
-                           spconv_dtype_name(dtype));
+                           "%s: the cuda backend moves f16, bf16, f32, f64 or i32 elements, not %s "
+                           "yet",
+                           func, spconv_dtype_name(dtype));
     return SPCONV_OK;
 }
 
@@ -161,7 +177,8 @@ extern "C" spconv_status spconv__cuda_sparse_to_dense(spconv_context *ctx,
     if (st == SPCONV_OK)
         st = dtype == SPCONV_F32   ? scatter_typed<float>(call, dense, f, rows, g)
              : dtype == SPCONV_F64 ? scatter_typed<double>(call, dense, f, rows, g)
-                                   : scatter_typed<int32_t>(call, dense, f, rows, g);
+             : dtype == SPCONV_I32 ? scatter_typed<int32_t>(call, dense, f, rows, g)
+                                   : scatter_typed<float16_bits>(call, dense, f, rows, g);
     if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
         st = spconv__error(SPCONV_ERR_CUDA, "%s: %s", func, cudaGetErrorString(cudaGetLastError()));
     spconv_tensor_release(f);
@@ -240,7 +257,8 @@ extern "C" spconv_status spconv__cuda_dense_to_sparse(spconv_context *ctx,
     const spconv_status st =
         dtype == SPCONV_F32   ? gather_typed<float>(ctx, call, d, features, indices)
         : dtype == SPCONV_F64 ? gather_typed<double>(ctx, call, d, features, indices)
-                              : gather_typed<int32_t>(ctx, call, d, features, indices);
+        : dtype == SPCONV_I32 ? gather_typed<int32_t>(ctx, call, d, features, indices)
+                              : gather_typed<float16_bits>(ctx, call, d, features, indices);
     spconv_tensor_release(d);
     return st;
 }

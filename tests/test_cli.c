@@ -337,6 +337,13 @@ static void test_conv_matches_c_api(void **state) {
          .kernel = {1, 3, 5}, .stride = {1, 1, 1}, .dilation = {1, 1, 1}, .dtype = SPCONV_F64,
          .layout = LAYOUT_KRSC, .n = 40, .c_in = 2, .c_out = 3, .batch_flag = 4,
          .explicit_kernel = 1},
+        {.name = "subm f16, krsc, bias, backward: f16 files in, f16 files out",
+         .kind = SPCONV_CONV_SUBM, .kernel = {3, 3, 3}, .stride = {1, 1, 1},
+         .dilation = {1, 1, 1}, .dtype = SPCONV_F16, .layout = LAYOUT_KRSC, .bias = 1, .grad = 1,
+         .n = 50, .c_in = 5, .c_out = 3},
+        {.name = "regular f16, rsck, stride 2, backward without bias", .kind = SPCONV_CONV_REGULAR,
+         .kernel = {2, 2, 2}, .stride = {2, 2, 2}, .dilation = {1, 1, 1}, .dtype = SPCONV_F16,
+         .layout = LAYOUT_RSCK3, .grad = 1, .n = 40, .c_in = 4, .c_out = 6},
         {.name = "empty input (N = 0), regular f32 with bias, backward",
          .kind = SPCONV_CONV_REGULAR, .kernel = {3, 3, 3}, .stride = {1, 1, 1},
          .dilation = {1, 1, 1}, .dtype = SPCONV_F32, .layout = LAYOUT_RSCK3, .bias = 1,
@@ -347,10 +354,11 @@ static void test_conv_matches_c_api(void **state) {
 
 /* ---- maxpool and rulebook -------------------------------------------------------------------- */
 
-static void test_maxpool_matches_c_api(void **state) {
-    fixture *f = spconv_tool_or_skip(state);
+/* f32 and f16 (whose files stay f16 end to end). */
+static void run_maxpool_case(fixture *f, spconv_dtype dtype) {
+    print_message("maxpool case: %s\n", spconv_dtype_name(dtype));
     spconv_tensor *indices = random_indices(80, 2, shape_567);
-    spconv_tensor *features = random_values(SPCONV_F32, 2, (const int64_t[2]){80, 5});
+    spconv_tensor *features = random_values(dtype, 2, (const int64_t[2]){80, 5});
     spconv_context *ctx = NULL;
     SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
     SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, 1));
@@ -363,7 +371,7 @@ static void test_maxpool_matches_c_api(void **state) {
     SPCONV_ASSERT_OK(
         spconv_rulebook_build(ctx, indices, shape_567, batch_of(0, indices), &params, &rb));
     SPCONV_ASSERT_OK(spconv_maxpool_forward(ctx, rb, features, &out, &argmax));
-    spconv_tensor *grad = random_values(SPCONV_F32, 2, spconv_tensor_sizes(out));
+    spconv_tensor *grad = random_values(dtype, 2, spconv_tensor_sizes(out));
     SPCONV_ASSERT_OK(spconv_maxpool_backward(ctx, rb, argmax, grad, &grad_features));
     save(f, "in_indices.npy", indices);
     save(f, "in_features.npy", features);
@@ -383,12 +391,19 @@ static void test_maxpool_matches_c_api(void **state) {
     assert_output(out_dir, "indices.npy", spconv_rulebook_out_indices(rb));
     assert_output(out_dir, "features.npy", out);
     assert_output(out_dir, "grad_features.npy", grad_features);
+    assert_int_equal(spconv_test_remove_tree(out_dir), 0);
 
     spconv_tensor *tensors[] = {indices, features, out, argmax, grad, grad_features};
     for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; ++i)
         spconv_tensor_release(tensors[i]);
     spconv_rulebook_release(rb);
     spconv_context_destroy(ctx);
+}
+
+static void test_maxpool_matches_c_api(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    run_maxpool_case(f, SPCONV_F32);
+    run_maxpool_case(f, SPCONV_F16);
 }
 
 /* conv and maxpool --device cuda:0: the files hold what the C API computes on that device, bit
@@ -674,7 +689,7 @@ static const error_case error_cases[] = {
      "with KV = 8, the volume of --kernel 2,2,2 (or a 5-d weight), got f32 [27, 3, 4]"},
     {{"conv", "--indices", "@indices.npy", "--features", "@features_n4.npy", "--weight",
       "@weight.npy", "--spatial-shape", "8,8,8"},
-     "--features: expected f32 or f64 [N, C] with N = 20 (the --indices rows), got f32 [4, 3]"},
+     "--features: expected f16, f32 or f64 [N, C] with N = 20 (the --indices rows), got f32 [4, 3]"},
     {{"maxpool", "--indices", "@indices.npy", "--features", "@features_n4.npy",
       "--spatial-shape", "8,8,8"}, "with N = 20 (the --indices rows), got f32 [4, 3]"},
     {{"conv", "--indices", "@indices.npy", "--features", "@features.npy", "--weight",
@@ -868,7 +883,7 @@ static void test_conv_inverse_matches_c_api(void **state) {
             save(f, "in_features.npy", on_inputs);
             spconv_tensor_release(on_inputs);
             char line[512];
-            snprintf(line, sizeof line, "spconv conv: --features: expected f32 or f64 [N, C] "
+            snprintf(line, sizeof line, "spconv conv: --features: expected f16, f32 or f64 [N, C] "
                      "with N = %lld (the output sites of the regular conv that --inverse "
                      "inverts, as `spconv rulebook` lists them), got f32 [%lld, %lld]",
                      (long long)m, (long long)n, (long long)c_in);

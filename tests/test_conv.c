@@ -464,7 +464,8 @@ static void test_forward_errors(void **state) {
     free_bad_inputs(&in);
 }
 
-/* Valid requests this build cannot serve: dtypes the CPU kernels do not compute in. */
+/* Valid requests this build cannot serve: integer features for the executors, and f16 / bf16 for
+ * the references (which compute in f32 or f64 only; the executors widen 16-bit operands). */
 static void test_forward_unsupported_dtypes(void **state) {
     (void)state;
     static const spconv_dtype dtypes[3] = {SPCONV_F16, SPCONV_BF16, SPCONV_I32};
@@ -472,8 +473,9 @@ static void test_forward_unsupported_dtypes(void **state) {
     for (int i = 0; i < 3; ++i) {
         bad_inputs in = make_bad_inputs(dtypes[i]);
         spconv_tensor *out = NULL;
-        SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, in.b, &out),
-                            SPCONV_ERR_NOT_SUPPORTED, names[i]);
+        if (dtypes[i] == SPCONV_I32)
+            SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, in.rb, in.x, in.w, in.b, &out),
+                                SPCONV_ERR_NOT_SUPPORTED, names[i]);
         SPCONV_ASSERT_FAILS(spconv__conv_forward_ref(NULL, in.rb, in.x, in.w, in.b, &out),
                             SPCONV_ERR_NOT_SUPPORTED, names[i]);
         assert_null(out);

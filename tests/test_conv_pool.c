@@ -320,11 +320,11 @@ static void test_pool_errors(void **state) {
     int64_t n_out = spconv_rulebook_num_out(rb);
     int64_t x_sizes[2] = {10, 3}, x_bad[2] = {9, 3}, y_sizes[2] = {n_out, 3};
     int64_t g_sizes[2] = {n_out + 1, 3};
-    spconv_tensor *x = NULL, *x9 = NULL, *x16 = NULL, *y = NULL, *a = NULL, *a_f32 = NULL;
+    spconv_tensor *x = NULL, *x9 = NULL, *x_int = NULL, *y = NULL, *a = NULL, *a_f32 = NULL;
     spconv_tensor *a_bad = NULL, *g_bad = NULL;
     SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_F32, 2, x_sizes, 1.0, &x));
     SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_F32, 2, x_bad, 1.0, &x9));
-    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_F16, 2, x_sizes, 1.0, &x16));
+    SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_I32, 2, x_sizes, 1.0, &x_int));
     SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_F32, 2, y_sizes, 1.0, &a_f32));
     SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_I32, 2, y_sizes, 10.0, &a_bad));
     SPCONV_ASSERT_OK(spconv_tensor_full(NULL, spconv_cpu(), SPCONV_F32, 2, g_sizes, 1.0, &g_bad));
@@ -335,8 +335,8 @@ static void test_pool_errors(void **state) {
                         SPCONV_ERR_INVALID_ARGUMENT, "max pooling needs a REGULAR rulebook");
     SPCONV_ASSERT_FAILS(spconv_maxpool_forward(NULL, rb, x9, &y, &a), SPCONV_ERR_SHAPE_MISMATCH,
                         "features has 9 rows, expected 10");
-    SPCONV_ASSERT_FAILS(spconv_maxpool_forward(NULL, rb, x16, &y, &a), SPCONV_ERR_NOT_SUPPORTED,
-                        "not f16");
+    SPCONV_ASSERT_FAILS(spconv_maxpool_forward(NULL, rb, x_int, &y, &a), SPCONV_ERR_NOT_SUPPORTED,
+                        "not i32");
     assert_null(y);
     assert_null(a);
     SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, rb, x, &y, &a));
@@ -357,7 +357,7 @@ static void test_pool_errors(void **state) {
                         "'argmax'");
     assert_null(gx);
 
-    spconv_tensor *tensors[8] = {x, x9, x16, y, a, a_f32, a_bad, g_bad};
+    spconv_tensor *tensors[8] = {x, x9, x_int, y, a, a_f32, a_bad, g_bad};
     for (int i = 0; i < 8; ++i) spconv_tensor_release(tensors[i]);
     spconv_rulebook_release(rb);
     spconv_rulebook_release(rb_subm);

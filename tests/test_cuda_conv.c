@@ -1,14 +1,18 @@
 /* The CUDA backend's conv and max-pool executors against the CPU backend, on fresh random
  * geometries of spconv's test grid (kernel 2/3, stride 1/2/3, padding 0/1/2, dilation 1/2,
  * batch 1-2, channel counts 1, 3, 17, 64; regular, subm, transposed and inverse), forward and
- * backward, f32 and f64, plus bitwise repeatability on the device. Runs on a GPU, or on the CPU
- * in the host-emulation build (tools/test.sh --emulate-cuda); skipped with a message elsewhere.
+ * backward, f32, f64, f16 and bf16, plus bitwise repeatability on the device. Runs on a GPU, or on
+ * the CPU in the host-emulation build (tools/test.sh --emulate-cuda); skipped with a message
+ * elsewhere.
  *
  * Tolerance, from the arithmetic rather than from a run: both backends compute each output as a
- * sum of n = KV * C products (plus the bias) in the working precision, in different orders, so
- * each is within gamma_n * S of the exact value, where S is the same sum over absolute values and
- * gamma_n = n u / (1 - n u) (u = 2^-24 for f32, 2^-53 for f64). Their difference is therefore at
- * most 2 gamma_n S, element by element; S is computed in f64 by the CPU backend on |operands|. */
+ * sum of n = KV * C products (plus the bias) in the accumulation precision, in different orders,
+ * so each is within gamma_n * S of the exact value, where S is the same sum over absolute values
+ * and gamma_n = n u / (1 - n u) (u = 2^-24 for f32, 2^-53 for f64). Their difference is therefore
+ * at most 2 gamma_n S, element by element; S is computed in f64 by the CPU backend on |operands|.
+ * f16 and bf16 accumulate in f32 (conv/half.h) and then round each result once, which moves it by
+ * at most u_h times its f32 value (u_h = 2^-11 for f16, 2^-8 for bf16) or half a subnormal
+ * spacing: so add u_h / (1 - u_h) (|cuda| + |cpu|) and that spacing twice. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,8 +80,15 @@ static spconv_tensor *on_cuda(const spconv_tensor *t) {
     return d;
 }
 
+static const spconv_dtype DTYPES[4] = {SPCONV_F32, SPCONV_F64, SPCONV_F16, SPCONV_BF16};
+
+static int is_half(spconv_dtype dtype) {
+    return dtype == SPCONV_F16 || dtype == SPCONV_BF16;
+}
+
+/* Unit roundoff of the accumulation (f32 for the 16-bit dtypes). */
 static double gamma_n(spconv_dtype dtype, int64_t n) {
-    const double u = dtype == SPCONV_F32 ? ldexp(1.0, -24) : ldexp(1.0, -53);
+    const double u = dtype == SPCONV_F64 ? ldexp(1.0, -53) : ldexp(1.0, -24);
     return (double)n * u / (1.0 - (double)n * u);
 }
 
@@ -90,9 +101,12 @@ static void assert_within(const char *what, const spconv_tensor *got, const spco
     assert_int_equal(ng, nb);
     assert_true(spconv_device_equal(spconv_tensor_device(got), spconv_cuda(0)));
     const double factor = 2.0 * gamma_n(dtype, n + 1);
+    const double u_h = dtype == SPCONV_F16 ? ldexp(1.0, -11) : ldexp(1.0, -8);
+    const double spacing = dtype == SPCONV_F16 ? ldexp(1.0, -24) : 0.0;
     for (int64_t i = 0; i < ng; ++i) {
         /* The smallest normal number covers results that underflow in f32. */
-        const double allowed = factor * b[i] + (dtype == SPCONV_F32 ? 1.2e-38 : 2.3e-308);
+        double allowed = factor * b[i] + (dtype == SPCONV_F64 ? 2.3e-308 : 1.2e-38);
+        if (is_half(dtype)) allowed += u_h / (1.0 - u_h) * (fabs(g[i]) + fabs(w[i])) + spacing;
         if (!(fabs(g[i] - w[i]) <= allowed))
             fail_msg("%s: element %lld: cuda %.17g, cpu %.17g, allowed difference %.3g", what,
                      (long long)i, g[i], w[i], allowed);
@@ -199,7 +213,7 @@ static void test_conv_matches_cpu(void **state) {
     }
     for (int trial = 0; trial < 16; ++trial) {
         geometry g = random_geometry(trial % 4);
-        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
+        const spconv_dtype dtype = DTYPES[(trial / 4) % 4];
         const int64_t c_in = CHANNELS[spconv_test_rand_int(0, 3)];
         const int64_t c_out = CHANNELS[spconv_test_rand_int(0, 3)];
         print_message("%s %s kernel %lld stride %lld padding %lld dilation %lld, %lld -> %lld "
@@ -223,7 +237,7 @@ static void test_maxpool_matches_cpu(void **state) {
     }
     for (int trial = 0; trial < 8; ++trial) {
         geometry g = random_geometry(0);
-        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
+        const spconv_dtype dtype = DTYPES[trial % 4];
         const int64_t c = CHANNELS[spconv_test_rand_int(0, 3)];
         const int64_t n_in = spconv_rulebook_num_in(g.rb), n_out = spconv_rulebook_num_out(g.rb);
         spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n_in, c});
@@ -246,7 +260,7 @@ static void test_maxpool_matches_cpu(void **state) {
     }
 }
 
-/* f16 / bf16 are not there yet on the device: a clear NOT_SUPPORTED, not a crash. */
+/* Integer features are no conv operands on the device either: a clear NOT_SUPPORTED. */
 static void test_unsupported_dtype(void **state) {
     (void)state;
     if (!have_device()) {
@@ -255,11 +269,11 @@ static void test_unsupported_dtype(void **state) {
     }
     geometry g = random_geometry(1);
     const int64_t n = spconv_rulebook_num_in(g.rb), kv = spconv_rulebook_kernel_volume(g.rb);
-    spconv_tensor *x = random_tensor(SPCONV_F16, 2, (const int64_t[]){n, 3});
-    spconv_tensor *w = random_tensor(SPCONV_F16, 3, (const int64_t[]){kv, 3, 2});
+    spconv_tensor *x = random_tensor(SPCONV_I32, 2, (const int64_t[]){n, 3});
+    spconv_tensor *w = random_tensor(SPCONV_I32, 3, (const int64_t[]){kv, 3, 2});
     spconv_tensor *xd = on_cuda(x), *wd = on_cuda(w), *out = NULL;
     SPCONV_ASSERT_FAILS(spconv_conv_forward(NULL, g.rb, xd, wd, NULL, &out),
-                        SPCONV_ERR_NOT_SUPPORTED, "f16");
+                        SPCONV_ERR_NOT_SUPPORTED, "not i32");
     assert_null(out);
     spconv_tensor *all[] = {x, w, xd, wd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
@@ -496,9 +510,9 @@ static void test_dense_matches_cpu(void **state) {
         print_message("skip: no CUDA device (%s)\n", spconv_last_error());
         skip();
     }
-    for (int trial = 0; trial < 4; ++trial) {
-        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
-        const int64_t batch = 1 + trial / 2, per_batch = spconv_test_rand_int(1, 200);
+    for (int trial = 0; trial < 8; ++trial) {
+        const spconv_dtype dtype = DTYPES[trial % 4];
+        const int64_t batch = 1 + trial / 4, per_batch = spconv_test_rand_int(1, 200);
         const int64_t c = CHANNELS[spconv_test_rand_int(0, 2)], n = batch * per_batch;
         int32_t *rows = spconv_test_random_sites(batch, SHAPE, per_batch);
         spconv_tensor *indices = spconv_test_indices_tensor(rows, n);
@@ -507,7 +521,7 @@ static void test_dense_matches_cpu(void **state) {
         /* a row of zeros (dropped by dense_to_sparse), a -0 and a NaN (a -0 row is dropped too) */
         spconv_tensor *row0 = NULL;
         SPCONV_ASSERT_OK(spconv_tensor_select(x, 0, 0, &row0));
-        SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, row0, trial % 2 ? 0.0 : -0.0));
+        SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, row0, trial / 4 ? 0.0 : -0.0));
         spconv_tensor_release(row0);
         if (n > 1) {
             SPCONV_ASSERT_OK(spconv_tensor_select(x, 0, 1, &row0));

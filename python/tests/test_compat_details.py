@@ -2,6 +2,8 @@
 shapes, settable indices, dtypes, the legacy 1x1 reading, SparseModule subclasses inside a
 SparseSequential, and checkpoint-loader isinstance checks."""
 
+import copy
+
 import numpy as np
 import torch
 from torch import nn
@@ -29,12 +31,16 @@ def test_numpy_shape_and_settable_indices(seed):
 
 
 def test_half_and_double_features(seed):
+    """A float32 module takes 16-bit features: its weights take their dtype, so the output is
+    the 16-bit module's, bit for bit (its accuracy is test_half.py's)."""
     conv = spconv.SubMConv3d(3, 4, 3, bias=True)
     x = tensor(seed)
     ref = conv(x).features
-    half = conv(x.replace_feature(x.features.half())).features
-    assert half.dtype == torch.float16
-    torch.testing.assert_close(half.float(), ref, rtol=1e-2, atol=1e-2)
+    for dtype in (torch.float16, torch.bfloat16):
+        xh = x.replace_feature(x.features.to(dtype))
+        got = conv(xh).features
+        assert got.dtype == dtype
+        assert torch.equal(got, copy.deepcopy(conv).to(dtype)(xh).features)
     dbl = conv.double()(x.replace_feature(x.features.double())).features
     torch.testing.assert_close(dbl.float(), ref, rtol=1e-5, atol=1e-5)
 

@@ -61,7 +61,7 @@ spconv_status spconv__check_matrix(const char *func, const spconv_tensor *t, con
 
 spconv_status spconv__check_cpu_float(const char *func, spconv_dtype dtype) {
     SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: the CPU kernels compute in f32 or f64, not %s", func,
+                           "%s: the CPU kernels compute on floating-point features (f16, bf16, f32, f64), not %s", func,
                            spconv_dtype_name(dtype));
     return SPCONV_OK;
 }

@@ -45,7 +45,8 @@ spconv_status spconv__check_same_kind(const char *func, const spconv_tensor *ref
 spconv_status spconv__check_matrix(const char *func, const spconv_tensor *t, const char *name,
                                    int64_t rows, int64_t cols);
 
-/* The CPU kernels compute in f32 or f64 only: anything else is SPCONV_ERR_NOT_SUPPORTED. */
+/* The CPU kernels compute in f32 or f64 only (the entry points widen f16 / bf16 operands to f32
+ * first, conv/half.h): anything else is SPCONV_ERR_NOT_SUPPORTED. */
 spconv_status spconv__check_cpu_float(const char *func, spconv_dtype dtype);
 
 /* Max pooling forward: @p rb is a REGULAR rulebook and @p features is [num_in, C]. */

@@ -5,6 +5,7 @@
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
+#include "conv/half.h"
 #include "conv/fused.h"
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
@@ -272,6 +273,8 @@ spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, dims.device, conv_forward, "sparse conv forward", &backend);
+    if (spconv__is_half_dtype(dims.dtype))
+        return spconv__half_conv_forward(backend, ctx, rb, features, weight, bias, options, out);
     return backend->conv_forward(ctx, rb, features, weight, bias, options, out);
 }
 

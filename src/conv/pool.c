@@ -14,6 +14,7 @@
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
+#include "conv/half.h"
 #include "conv/gemm.h"
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
@@ -221,6 +222,8 @@ spconv_status spconv_maxpool_forward(spconv_context *ctx, const spconv_rulebook 
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, spconv_tensor_device(features), maxpool_forward, "max pooling forward",
                     &backend);
+    if (spconv__is_half_dtype(spconv_tensor_dtype(features)))
+        return spconv__half_maxpool_forward(backend, ctx, rb, features, out, argmax);
     return backend->maxpool_forward(ctx, rb, features, out, argmax);
 }
 
@@ -358,6 +361,8 @@ spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, spconv_tensor_device(grad_out), maxpool_backward,
                     "max pooling backward", &backend);
+    if (spconv__is_half_dtype(spconv_tensor_dtype(grad_out)))
+        return spconv__half_maxpool_backward(backend, ctx, rb, argmax, grad_out, grad_features);
     return backend->maxpool_backward(ctx, rb, argmax, grad_out, grad_features);
 }
 

@@ -232,11 +232,12 @@ static int check_geometry(const layer_job *job) {
 }
 
 /* A tensor must have @p ndim dims of @p sizes (entries < 0 match any size) and @p dtype (< 0:
- * f32 or f64); @p expected says it in words for the message. */
+ * f16, f32 or f64, the floating dtypes of .npy); @p expected says it in words for the message. */
 static int require_tensor(const char *cmd, const char *flag, const spconv_tensor *t, int dtype,
                           int ndim, const int64_t *sizes, const char *expected) {
     spconv_dtype actual = spconv_tensor_dtype(t);
-    int ok = dtype < 0 ? (actual == SPCONV_F32 || actual == SPCONV_F64) : (int)actual == dtype;
+    int ok = dtype < 0 ? (actual == SPCONV_F16 || actual == SPCONV_F32 || actual == SPCONV_F64)
+                     : (int)actual == dtype;
     ok = ok && spconv_tensor_ndim(t) == ndim;
     for (int i = 0; ok && i < ndim; ++i) ok = sizes[i] < 0 || sizes[i] == spconv_tensor_size(t, i);
     if (ok) return 0;
@@ -249,7 +250,7 @@ static int require_tensor(const char *cmd, const char *flag, const spconv_tensor
 static int require_features(const layer_job *job, const spconv_tensor *features) {
     const int64_t n = spconv_tensor_size(job->indices, 0);
     char expected[96];
-    snprintf(expected, sizeof expected, "f32 or f64 [N, C] with N = %lld (the --indices rows)",
+    snprintf(expected, sizeof expected, "f16, f32 or f64 [N, C] with N = %lld (the --indices rows)",
              (long long)n);
     return require_tensor(job->cmd, "--features", features, -1, 2, (const int64_t[2]){n, -1},
                           expected);
@@ -259,7 +260,7 @@ static int require_features(const layer_job *job, const spconv_tensor *features)
 static int require_inverse_features(const layer_job *job, const spconv_tensor *features) {
     const int64_t n = spconv_rulebook_num_in(job->rb);
     char expected[200];
-    snprintf(expected, sizeof expected, "f32 or f64 [N, C] with N = %lld (the output sites of "
+    snprintf(expected, sizeof expected, "f16, f32 or f64 [N, C] with N = %lld (the output sites of "
              "the regular conv that --inverse inverts, as `spconv rulebook` lists them)",
              (long long)n);
     return require_tensor(job->cmd, "--features", features, -1, 2, (const int64_t[2]){n, -1},
@@ -570,7 +571,7 @@ int spconv_cmd_conv(int argc, char **argv) {
     cli_option opts[MAX_LAYER_OPTIONS];
     int n = 0;
     add_site_options(&j.base.args, opts, &n);
-    opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C_in]");
+    opts[n++] = features_option(&j.features_path, "input features, f16, f32 or f64 [N, C_in]");
     opts[n++] = (cli_option){.name = "--weight", .kind = CLI_PATH, .value = &j.weight_path,
                              .metavar = "W.npy", .required = 1,
                              .help = "weight in --weight-layout, dtype of the features"};
@@ -647,7 +648,7 @@ int spconv_cmd_maxpool(int argc, char **argv) {
     cli_option opts[MAX_LAYER_OPTIONS];
     int n = 0;
     add_site_options(&j.base.args, opts, &n);
-    opts[n++] = features_option(&j.features_path, "input features, f32 or f64 [N, C]");
+    opts[n++] = features_option(&j.features_path, "input features, f16, f32 or f64 [N, C]");
     opts[n++] = grad_out_option(&j.grad_out_path);
     opts[n++] = device_option(&j.base.args);
     add_geometry_options(&j.base.args, opts, &n, GEOMETRY_POOL);

@@ -91,13 +91,6 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     return entry, rb, out_indices, out_shape
 
 
-def _engine_dtype(features):
-    """The CPU engine computes in f32 / f64: half-precision CPU features go through f32."""
-    if features.device.type == "cpu" and features.dtype in (torch.float16, torch.bfloat16):
-        return torch.float32
-    return features.dtype
-
-
 class SparseConvolution(SparseModule):
     """Base of every sparse conv (checkpoint loaders test isinstance against it)."""
 
@@ -187,25 +180,33 @@ class SparseConvolution(SparseModule):
         if feats.dim() != 2 or feats.shape[1] != self.in_channels:
             raise ValueError(f"spconv_c: {type(self).__name__} expects features [N, "
                              f"{self.in_channels}], got {list(feats.shape)}")
-        work = _engine_dtype(feats)
-        weight = self.weight.to(work)
-        bias = None if self.bias is None else self.bias.to(work)
+        # The weights take the features' dtype (as spconv's kernels need); the engine computes
+        # f16 / bf16 in f32 and rounds each result once, on either device.
+        weight = self.weight.to(feats.dtype)
+        bias = None if self.bias is None else self.bias.to(feats.dtype)
         if self.conv1x1 and not self.inverse:
             # No rulebook: every site maps to itself.
             if self.legacy_1x1:
                 w = weight.reshape(self.in_channels, self.out_channels)
             else:
                 w = weight.reshape(self.out_channels, self.in_channels).t()
-            out = feats.to(work) @ w
-            if bias is not None:
-                out = out + bias
-            result = input.replace_feature(out.to(feats.dtype))
+            if feats.dtype in (torch.float16, torch.bfloat16):
+                # Sum in f32 and round once, as the engine's layers do.
+                out = feats.float() @ w.float()
+                if bias is not None:
+                    out = out + bias.float()
+                out = out.to(feats.dtype)
+            else:
+                out = feats @ w
+                if bias is not None:
+                    out = out + bias
+            result = input.replace_feature(out)
         else:
             _, rb, out_indices, out_shape = rulebook_for(
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
                 self.output_padding, self.indice_key)
-            out = ops.indice_conv(rb, feats.to(work), weight.permute(1, 2, 3, 4, 0), bias)
-            result = SparseConvTensor(out.to(feats.dtype), out_indices, out_shape,
+            out = ops.indice_conv(rb, feats, weight.permute(1, 2, 3, 4, 0), bias)
+            result = SparseConvTensor(out, out_indices, out_shape,
                                       input.batch_size, input.grid, input.voxel_num,
                                       input.indice_dict, input.benchmark)
         if add_input is not None:

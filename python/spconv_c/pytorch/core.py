@@ -97,12 +97,8 @@ class SparseConvTensor:
 
     def dense(self, channels_first=True):
         """Dense [B, C, D, H, W] (channels_first) or [B, D, H, W, C]; differentiable."""
-        feats = self._features
-        cast = feats.dtype in (torch.float16, torch.bfloat16) and feats.device.type == "cpu"
-        out = ops.sparse_to_dense(feats.float() if cast else feats, self.indices,
-                                  self.spatial_shape, self.batch_size)
-        if cast:
-            out = out.to(feats.dtype)
+        out = ops.sparse_to_dense(self._features, self.indices, self.spatial_shape,
+                                  self.batch_size)
         return out if channels_first else out.permute(0, 2, 3, 4, 1).contiguous()
 
     @property

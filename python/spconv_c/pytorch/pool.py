@@ -2,7 +2,7 @@
 CPU pool does, so all-negative windows give their maximum; ties go to the smallest offset."""
 
 from .. import ops
-from .conv import expand_nd, rulebook_for, _engine_dtype
+from .conv import expand_nd, rulebook_for
 from .core import SparseConvTensor
 from .modules import SparseModule
 
@@ -33,8 +33,7 @@ class SparseMaxPool(SparseModule):
         _, rb, out_indices, out_shape = rulebook_for(
             input, ops.REGULAR, self.kernel_size, self.stride, self.padding, self.dilation,
             [0, 0, 0], self.indice_key)
-        feats = input.features
-        out = ops.indice_maxpool(rb, feats.to(_engine_dtype(feats))).to(feats.dtype)
+        out = ops.indice_maxpool(rb, input.features)
         return SparseConvTensor(out, out_indices, out_shape, input.batch_size, input.grid,
                                 input.voxel_num, input.indice_dict, input.benchmark)
 
