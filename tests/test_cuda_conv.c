@@ -286,13 +286,17 @@ static void test_unsupported_dtype(void **state) {
  * order on both (so they differ only by contraction into FMAs), and every output element is a
  * short chain of operations in the working precision: the bound used is 64 u |value| + the
  * smallest normal, u of the network's dtype, far below any real error (a wrong channel or a
- * missing term moves values by O(1)). */
+ * missing term moves values by O(1)). 16-bit networks compute each layer in f32 on both backends
+ * and round it once, so the same holds with u of f16 or bf16. */
 static void assert_close(const char *what, const spconv_tensor *got, const spconv_tensor *want,
                          spconv_dtype dtype) {
     int64_t ng, nw;
     double *g = read_values(got, &ng), *w = read_values(want, &nw);
     assert_int_equal(ng, nw);
-    const double u = dtype == SPCONV_F32 ? ldexp(1.0, -24) : ldexp(1.0, -53);
+    const double u = dtype == SPCONV_F16    ? ldexp(1.0, -11)
+                     : dtype == SPCONV_BF16 ? ldexp(1.0, -8)
+                     : dtype == SPCONV_F32  ? ldexp(1.0, -24)
+                                            : ldexp(1.0, -53);
     for (int64_t i = 0; i < ng; ++i) {
         const double allowed = 64.0 * u * (fabs(w[i]) + 1.0);
         if (!(fabs(g[i] - w[i]) <= allowed) && !(isnan(g[i]) && isnan(w[i])))
@@ -318,9 +322,9 @@ static void test_net_layers_match_cpu(void **state) {
         {.kind = SPCONV_LAYER_TO_DENSE, .name = "dense"},
     };
     const int n_layers = (int)(sizeof layers / sizeof layers[0]);
-    for (int trial = 0; trial < 4; ++trial) {
-        const spconv_dtype dtype = trial % 2 == 0 ? SPCONV_F32 : SPCONV_F64;
-        const int64_t batch = 1 + trial / 2, per_batch = spconv_test_rand_int(1, 1500);
+    for (int trial = 0; trial < 8; ++trial) {
+        const spconv_dtype dtype = DTYPES[trial % 4];
+        const int64_t batch = 1 + trial / 4, per_batch = spconv_test_rand_int(1, 1500);
         int32_t *rows = spconv_test_random_sites(batch, SHAPE, per_batch);
         const int64_t n = batch * per_batch;
         spconv_tensor *indices = spconv_test_indices_tensor(rows, n);

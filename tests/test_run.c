@@ -273,9 +273,10 @@ static void save_weights(const char *net_name, uint64_t seed, const char *dir,
 
 static void assert_same_npy(const char *dir_a, const char *dir_b, const char *name) {
     spconv_tensor *a = read_npy(dir_a, name), *b = read_npy(dir_b, name);
+    assert_int_equal(spconv_tensor_dtype(a), spconv_tensor_dtype(b));
     assert_int_equal(spconv_tensor_numel(a), spconv_tensor_numel(b));
     assert_memory_equal(spconv_tensor_data(a), spconv_tensor_data(b),
-                        (size_t)spconv_tensor_numel(a) * sizeof(float));
+                        (size_t)spconv_tensor_numel(a) * spconv_dtype_size(spconv_tensor_dtype(a)));
     spconv_tensor_release(a);
     spconv_tensor_release(b);
 }
@@ -394,6 +395,62 @@ static void test_run_weights(void **state) {
     assert_same_npy(o_seed, o_rsck, "output.npy");
     assert_same_npy(o_seed, o_krsc, "output.npy");
     assert_different_npy(o_seed, o_other, "output.npy");
+}
+
+/* --dtype f16 / bf16: output.npy holds what the C API's 16-bit network gives on the same input
+ * (f16 as f16; bf16 widened to f32, exactly), bit for bit, for one scan and for a batch of two
+ * (each scan's part the same as its run alone), and bench runs in that dtype too. */
+static void test_run_dtype(void **state) {
+    fixture *f = spconv_tool_or_skip(state);
+    char scan[PATH_CAP], other[PATH_CAP], one[PATH_CAP], many[PATH_CAP], part[PATH_CAP];
+    small_scan(f, 3000, scan);
+    /* a second, different scan for the batch: the first 1000 points of the first */
+    size_t bytes = 0;
+    void *points = spconv_test_read_bytes(scan, &bytes);
+    assert_non_null(points);
+    assert_int_equal(spconv_test_write_bytes(in_dir(f, "other.bin", other), points, 1000 * 16), 0);
+    free(points);
+    const char *names[2] = {"f16", "bf16"};
+    const spconv_dtype dtypes[2] = {SPCONV_F16, SPCONV_BF16};
+    for (int d = 0; d < 2; ++d) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "one_%s", names[d]);
+        expect_success(f, (const char *[]){"run", scan, "--net", "unet", "--dtype", names[d],
+                                           "--quiet", "--out", in_dir(f, tag, one), NULL});
+        spconv_net *net = NULL;
+        SPCONV_ASSERT_OK(spconv_zoo_create("unet", dtypes[d], 1, &net));
+        spconv_sparse_tensor *in32 = api_input("unet", scan), *in = NULL;
+        spconv_tensor *f16 = NULL, *out = NULL, *want = NULL;
+        SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, spconv_sparse_features(in32), dtypes[d], &f16));
+        int64_t shape[3];
+        spconv_sparse_spatial_shape(in32, shape);
+        SPCONV_ASSERT_OK(spconv_sparse_create(f16, spconv_sparse_indices(in32), shape, 1, &in));
+        SPCONV_ASSERT_OK(spconv_net_forward(NULL, net, in, SPCONV_NET_INFERENCE, &out, NULL));
+        SPCONV_ASSERT_OK(spconv_tensor_to_dtype(
+            NULL, out, dtypes[d] == SPCONV_BF16 ? SPCONV_F32 : dtypes[d], &want));
+        spconv_tensor *got = read_npy(one, "output.npy");
+        assert_int_equal(spconv_tensor_dtype(got), spconv_tensor_dtype(want));
+        assert_int_equal(spconv_tensor_numel(got), spconv_tensor_numel(want));
+        assert_memory_equal(spconv_tensor_data(got), spconv_tensor_data(want),
+                            (size_t)spconv_tensor_numel(got) *
+                                spconv_dtype_size(spconv_tensor_dtype(got)));
+        spconv_tensor *all[] = {f16, out, want, got};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+        spconv_sparse_release(in);
+        spconv_sparse_release(in32);
+        spconv_net_destroy(net);
+
+        snprintf(tag, sizeof tag, "many_%s", names[d]);
+        expect_success(f, (const char *[]){"run", scan, other, "--net", "unet", "--dtype", names[d],
+                                           "--batch-size", "2", "--quiet", "--out",
+                                           in_dir(f, tag, many), NULL});
+        spconv_test_join(many, "small", part, sizeof part);
+        assert_same_npy(one, part, "output.npy");
+        assert_same_npy(one, part, "out_indices.npy");
+    }
+    expect_success(f, (const char *[]){"bench", "--net", "basic", "--dtype", "f16", "--input",
+                                       scan, "--repeat", "1", "--warmup", "0", "--peak-size", "0",
+                                       "--backward", NULL});
 }
 
 /* A scan with no point in the network's range runs, says so, and gives an empty output. */
@@ -831,6 +888,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_run_basic_on_sample, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_on_device, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_weights, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_run_dtype, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_zero_voxels, setup, teardown),
         cmocka_unit_test_setup_teardown(test_run_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bench_json, setup, teardown),

@@ -105,8 +105,10 @@ typedef struct spconv_net spconv_net;
 
 /**
  * A network of @p num_layers layers (copied; the caller keeps @p layers and its strings) taking
- * @p in_channels input channels, with parameters of @p dtype (SPCONV_F32 or SPCONV_F64)
- * initialised from @p seed (see the top of this file). Checks everything that does not depend
+ * @p in_channels input channels, with features and conv parameters of @p dtype (any floating
+ * dtype) initialised from @p seed (see the top of this file). An f16 or bf16 network computes
+ * each layer in f32 on its widened operands and rounds each result once to @p dtype; its batch
+ * norm parameters and running statistics (and their gradients) are f32. Checks everything that does not depend
  * on the input, each error naming the layer ("layer 3 'conv2.0.0' (conv) expects 16 input
  * channels but gets 32"): names (missing, repeated, bad characters), kinds, channels that do not
  * chain (SPCONV_ERR_SHAPE_MISMATCH), kernel/stride/padding/dilation values, an INVERSE whose key

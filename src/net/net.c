@@ -311,9 +311,10 @@ spconv_status spconv_net_create(spconv_dtype dtype, int64_t in_channels,
                            "%s: a network needs at least one layer (num_layers = %d)", func,
                            num_layers);
     SPCONV_CHECK_NOT_NULL(func, layers);
-    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: networks compute in f32 or f64, not %s", func,
-                           spconv_dtype_name(dtype));
+    SPCONV_RETURN_ERROR_IF(!spconv_dtype_is_floating(dtype), SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: networks compute on floating-point features (f16, bf16, f32, f64), "
+                           "not %s",
+                           func, spconv_dtype_name(dtype));
     SPCONV_RETURN_ERROR_IF(in_channels <= 0, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: in_channels must be > 0 (it is %" PRId64 ")", func, in_channels);
     spconv_net *net = calloc(1, sizeof *net);
@@ -384,6 +385,11 @@ const spconv_layer_desc *spconv_net_layer(const spconv_net *net, int index) {
 }
 
 spconv_dtype spconv_net_dtype(const spconv_net *net) { return net->dtype; }
+
+spconv_dtype spconv__net_param_dtype(const spconv_net *net, spconv_layer_kind kind) {
+    const int half = net->dtype == SPCONV_F16 || net->dtype == SPCONV_BF16;
+    return half && kind == SPCONV_LAYER_BATCHNORM ? SPCONV_F32 : net->dtype;
+}
 
 int64_t spconv_net_in_channels(const spconv_net *net) { return net->in_channels; }
 

@@ -111,8 +111,9 @@ static spconv_status backward_batchnorm(back_pass *b, const spconv__net_layer *l
         st = spconv__net_batchnorm_backward(b->ctx, spconv_sparse_features(tape->in), b->grad,
                                             tape->bn_mean, tape->bn_invstd, gamma, b->grad, dgamma,
                                             dbeta);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_gamma);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), b->net->dtype, 1, &c, &d_beta);
+    const spconv_dtype param_dtype = spconv_tensor_dtype(b->net->params[p0].value);
+    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), param_dtype, 1, &c, &d_gamma);
+    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), param_dtype, 1, &c, &d_beta);
     if (st == SPCONV_OK) {
         spconv__net_from_doubles(dgamma, d_gamma);
         spconv__net_from_doubles(dbeta, d_beta);

@@ -135,7 +135,13 @@ static inline void spconv__net_add_conv_timing(spconv_phase_ms *phase,
 spconv_status spconv__net_layer_error(const char *func, const spconv__net_layer *layer,
                                       spconv_status status);
 
-/* Copy a contiguous f32/f64 tensor's elements to doubles, and doubles into such a tensor. */
+/* The dtype of a parameter of a layer of @p kind: the network's, except batch norm's of a 16-bit
+ * network, which are f32 (its affine and running statistics stay in f32, as mixed-precision
+ * training keeps them). */
+spconv_dtype spconv__net_param_dtype(const spconv_net *net, spconv_layer_kind kind);
+
+/* Copy a contiguous floating tensor's elements to doubles, and doubles into such a tensor
+ * (rounded to nearest even). */
 void spconv__net_to_doubles(const spconv_tensor *t, double *dst);
 void spconv__net_from_doubles(const double *src, spconv_tensor *t);
 

@@ -13,6 +13,7 @@
 #include "conv/gemm.h" /* SPCONV__VECTOR_CLONES */
 #include "core/error.h"
 #include "net/net_internal.h"
+#include "tensor/convert.h"
 
 #define BLOCK_ROWS 1024
 /* Below this many elements a loop is not worth waking threads for: these loops are bound by
@@ -292,24 +293,18 @@ spconv_status spconv__cpu_to_dense_gather(spconv_context *ctx, const spconv_tens
 
 void spconv__net_to_doubles(const spconv_tensor *t, double *dst) {
     const int64_t n = spconv_tensor_numel(t);
-    if (spconv_tensor_dtype(t) == SPCONV_F32) {
-        const float *src = spconv_tensor_data(t);
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-    } else {
-        const double *src = spconv_tensor_data(t);
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-    }
+    const spconv_dtype dtype = spconv_tensor_dtype(t);
+    const size_t size = spconv_dtype_size(dtype);
+    const char *src = spconv_tensor_data(t);
+    for (int64_t i = 0; i < n; ++i) dst[i] = spconv__load_floating(src + (size_t)i * size, dtype);
 }
 
 void spconv__net_from_doubles(const double *src, spconv_tensor *t) {
     const int64_t n = spconv_tensor_numel(t);
-    if (spconv_tensor_dtype(t) == SPCONV_F32) {
-        float *dst = spconv_tensor_data(t);
-        for (int64_t i = 0; i < n; ++i) dst[i] = (float)src[i];
-    } else {
-        double *dst = spconv_tensor_data(t);
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
-    }
+    const spconv_dtype dtype = spconv_tensor_dtype(t);
+    const size_t size = spconv_dtype_size(dtype);
+    char *dst = spconv_tensor_data(t);
+    for (int64_t i = 0; i < n; ++i) spconv__store_from_floating(dst + (size_t)i * size, dtype, src[i]);
 }
 
 /* Row @p r's site, checked against the map's batch and spatial sizes, and not seen before. */

@@ -13,6 +13,7 @@
 #include "conv/conv_check.h"
 #include "core/error.h"
 #include "net/net_internal.h"
+#include "tensor/convert.h"
 #include "spconv/npy.h"
 
 /* ---- seeded initialisation ------------------------------------------------------------------- */
@@ -43,13 +44,14 @@ static void fill_param(spconv_tensor *t, uint64_t seed, const char *name, double
                        double value) {
     init_rng rng = rng_for(seed, name);
     const int64_t n = spconv_tensor_numel(t);
+    const spconv_dtype dtype = spconv_tensor_dtype(t);
+    const size_t size = spconv_dtype_size(dtype);
+    char *data = spconv_tensor_data(t);
     for (int64_t i = 0; i < n; ++i) {
         double v = value;
         if (bound > 0.0) v = bound * (2.0 * ((double)(rng_next(&rng) >> 11) * 0x1.0p-53) - 1.0);
-        if (spconv_tensor_dtype(t) == SPCONV_F32)
-            ((float *)spconv_tensor_data(t))[i] = (float)v;
-        else
-            ((double *)spconv_tensor_data(t))[i] = v;
+        /* f32 and the 16-bit dtypes round once from the double, to nearest even */
+        spconv__store_from_floating(data + (size_t)i * size, dtype, v);
     }
 }
 
@@ -66,7 +68,8 @@ static spconv_status add_param(spconv_net *net, const spconv__net_layer *layer, 
     snprintf(p->name, length, "%s.%s", layer->desc.name, suffix);
     ++net->num_params;
     p->trainable = trainable;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(spconv_cpu(), net->dtype, ndim, sizes, &p->value));
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(
+        spconv_cpu(), spconv__net_param_dtype(net, layer->desc.kind), ndim, sizes, &p->value));
     fill_param(p->value, seed, p->name, bound, value);
     return SPCONV_OK;
 }
@@ -241,7 +244,9 @@ static spconv_status load_param(spconv_context *ctx, const spconv_net *net, int 
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_DTYPE_MISMATCH,
                          "%s: parameter '%s' in '%s' holds %s values, not floating point", func,
                          param->name, path, spconv_dtype_name(spconv_tensor_dtype(file)));
-    SPCONV_TRY_GOTO(st, spconv_tensor_to_dtype(ctx, file, net->dtype, &converted), done);
+    SPCONV_TRY_GOTO(st,
+                    spconv_tensor_to_dtype(ctx, file, spconv_tensor_dtype(param->value), &converted),
+                    done);
     if (is_conv_weight(net, index)) {
         st = conv_weight_to_rsck(ctx, func, param, param_layer(net, index), converted, layout, out);
     } else if (same_sizes(converted, 1, spconv_tensor_sizes(param->value))) {
@@ -315,6 +320,14 @@ static spconv_status save_param(spconv_context *ctx, const spconv_net *net, int 
     } else {
         spconv_tensor_retain(param->value);
         file = param->value;
+    }
+    if (spconv_tensor_dtype(file) == SPCONV_BF16) {
+        /* .npy has no bf16: the file holds the same values as f32 (exactly) */
+        spconv_tensor *wide = NULL;
+        st = spconv_tensor_to_dtype(ctx, file, SPCONV_F32, &wide);
+        spconv_tensor_release(file);
+        file = wide;
+        if (st != SPCONV_OK) return param_error(st, func, param->name);
     }
     char *path = param_path(dir, param->name);
     if (path == NULL)

@@ -28,6 +28,7 @@
 
 typedef struct bench_args {
     int net;
+    int dtype;          /* index into net_dtype_names */
     const char *input;  /* NULL: the bundled sample */
     int64_t repeat;
     int64_t warmup;
@@ -65,8 +66,12 @@ static int make_grad(bench_job *job, const spconv_tensor *out) {
         state = state * 6364136223846793005u + 1442695040888963407u; /* speed, not quality */
         g[i] = (float)(state >> 40) * 0x1.0p-23f - 1.0f;
     }
-    /* On the device of the output (where the network ran); a reference on the CPU. */
-    spconv_tensor *moved = NULL;
+    /* In the output's dtype, on its device (where the network ran); a reference on the CPU. */
+    spconv_tensor *moved = NULL, *typed = NULL;
+    st = spconv_tensor_to_dtype(job->ctx, job->grad, spconv_tensor_dtype(out), &typed);
+    spconv_tensor_release(job->grad);
+    job->grad = typed;
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "the output gradient");
     st = spconv_tensor_to_device(job->ctx, job->grad, spconv_tensor_device(out), &moved);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "the output gradient");
     spconv_tensor_release(job->grad);
@@ -100,7 +105,8 @@ static void record(bench_samples *s, int rep, const spconv_net *net, int backwar
 static int one_pass(bench_job *job, int rep) {
     spconv_sparse_tensor *input = NULL;
     spconv_tensor *out = NULL;
-    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, &input);
+    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, spconv_net_dtype(job->net),
+                              &input);
     if (rc != 0) return rc;
     const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
     double start_unix = unix_ms();
@@ -168,8 +174,8 @@ static int setup(bench_job *job) {
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
     if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
     if (rc == 0)
-        rc = net_build(job->cmd, job->ctx, job->run.net_name, (uint64_t)a->seed, NULL,
-                       SPCONV_NET_LAYOUT_AUTO, &job->net);
+        rc = net_build(job->cmd, job->ctx, job->run.net_name, net_dtype_of(a->dtype),
+                       (uint64_t)a->seed, NULL, SPCONV_NET_LAYOUT_AUTO, &job->net);
     if (rc == 0) rc = read_input(job);
     if (rc != 0) return rc;
     job->run.threads = spconv_context_num_threads(job->ctx);
@@ -247,6 +253,9 @@ int spconv_cmd_bench(int argc, char **argv) {
          .max = 100000, .help = "timed passes (default 5)"},
         {.name = "--warmup", .kind = CLI_INT, .value = &a->warmup, .metavar = "N", .min = 0,
          .max = 100000, .help = "untimed passes first (default 1)"},
+        {.name = "--dtype", .kind = CLI_CHOICE, .value = &a->dtype, .choices = net_dtype_names,
+         .metavar = "f32|f16|bf16",
+         .help = "features and conv weights (default f32; 16-bit ones sum in f32)"},
         {.name = "--backward", .kind = CLI_SWITCH, .value = &a->backward,
          .help = "time training forward + backward"},
         {.name = "--input-grad", .kind = CLI_SWITCH, .value = &a->input_grad,

@@ -25,6 +25,7 @@ typedef struct run_args {
     int net;          /* index into the zoo */
     const char *weights;
     int layout;       /* index into layout_names */
+    int dtype;        /* index into net_dtype_names */
     int64_t seed;
     int64_t threads;  /* 0: all cores */
     const char *device; /* --device; NULL: the CPU */
@@ -171,7 +172,9 @@ static int write_outputs(run_job *job) {
     const int dense = spconv_tensor_ndim(job->output) == 4;
     int64_t size[2] = {0, 0};
     /* The folder is made only now: a run stopped before this point leaves nothing behind. */
-    int rc = cli_outdir_open(&job->od, job->cmd, job->args.out_dir);
+    int rc = net_output_as(job->cmd, job->ctx, &job->output,
+                           net_file_dtype(spconv_tensor_dtype(job->output)));
+    if (rc == 0) rc = cli_outdir_open(&job->od, job->cmd, job->args.out_dir);
     if (rc == 0) rc = cli_outdir_write_npy(&job->od, job->ctx, "output.npy", job->output);
     if (rc == 0 && !dense)
         rc = cli_outdir_write_npy(&job->od, job->ctx, "out_indices.npy",
@@ -196,7 +199,8 @@ static int forward(run_job *job) {
     const int show = job->args.progress || (ps.tty && !job->args.quiet);
     if (show) spconv_net_set_progress(job->net, on_progress, &ps);
     spconv_sparse_tensor *input = NULL;
-    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, &input);
+    int rc = net_input_sparse(job->cmd, job->ctx, &job->input, spconv_net_dtype(job->net),
+                              &input);
     if (rc != 0) return rc;
     const double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, SPCONV_NET_INFERENCE,
@@ -219,8 +223,8 @@ static int setup_network(run_job *job) {
     if (st == SPCONV_OK) st = spconv_context_create(device, &job->ctx);
     if (st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "setting up");
-    return net_build(job->cmd, job->ctx, job->net_name, (uint64_t)a->seed, a->weights,
-                     layouts[a->layout], &job->net);
+    return net_build(job->cmd, job->ctx, job->net_name, net_dtype_of(a->dtype), (uint64_t)a->seed,
+                     a->weights, layouts[a->layout], &job->net);
 }
 
 /* One scan (or one set of voxel files): the per-layer table, the outputs and the picture. */
@@ -322,6 +326,10 @@ int spconv_cmd_run(int argc, char **argv) {
         {.name = "--weight-layout", .kind = CLI_CHOICE, .value = &a->layout,
          .choices = layout_names, .metavar = "auto|rsck|krsc|oidhw",
          .help = "layout of the conv weights in --weights (default auto: by shape)"},
+        {.name = "--dtype", .kind = CLI_CHOICE, .value = &a->dtype, .choices = net_dtype_names,
+         .metavar = "f32|f16|bf16",
+         .help = "features and conv weights (default f32; 16-bit ones sum in f32, batch norm "
+                 "in f32; bf16 outputs are written as f32)"},
         {.name = "--seed", .kind = CLI_INT, .value = &a->seed, .metavar = "S", .min = 0,
          .max = INT64_MAX, .help = "seed of the initial parameters (default 1)"},
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,

@@ -279,7 +279,7 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
     for (int64_t i = 0; i < n; ++i) largest = rows[4 * i] > largest ? rows[4 * i] : largest;
     out->batch_size = largest + 1;
     spconv_sparse_tensor *sp = NULL;
-    rc = net_input_sparse(cmd, NULL, out, &sp); /* validated on the host */
+    rc = net_input_sparse(cmd, NULL, out, SPCONV_F32, &sp); /* validated on the host */
     if (rc != 0) return rc;
     spconv_status st = spconv_sparse_validate(ctx, sp);
     spconv_sparse_release(sp);
@@ -328,12 +328,36 @@ int net_input_replicate(const char *cmd, net_input *in, int64_t copies) {
     return 0;
 }
 
-int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
+int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in, spconv_dtype dtype,
                      spconv_sparse_tensor **out) {
-    spconv_status st =
-        spconv_sparse_create(in->features, in->indices, in->spatial_shape, in->batch_size, out);
+    spconv_tensor *features = NULL;
+    spconv_status st = spconv_tensor_to_dtype(ctx, in->features, dtype, &features);
+    if (st == SPCONV_OK)
+        st = spconv_sparse_create(features, in->indices, in->spatial_shape, in->batch_size, out);
+    spconv_tensor_release(features);
     if (st != SPCONV_OK) return cli_status_error(cmd, st, "making the input sparse tensor");
     return net_sparse_to_context_device(cmd, ctx, out);
+}
+
+const char *const net_dtype_names[] = {"f32", "f16", "bf16", NULL};
+
+spconv_dtype net_dtype_of(int index) {
+    static const spconv_dtype dtypes[] = {SPCONV_F32, SPCONV_F16, SPCONV_BF16};
+    return dtypes[index];
+}
+
+spconv_dtype net_file_dtype(spconv_dtype dtype) {
+    return dtype == SPCONV_BF16 ? SPCONV_F32 : dtype;
+}
+
+int net_output_as(const char *cmd, spconv_context *ctx, spconv_tensor **t, spconv_dtype dtype) {
+    if (spconv_tensor_dtype(*t) == dtype) return 0;
+    spconv_tensor *converted = NULL;
+    spconv_status st = spconv_tensor_to_dtype(ctx, *t, dtype, &converted);
+    if (st != SPCONV_OK) return cli_status_error(cmd, st, "converting the output");
+    spconv_tensor_release(*t);
+    *t = converted;
+    return 0;
 }
 
 /* @p sp's features and sites on @p device, as a new sparse tensor. */
@@ -388,10 +412,10 @@ void net_input_release(net_input *in) {
     memset(in, 0, sizeof *in);
 }
 
-int net_build(const char *cmd, spconv_context *ctx, const char *name, uint64_t seed,
-              const char *weights_dir, spconv_net_layout layout, spconv_net **out) {
+int net_build(const char *cmd, spconv_context *ctx, const char *name, spconv_dtype dtype,
+              uint64_t seed, const char *weights_dir, spconv_net_layout layout, spconv_net **out) {
     *out = NULL;
-    spconv_status st = spconv_zoo_create(name, SPCONV_F32, seed, out);
+    spconv_status st = spconv_zoo_create(name, dtype, seed, out);
     if (st != SPCONV_OK) return cli_status_error(cmd, st, "--net");
     if (weights_dir == NULL) return 0;
     if (!is_dir(weights_dir))

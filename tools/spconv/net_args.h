@@ -56,9 +56,21 @@ int net_input_from_voxels(const char *cmd, spconv_context *ctx, const char *net,
  *  [c * batch_size, (c + 1) * batch_size) (as spconv's large benchmark scales its input). */
 int net_input_replicate(const char *cmd, net_input *in, int64_t copies);
 
-/** A new sparse tensor over the input's features and indices, with an empty rulebook cache. */
-int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in,
+/** A new sparse tensor over the input's features (converted to @p dtype) and indices, with an
+ *  empty rulebook cache. */
+int net_input_sparse(const char *cmd, spconv_context *ctx, const net_input *in, spconv_dtype dtype,
                      spconv_sparse_tensor **out);
+
+/** --dtype: the choices (NULL-terminated) and the dtype of choice @p index. */
+extern const char *const net_dtype_names[];
+spconv_dtype net_dtype_of(int index);
+
+/** The dtype a network's output of @p dtype is written in: its own, or f32 for bf16 (.npy has
+ *  no bf16; every bf16 value is an f32 value). */
+spconv_dtype net_file_dtype(spconv_dtype dtype);
+
+/** Replace @p *t by its conversion to @p dtype (nothing to do when it has it). */
+int net_output_as(const char *cmd, spconv_context *ctx, spconv_tensor **t, spconv_dtype dtype);
 
 /** The sparse tensor @p *in on the device of @p ctx (replaced; nothing to do on the CPU). */
 int net_sparse_to_context_device(const char *cmd, spconv_context *ctx, spconv_sparse_tensor **in);
@@ -71,11 +83,11 @@ int net_outputs_to_host(const char *cmd, spconv_context *ctx, spconv_tensor **ou
 /** Release what the input holds; a zeroed struct is a no-op. */
 void net_input_release(net_input *in);
 
-/** Zoo network @p name (float32) initialised from @p seed, then loaded from @p weights_dir when
+/** Zoo network @p name in @p dtype initialised from @p seed, then loaded from @p weights_dir when
  *  that is not NULL (every parameter "<name>.npy" in @p layout). Destroy *out also after a
  *  failure (it may hold the network whose weights did not load). */
-int net_build(const char *cmd, spconv_context *ctx, const char *name, uint64_t seed,
-              const char *weights_dir, spconv_net_layout layout, spconv_net **out);
+int net_build(const char *cmd, spconv_context *ctx, const char *name, spconv_dtype dtype,
+              uint64_t seed, const char *weights_dir, spconv_net_layout layout, spconv_net **out);
 
 /** Wall-clock milliseconds on a monotonic clock. */
 double net_now_ms(void);

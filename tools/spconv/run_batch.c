@@ -260,7 +260,8 @@ typedef struct batch {
     net_input *inputs;
     spconv_tensor *output;
     spconv_sparse_tensor *out_sparse;
-    float *features; /* sparse output: [rows, channels] */
+    spconv_dtype file_dtype; /* what output.npy holds (net_file_dtype of the output's) */
+    float *features; /* sparse output: [rows, channels], as f32 */
     int32_t *indices; /* [rows, 4] */
     int64_t rows, channels;
 } batch;
@@ -324,8 +325,11 @@ static int concatenate(const run_batch_config *c, const batch *b, spconv_sparse_
     if (st == SPCONV_OK)
         st = spconv_tensor_from_host(c->ctx, spconv_cpu(), SPCONV_I32, 2,
                                      (const int64_t[]){rows, 4}, indices, &i);
+    spconv_tensor *typed = NULL;
+    if (st == SPCONV_OK) st = spconv_tensor_to_dtype(c->ctx, f, spconv_net_dtype(c->net), &typed);
     if (st == SPCONV_OK)
-        st = spconv_sparse_create(f, i, c->zin->spatial_shape, b->count, out);
+        st = spconv_sparse_create(typed, i, c->zin->spatial_shape, b->count, out);
+    spconv_tensor_release(typed);
     spconv_tensor_release(f);
     spconv_tensor_release(i);
     free(features);
@@ -346,7 +350,11 @@ static int forward(const run_batch_config *c, batch *b, batch_totals *totals) {
     if (st != SPCONV_OK) return cli_status_error(c->cmd, st, "running the network");
     rc = net_outputs_to_host(c->cmd, c->ctx, &b->output, &b->out_sparse);
     if (rc != 0) return rc;
-    if (spconv_tensor_ndim(b->output) == 4) return 0;
+    b->file_dtype = net_file_dtype(spconv_tensor_dtype(b->output));
+    if (spconv_tensor_ndim(b->output) == 4) return net_output_as(c->cmd, c->ctx, &b->output, b->file_dtype);
+    /* The scans' rows are split on the host as f32 (exact for f16 and bf16 values). */
+    rc = net_output_as(c->cmd, c->ctx, &b->output, SPCONV_F32);
+    if (rc != 0) return rc;
     /* A sparse output is split by batch index: copy it to the host once for all its scans. */
     b->rows = spconv_tensor_size(b->output, 0);
     b->channels = spconv_tensor_size(b->output, 1);
@@ -405,6 +413,7 @@ static int write_part(const run_batch_config *c, const batch *b, int j, cli_outd
         st = sparse_part(c, b, j, &features, &indices);
     }
     if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(c->cmd, st, "splitting the output");
+    if (rc == 0) rc = net_output_as(c->cmd, c->ctx, &features, b->file_dtype);
     if (rc == 0) rc = cli_outdir_write_npy(od, c->ctx, "output.npy", features);
     if (rc == 0 && indices != NULL)
         rc = cli_outdir_write_npy(od, c->ctx, "out_indices.npy", indices);
