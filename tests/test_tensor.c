@@ -207,6 +207,63 @@ static void test_f16_round_trip_all(void **state) {
     }
 }
 
+/* Each element of @p n values of @p src_dtype at @p data (every other slot of a 2n buffer, so
+ * that a strided view exists), converted to @p dst_dtype both through a contiguous tensor (the
+ * CPU backend's typed, threaded path) and through a strided view (its element-wise path): the
+ * same bits. */
+static void expect_paths_agree(spconv_dtype src_dtype, spconv_dtype dst_dtype, void *data,
+                               int64_t n) {
+    const size_t element = spconv_dtype_size(src_dtype);
+    char *packed = malloc((size_t)n * element);
+    assert_non_null(packed);
+    for (int64_t i = 0; i < n; ++i)
+        memcpy(packed + (size_t)i * element, (char *)data + (size_t)(2 * i) * element, element);
+    spconv_tensor *contiguous = NULL, *strided = NULL, *a = NULL, *b = NULL;
+    const int64_t stride = 2;
+    SPCONV_ASSERT_OK(spconv_tensor_wrap(spconv_cpu(), src_dtype, 1, &n, NULL, packed, NULL, NULL,
+                                        &contiguous));
+    SPCONV_ASSERT_OK(spconv_tensor_wrap(spconv_cpu(), src_dtype, 1, &n, &stride, data, NULL, NULL,
+                                        &strided));
+    assert_false(spconv_tensor_is_contiguous(strided));
+    SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, contiguous, dst_dtype, &a));
+    SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, strided, dst_dtype, &b));
+    const size_t out = spconv_dtype_size(dst_dtype);
+    for (int64_t i = 0; i < n; ++i)
+        if (memcmp((char *)spconv_tensor_data(a) + (size_t)i * out,
+                   (char *)spconv_tensor_data(b) + (size_t)i * out, out) != 0)
+            fail_msg("%s -> %s: element %lld differs between the paths", spconv_dtype_name(src_dtype),
+                     spconv_dtype_name(dst_dtype), (long long)i);
+    spconv_tensor *all[] = {contiguous, strided, a, b};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    free(packed);
+}
+
+/* Every 16-bit pattern to f32, and 2^20 random f32 patterns plus the edges to f16 and bf16. */
+static void test_contiguous_conversions_match_elementwise(void **state) {
+    (void)state;
+    uint16_t *halves = malloc(2 * 65536 * sizeof *halves);
+    assert_non_null(halves);
+    for (uint32_t h = 0; h <= 0xFFFF; ++h) halves[2 * h] = (uint16_t)h, halves[2 * h + 1] = 0;
+    expect_paths_agree(SPCONV_F16, SPCONV_F32, halves, 65536);
+    expect_paths_agree(SPCONV_BF16, SPCONV_F32, halves, 65536);
+    free(halves);
+    const int64_t n = (int64_t)1 << 20;
+    uint32_t *bits = malloc((size_t)(2 * n) * sizeof *bits);
+    assert_non_null(bits);
+    const uint32_t edges[] = {0u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u,
+                              0x477FEFFFu, 0x477FF000u, 0x33000000u, 0x33000001u, 0x387FFFFFu,
+                              0x38800000u, 0x7F7FFFFFu, 0x00000001u};
+    for (int64_t i = 0; i < n; ++i) {
+        bits[2 * i] = i < (int64_t)(sizeof edges / sizeof edges[0])
+                          ? edges[i]
+                          : (uint32_t)spconv_test_rand_u64();
+        bits[2 * i + 1] = 0;
+    }
+    expect_paths_agree(SPCONV_F32, SPCONV_F16, bits, n);
+    expect_paths_agree(SPCONV_F32, SPCONV_BF16, bits, n);
+    free(bits);
+}
+
 /* Exact value of a finite f16 in double, decoded from the bits (independently of the library). */
 static double f16_exact(uint16_t h) {
     int exponent = (h >> 10) & 0x1F;
@@ -1515,6 +1572,7 @@ int main(void) {
         cmocka_unit_test(test_f16_known_values),
         cmocka_unit_test(test_f16_nan),
         cmocka_unit_test(test_f16_round_trip_all),
+        cmocka_unit_test(test_contiguous_conversions_match_elementwise),
         cmocka_unit_test(test_f16_rounding_random),
         cmocka_unit_test(test_bf16_known_values),
         cmocka_unit_test(test_float_to_integer_rules),

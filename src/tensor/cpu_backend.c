@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "tensor/convert.h"
 #include "tensor/tensor_impl.h"
 
@@ -208,11 +209,70 @@ static void run_fill(char *dst, int64_t dst_step, const char *src, int64_t src_s
 
 #undef COPY_EACH
 
+/* ---- contiguous 16-bit <-> f32: the conversions around every 16-bit conv and layer ---------- */
+
+/* Above this many elements a conversion is split over the context's threads. */
+#define CONVERT_PARALLEL_MIN ((int64_t)1 << 18)
+
+typedef void (*convert_fn)(void *dst, const void *src, int64_t begin, int64_t end);
+
+/* The same functions of convert.h as the element-wise path (so the same bits), without the
+ * per-element dtype dispatch and the trip through double. That trip makes a signalling NaN
+ * quiet, so widening does it here too. */
+static float quiet(float value) {
+    const uint32_t bits = spconv__f32_bits(value);
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? spconv__f32_from_bits(bits | 0x00400000u) : value;
+}
+static void f16_to_f32(void *dst, const void *src, int64_t begin, int64_t end) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (int64_t i = begin; i < end; ++i) d[i] = quiet(spconv__f16_to_f32(s[i]));
+}
+static void bf16_to_f32(void *dst, const void *src, int64_t begin, int64_t end) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (int64_t i = begin; i < end; ++i) d[i] = quiet(spconv__bf16_to_f32(s[i]));
+}
+static void f32_to_f16(void *dst, const void *src, int64_t begin, int64_t end) {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (int64_t i = begin; i < end; ++i) d[i] = spconv__f32_to_f16(s[i]);
+}
+static void f32_to_bf16(void *dst, const void *src, int64_t begin, int64_t end) {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (int64_t i = begin; i < end; ++i) d[i] = spconv__f32_to_bf16(s[i]);
+}
+
+static convert_fn contiguous_convert(spconv_dtype dst, spconv_dtype src) {
+    if (dst == SPCONV_F32 && src == SPCONV_F16) return f16_to_f32;
+    if (dst == SPCONV_F32 && src == SPCONV_BF16) return bf16_to_f32;
+    if (dst == SPCONV_F16 && src == SPCONV_F32) return f32_to_f16;
+    if (dst == SPCONV_BF16 && src == SPCONV_F32) return f32_to_bf16;
+    return NULL;
+}
+
+static void convert_contiguous(spconv_context *ctx, convert_fn fn, void *dst, const void *src,
+                               int64_t n) {
+    const int threads = n >= CONVERT_PARALLEL_MIN ? spconv_context_num_threads(ctx) : 1;
+    if (threads <= 1) {
+        fn(dst, src, 0, n);
+        return;
+    }
+    SPCONV_OMP(omp parallel for num_threads(threads) schedule(static))
+    for (int t = 0; t < threads; ++t) fn(dst, src, n * t / threads, n * (t + 1) / threads);
+}
+
 /* ---- slots ------------------------------------------------------------------------------------ */
 
 static spconv_status cpu_copy_strided(spconv_context *ctx, spconv_tensor *dst,
                                       const spconv_tensor *src) {
     if (dst->numel == 0) return SPCONV_OK;
+    const convert_fn fast = contiguous_convert(dst->dtype, src->dtype);
+    if (fast != NULL && dst->is_contiguous && src->is_contiguous) {
+        convert_contiguous(ctx, fast, spconv_tensor_data(dst), spconv_tensor_data(src), dst->numel);
+        return SPCONV_OK;
+    }
     walk w;
     walk_init(&w, dst, src);
     run_args args = {dst->dtype, src->dtype, spconv__tensor_element_size(dst), {0}};
