@@ -1061,7 +1061,7 @@ static void test_run_errors_arguments(void **state) {
     spconv_net *net = create_net(SPCONV_F64, 3, one, 1);
     SPCONV_ASSERT_FAILS(spconv_net_forward(NULL, net, in, SPCONV_NET_INFERENCE, &out, NULL),
                         SPCONV_ERR_DTYPE_MISMATCH,
-                        "input features are f32 but the network computes in f64");
+                        "input features are f32 but the network's dtype is f64");
     spconv_net_destroy(net);
     net = create_net(SPCONV_F32, 3, one, 1);
     spconv_sparse_tensor *four = random_input(SPCONV_F32, 4, shape, shape, 1, 10);

@@ -191,7 +191,8 @@ static void test_layers_round_once(void **state) {
 }
 
 /* A zoo network in 16 bits: created, weights saved and loaded back unchanged (bf16 files hold
- * f32 values), and its input must have its dtype. */
+ * f32 values), a file value beyond the dtype's range refused, and its input must have its
+ * dtype. */
 static void test_zoo_half_weights_and_input(void **state) {
     (void)state;
     const spconv_dtype dtypes[2] = {SPCONV_F16, SPCONV_BF16};
@@ -206,6 +207,24 @@ static void test_zoo_half_weights_and_input(void **state) {
         for (int p = 0; p < spconv_net_num_params(a); ++p)
             assert_true(same_bits(spconv_net_param(a, p), spconv_net_param(b, p)));
         assert_int_equal(spconv_test_remove_tree(dir), 0);
+        /* f32 files with a value beyond the dtype's range: refused, naming it, nothing loaded */
+        spconv_net *wide = NULL;
+        SPCONV_ASSERT_OK(spconv_zoo_create("basic", SPCONV_F32, 9, &wide));
+        ((float *)spconv_tensor_data(spconv_net_param(wide, 3)))[5] =
+            dtypes[d] == SPCONV_F16 ? 1e5f : 3.4e38f;
+        char dir2[] = "/tmp/spconv-net-half-XXXXXX";
+        assert_non_null(mkdtemp(dir2));
+        SPCONV_ASSERT_OK(spconv_net_save_weights(NULL, wide, dir2, SPCONV_NET_LAYOUT_RSCK));
+        char message[256];
+        snprintf(message, sizeof message, "parameter '%s' in", spconv_net_param_name(wide, 3));
+        SPCONV_ASSERT_FAILS(spconv_net_load_weights(NULL, b, dir2, SPCONV_NET_LAYOUT_RSCK),
+                            SPCONV_ERR_OUT_OF_RANGE, message);
+        SPCONV_ASSERT_FAILS(spconv_net_load_weights(NULL, b, dir2, SPCONV_NET_LAYOUT_RSCK),
+                            SPCONV_ERR_OUT_OF_RANGE, "element 5 = ");
+        for (int p = 0; p < spconv_net_num_params(a); ++p)
+            assert_true(same_bits(spconv_net_param(a, p), spconv_net_param(b, p)));
+        assert_int_equal(spconv_test_remove_tree(dir2), 0);
+        spconv_net_destroy(wide);
         spconv_sparse_tensor *in = random_input(SPCONV_F32, 4, 10);
         spconv_tensor *y = NULL;
         SPCONV_ASSERT_FAILS(spconv_net_forward(NULL, a, in, SPCONV_NET_INFERENCE, &y, NULL),

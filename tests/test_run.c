@@ -428,6 +428,7 @@ static void test_run_dtype(void **state) {
         SPCONV_ASSERT_OK(spconv_net_forward(NULL, net, in, SPCONV_NET_INFERENCE, &out, NULL));
         SPCONV_ASSERT_OK(spconv_tensor_to_dtype(
             NULL, out, dtypes[d] == SPCONV_BF16 ? SPCONV_F32 : dtypes[d], &want));
+        check_picture(one, "unet", 100, 1000); /* drawn from the 16-bit output */
         spconv_tensor *got = read_npy(one, "output.npy");
         assert_int_equal(spconv_tensor_dtype(got), spconv_tensor_dtype(want));
         assert_int_equal(spconv_tensor_numel(got), spconv_tensor_numel(want));
@@ -448,9 +449,16 @@ static void test_run_dtype(void **state) {
         assert_same_npy(one, part, "output.npy");
         assert_same_npy(one, part, "out_indices.npy");
     }
+    char json[PATH_CAP];
     expect_success(f, (const char *[]){"bench", "--net", "basic", "--dtype", "f16", "--input",
                                        scan, "--repeat", "1", "--warmup", "0", "--peak-size", "0",
-                                       "--backward", NULL});
+                                       "--backward", "--json", in_dir(f, "f16.json", json), NULL});
+    expect_in_stdout(f, "f16, GEMM by");
+    size_t n = 0;
+    char *text = spconv_test_read_bytes(json, &n);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"dtype\": \"f16\""));
+    free(text);
 }
 
 /* A scan with no point in the network's range runs, says so, and gives an empty output. */
@@ -570,7 +578,7 @@ static void check_bench_json(const char *path, int layers, int backward) {
         "\"scatter\"", "\"other\"", "\"median\"", "\"min\"", "\"max\"", "\"gflops\"",
         "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\"", "\"per_pass\"",
         "\"start_unix_ms\"", "\"forward_ms_per_pass\"", "\"tensor_mib\"", "\"rss_peak_mib\"",
-        "\"input_grad\"", "\"replicate\""};
+        "\"input_grad\"", "\"replicate\"", "\"dtype\""};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
         if (strstr(text, keys[k]) == NULL) fail_msg("%s has no key %s", path, keys[k]);
     int entries = 0;

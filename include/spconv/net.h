@@ -32,8 +32,7 @@
  * Thread rules: a network holds state (running statistics, what backward needs, statistics of
  * the last pass), so one network is used by one thread at a time.
  *
- * Backends: the layers run on the backend of the input's device (f32 or f64, the network's
- * dtype); a forward first checks that this backend has every kernel the network needs and
+ * Backends: the layers run on the backend of the input's device, in the network's dtype; a forward first checks that this backend has every kernel the network needs and
  * otherwise fails naming the first layer it could not run. The parameters live on the CPU. On
  * CUDA, batch norm, ReLU, save / concat and to-dense run today; convs and pooling wait for rulebooks
  * built on the device.

@@ -49,7 +49,11 @@ static spconv_status ref_check_cpu(const char *func, const spconv_tensor *t) {
     SPCONV_RETURN_ERROR_IF(spconv_tensor_device(t).type != SPCONV_DEVICE_CPU,
                            SPCONV_ERR_NOT_SUPPORTED, "%s: the references run on the CPU only",
                            func);
-    return spconv__check_cpu_float(func, spconv_tensor_dtype(t));
+    const spconv_dtype dtype = spconv_tensor_dtype(t);
+    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: the references compute in f32 or f64, not %s", func,
+                           spconv_dtype_name(dtype));
+    return SPCONV_OK;
 }
 
 /* An f64 accumulator of the given sizes, zero-filled. */

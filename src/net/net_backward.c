@@ -237,7 +237,7 @@ static spconv_status check_grad_out(const spconv_net *net, const spconv_tensor *
                            spconv_tensor_size(grad_out, 0), spconv_tensor_size(grad_out, 1),
                            want[0], want[1], ndim == 4 ? ", H, W" : "");
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(grad_out) != net->dtype, SPCONV_ERR_DTYPE_MISMATCH,
-                           "%s: grad_out is %s but the network computes in %s", backward_func,
+                           "%s: grad_out is %s but the network's dtype is %s", backward_func,
                            spconv_dtype_name(spconv_tensor_dtype(grad_out)),
                            spconv_dtype_name(net->dtype));
     SPCONV_RETURN_ERROR_IF(

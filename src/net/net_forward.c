@@ -384,7 +384,7 @@ static spconv_status check_input(const spconv_net *net, const spconv_sparse_tens
     SPCONV_FORWARD_IF_ERROR(spconv__net_check_backend(forward_func, net, spconv_tensor_device(f),
                                                       mode == SPCONV_NET_TRAINING));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(f) != net->dtype, SPCONV_ERR_DTYPE_MISMATCH,
-                           "%s: the input features are %s but the network computes in %s",
+                           "%s: the input features are %s but the network's dtype is %s",
                            forward_func, spconv_dtype_name(spconv_tensor_dtype(f)),
                            spconv_dtype_name(net->dtype));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_size(f, 1) != net->in_channels, SPCONV_ERR_SHAPE_MISMATCH,

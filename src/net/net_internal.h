@@ -141,7 +141,7 @@ spconv_status spconv__net_layer_error(const char *func, const spconv__net_layer 
 spconv_dtype spconv__net_param_dtype(const spconv_net *net, spconv_layer_kind kind);
 
 /* Copy a contiguous floating tensor's elements to doubles, and doubles into such a tensor
- * (rounded to nearest even). */
+ * (rounded to nearest even; to f16 / bf16 through f32, as convert.h says). */
 void spconv__net_to_doubles(const spconv_tensor *t, double *dst);
 void spconv__net_from_doubles(const double *src, spconv_tensor *t);
 

@@ -50,7 +50,7 @@ static void fill_param(spconv_tensor *t, uint64_t seed, const char *name, double
     for (int64_t i = 0; i < n; ++i) {
         double v = value;
         if (bound > 0.0) v = bound * (2.0 * ((double)(rng_next(&rng) >> 11) * 0x1.0p-53) - 1.0);
-        /* f32 and the 16-bit dtypes round once from the double, to nearest even */
+        /* rounded to nearest even (the 16-bit dtypes through f32, as convert.h's rules say) */
         spconv__store_from_floating(data + (size_t)i * size, dtype, v);
     }
 }
@@ -222,7 +222,27 @@ static spconv_status conv_weight_to_rsck(spconv_context *ctx, const char *func,
     return weight_shape_error(func, param, layer, file, layout);
 }
 
-/* Read one parameter's file, check it and convert it to the network's dtype and layout. */
+/* A finite value of the file that became infinite in the parameter's dtype (65504 is f16's
+ * largest) is an error naming it, not a silent inf. Both tensors are contiguous CPU tensors
+ * of the same numel (the second converted from the first). */
+static spconv_status check_fits(const char *func, const char *name, const char *path,
+                                const spconv_tensor *file, const spconv_tensor *converted) {
+    const spconv_dtype from = spconv_tensor_dtype(file), to = spconv_tensor_dtype(converted);
+    if (from == to) return SPCONV_OK;
+    const size_t from_size = spconv_dtype_size(from), to_size = spconv_dtype_size(to);
+    const char *a = spconv_tensor_data(file), *b = spconv_tensor_data(converted);
+    for (int64_t i = 0; i < spconv_tensor_numel(file); ++i) {
+        const double v = spconv__load_floating(a + (size_t)i * from_size, from);
+        if (isfinite(v) && !isfinite(spconv__load_floating(b + (size_t)i * to_size, to)))
+            return spconv__error(SPCONV_ERR_OUT_OF_RANGE,
+                                 "%s: parameter '%s' in '%s': element %" PRId64 " = %g does not "
+                                 "fit %s (it would become infinite)",
+                                 func, name, path, i, v, spconv_dtype_name(to));
+    }
+    return SPCONV_OK;
+}
+
+/* Read one parameter's file, check it and convert it to the parameter's dtype and layout. */
 static spconv_status load_param(spconv_context *ctx, const spconv_net *net, int index,
                                 const char *dir, spconv_net_layout layout, spconv_tensor **out) {
     static const char func[] = "spconv_net_load_weights";
@@ -247,6 +267,7 @@ static spconv_status load_param(spconv_context *ctx, const spconv_net *net, int 
     SPCONV_TRY_GOTO(st,
                     spconv_tensor_to_dtype(ctx, file, spconv_tensor_dtype(param->value), &converted),
                     done);
+    SPCONV_TRY_GOTO(st, check_fits(func, param->name, path, file, converted), done);
     if (is_conv_weight(net, index)) {
         st = conv_weight_to_rsck(ctx, func, param, param_layer(net, index), converted, layout, out);
     } else if (same_sizes(converted, 1, spconv_tensor_sizes(param->value))) {

@@ -201,8 +201,8 @@ void bench_report_print(bench_run *run, FILE *out) {
     fprintf(out, "%lld %s, spatial shape [%lld, %lld, %lld])\n", (long long)run->sites,
             run->input_is_voxels ? "sites" : "voxels", (long long)run->spatial_shape[0],
             (long long)run->spatial_shape[1], (long long)run->spatial_shape[2]);
-    fprintf(out, "%d thread%s, GEMM by %s, %d timed pass%s after %d warm-up%s; every forward "
-            "builds its rulebooks\n", run->threads, run->threads == 1 ? "" : "s",
+    fprintf(out, "%d thread%s, %s, GEMM by %s, %d timed pass%s after %d warm-up%s; every forward "
+            "builds its rulebooks\n", run->threads, run->threads == 1 ? "" : "s", run->dtype,
             gemm_words(run->gemm), run->repeat, run->repeat == 1 ? "" : "es",
             run->warmup, run->warmup == 1 ? "" : "s");
     if (run->peak_gflops > 0.0)
@@ -252,12 +252,12 @@ static void json_config(const bench_run *run, FILE *out) {
     if (run->points >= 0) fprintf(out, "%lld", (long long)run->points);
     else fputs("null", out);
     fprintf(out, ", \"sites\": %lld, \"spatial_shape\": [%lld, %lld, %lld], \"in_channels\": %lld, "
-            "\"threads\": %d, \"repeat\": %d, \"warmup\": %d, \"backward\": %s, \"input_grad\": %s, "
-            "\"replicate\": %d, \"seed\": %lld, "
+            "\"threads\": %d, \"dtype\": \"%s\", \"repeat\": %d, \"warmup\": %d, \"backward\": %s, "
+            "\"input_grad\": %s, \"replicate\": %d, \"seed\": %lld, "
             "\"gemm\": \"%s\", \"peak_size\": %lld, \"version\": ",
             (long long)run->sites, (long long)run->spatial_shape[0],
             (long long)run->spatial_shape[1], (long long)run->spatial_shape[2],
-            (long long)run->zin.channels, run->threads, run->repeat, run->warmup,
+            (long long)run->zin.channels, run->threads, run->dtype, run->repeat, run->warmup,
             run->with_backward ? "true" : "false", run->with_input_grad ? "true" : "false",
             run->replicate, (long long)run->seed, run->gemm,
             (long long)run->peak_size);

@@ -47,6 +47,7 @@ typedef struct bench_run {
     int64_t sites;
     int64_t spatial_shape[3];
     int threads, repeat, warmup;
+    const char *dtype; /* of the network: "f32", "f16", "bf16" */
     const char *gemm; /* who runs the products: "fused", "blas" or "fallback" */
     int with_backward; /* backward timed too; forward in training mode */
     int with_input_grad; /* the backward also computes the input's gradient */

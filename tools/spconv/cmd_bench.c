@@ -179,6 +179,7 @@ static int setup(bench_job *job) {
     if (rc == 0) rc = read_input(job);
     if (rc != 0) return rc;
     job->run.threads = spconv_context_num_threads(job->ctx);
+    job->run.dtype = net_dtype_names[a->dtype];
     job->run.sites = spconv_tensor_size(job->input.features, 0);
     job->run.points = job->input.cloud ? spconv_point_cloud_num_points(job->input.cloud) : -1;
     memcpy(job->run.spatial_shape, job->input.spatial_shape, sizeof job->run.spatial_shape);

@@ -160,8 +160,13 @@ static int write_picture(run_job *job, int64_t size[2]) {
     int rc = cli_outdir_path(&job->od, "picture.png", &path);
     if (rc != 0) return rc;
     spconv_image *image = NULL;
-    spconv_status st = picture_make(&job->zin, spconv_point_cloud_points(job->input.cloud),
-                                    job->output, job->out_sparse, &image);
+    /* the picture reads f32 values; a 16-bit output is widened (exactly) for it */
+    spconv_tensor *values = NULL;
+    spconv_status st = spconv_tensor_to_dtype(job->ctx, job->output, SPCONV_F32, &values);
+    if (st == SPCONV_OK)
+        st = picture_make(&job->zin, spconv_point_cloud_points(job->input.cloud), values,
+                          job->out_sparse, &image);
+    spconv_tensor_release(values);
     if (st == SPCONV_OK) st = spconv_png_write(path, image);
     if (st == SPCONV_OK) size[0] = image->width, size[1] = image->height;
     spconv_image_destroy(image);
@@ -298,8 +303,8 @@ static const char run_epilog[] =
     "x, y, z), run once for inference, and the layers are listed with their active sites,\n"
     "rulebook pairs and time. Without --weights the parameters come from --seed.\n"
     "Writes into DIR: output.npy (second: the dense BEV map [1, 256, 200, 176]; the others:\n"
-    "float32 [N, C] features of the output sites), out_indices.npy (int32 [N, 4] b, z, y, x of a\n"
-    "sparse output) and picture.png: the output as a bird's-eye heat map of feature norms (left)\n"
+    "[N, C] features of the output sites; float32, float16 with --dtype f16), out_indices.npy\n"
+    "(int32 [N, 4] b, z, y, x of a sparse output) and picture.png: the output as a bird's-eye heat map of feature norms (left)\n"
     "beside the occupancy of the input points (right), x to the right, y up, brighter = more\n"
     "(not for voxel files).\n"
     "\n"
