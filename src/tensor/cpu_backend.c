@@ -245,6 +245,7 @@ static void f32_to_bf16(void *dst, const void *src, int64_t begin, int64_t end) 
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 /* The F16C instructions convert 8 values at a time with the same rules: round to nearest even,
  * overflow to inf, subnormals exact, NaN made quiet with the top payload bits kept (held
@@ -254,11 +255,15 @@ static void f32_to_bf16(void *dst, const void *src, int64_t begin, int64_t end) 
 #define F16C_TARGET __attribute__((target("avx,f16c")))
 #define HAVE_F16C_PATH 1
 
+/* AVX (which also checks that the OS saves the YMM registers) and the F16C bit of CPUID leaf 1;
+ * clang's __builtin_cpu_supports knows no "f16c". */
 static int have_f16c(void) {
     static int available = -1;
     if (available < 0) {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
         __builtin_cpu_init();
-        available = __builtin_cpu_supports("f16c");
+        available = __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+                    (ecx & bit_F16C) != 0;
     }
     return available;
 }
