@@ -236,12 +236,25 @@ FUSED_REFERENCE(double, fma)
         free(x), free(b), free(y), free(want), free(packed), free(bias);                           \
     }
 
+static void fused_rows_cases(void);
+
 static void test_fused_rows_bitwise(void **state) {
     (void)state;
     if (!spconv__fused_available()) {
         printf("skipped: this machine has no AVX2 + FMA, so the executors use the unfused path\n");
         skip();
     }
+    /* Every kernel set the machine has (AVX2, and AVX-512 where present) against the reference. */
+    const int widest = spconv__fused_isa(0);
+    for (int isa = 2; isa <= widest; ++isa) {
+        spconv__fused_isa(isa);
+        printf("fused kernels: checking the %s set\n", isa == 3 ? "AVX-512" : "AVX2");
+        fused_rows_cases();
+    }
+    spconv__fused_isa(widest);
+}
+
+static void fused_rows_cases(void) {
     for (int iter = 0; iter < 400; ++iter) {
         const int64_t rows = spconv_test_rand_int(1, 60);
         const int64_t count = spconv_test_rand_int(0, rows);
@@ -271,11 +284,91 @@ static void test_fused_rows_bitwise(void **state) {
     }
 }
 
+/* The fused weight gradient (fused.h): sums[c, j] += (sum over i, increasing, of x[src_i, c] *
+ * g[dst_i, j] by fused multiply-adds from zero), the NaN results as the default NaN; rows may
+ * repeat on both sides. The scalar loop below does exactly that, so they agree bit for bit. */
+#define WEIGHT_REFERENCE(T, FMA)                                                                   \
+    static void weight_reference_##T(int64_t count, const T *x, const int32_t *src, const T *g,    \
+                                     const int32_t *dst, int64_t c_in, int64_t c_out, T *sums) {   \
+        for (int64_t c = 0; c < c_in; ++c)                                                         \
+            for (int64_t j = 0; j < c_out; ++j) {                                                  \
+                T acc = 0;                                                                         \
+                for (int64_t i = 0; i < count; ++i)                                                \
+                    acc = FMA(x[(int64_t)src[i] * c_in + c], g[(int64_t)dst[i] * c_out + j], acc); \
+                T *out = &sums[c * c_out + j];                                                     \
+                *out += acc;                                                                       \
+                if (isnan(*out)) *out = canonical_nan_##T();                                       \
+            }                                                                                      \
+    }
+WEIGHT_REFERENCE(float, fmaf)
+WEIGHT_REFERENCE(double, fma)
+
+#define WEIGHT_CASE(T, DTYPE)                                                                      \
+    {                                                                                              \
+        T *x = malloc((size_t)(rows * c_in + 1) * sizeof(T));                                      \
+        T *g = malloc((size_t)(rows * c_out + 1) * sizeof(T));                                     \
+        T *sums = malloc((size_t)(c_in * c_out) * sizeof(T));                                      \
+        T *want = malloc((size_t)(c_in * c_out) * sizeof(T));                                      \
+        void *scratch = malloc(spconv__fused_weight_scratch_bytes(DTYPE, count, c_in, c_out));     \
+        assert_true(x && g && sums && want && scratch);                                            \
+        for (int64_t i = 0; i < rows * c_in; ++i) x[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);   \
+        for (int64_t i = 0; i < rows * c_out; ++i) g[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);  \
+        if (special) {                                                                             \
+            x[spconv_test_rand_int(0, rows * c_in - 1)] = (T)NAN;                                  \
+            g[spconv_test_rand_int(0, rows * c_out - 1)] = (T)INFINITY;                            \
+        }                                                                                          \
+        for (int64_t i = 0; i < c_in * c_out; ++i)                                                 \
+            want[i] = sums[i] = (T)spconv_test_rand_float(-2.0f, 2.0f);                            \
+        weight_reference_##T(count, x, src, g, dst, c_in, c_out, want);                            \
+        spconv__fused_weight_gather(DTYPE, count, x, identity ? NULL : src, 0, g,                  \
+                                    identity ? NULL : dst, 0, c_in, c_out, scratch);               \
+        spconv__fused_weight_product(DTYPE, count, c_in, c_out, scratch, sums);                    \
+        if (memcmp(sums, want, (size_t)(c_in * c_out) * sizeof(T)) != 0)                           \
+            fail_msg("fused %s weight gradient differs: count %lld c_in %lld c_out %lld "          \
+                     "identity %d", #T, (long long)count, (long long)c_in, (long long)c_out,       \
+                     identity);                                                                    \
+        free(x), free(g), free(sums), free(want), free(scratch);                                   \
+    }
+
+static void test_fused_weight_bitwise(void **state) {
+    (void)state;
+    if (!spconv__fused_available()) {
+        printf("skipped: this machine has no AVX2 + FMA, so the executors use the unfused path\n");
+        skip();
+    }
+    const int widest = spconv__fused_isa(0);
+    for (int isa = 2; isa <= widest; ++isa) {
+        spconv__fused_isa(isa);
+        printf("fused weight gradient: checking the %s set\n", isa == 3 ? "AVX-512" : "AVX2");
+        for (int iter = 0; iter < 300; ++iter) {
+            const int64_t rows = spconv_test_rand_int(1, 80);
+            const int64_t count = spconv_test_rand_int(1, rows);
+            const int64_t c_in = spconv_test_rand_int(1, 40), c_out = spconv_test_rand_int(1, 70);
+            const int identity = (int)spconv_test_rand_int(0, 3) == 0;
+            const int special = (int)spconv_test_rand_int(0, 4) == 0;
+            int32_t *src = malloc((size_t)rows * sizeof(int32_t));
+            int32_t *dst = malloc((size_t)rows * sizeof(int32_t));
+            assert_true(src && dst);
+            for (int64_t i = 0; i < rows; ++i) {
+                src[i] = identity ? (int32_t)i : (int32_t)spconv_test_rand_int(0, rows - 1);
+                dst[i] = identity ? (int32_t)i : (int32_t)spconv_test_rand_int(0, rows - 1);
+            }
+            if (iter % 2 == 0)
+                WEIGHT_CASE(float, SPCONV_F32)
+            else
+                WEIGHT_CASE(double, SPCONV_F64)
+            free(src), free(dst);
+        }
+    }
+    spconv__fused_isa(widest);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_vs_naive),
         cmocka_unit_test(test_default_vs_naive),
         cmocka_unit_test(test_fused_rows_bitwise),
+        cmocka_unit_test(test_fused_weight_bitwise),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

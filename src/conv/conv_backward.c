@@ -173,6 +173,21 @@ static void weight_task(const backward_args *a, int64_t j, int64_t p0, int64_t p
     double mark = spconv__clock_start(clock);
     memset(sums, 0, (size_t)(plan->c_in * plan->c_out) * plan->elem);
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
+    if (plan->fused) { /* chunks gathered and multiplied by the fused kernels (fused.h) */
+        const int identity = a->pairs.active[j] == plan->identity_k;
+        for (int64_t first = p0; first < p1; first += plan->chunk) {
+            const int64_t rows = p1 - first < plan->chunk ? p1 - first : plan->chunk;
+            const int64_t row = first - a->rb_starts[j]; /* identity: pairs (r, r) */
+            spconv__fused_weight_gather(plan->dtype, rows, a->features,
+                                        identity ? NULL : a->rb_in + first, row, a->grad_out,
+                                        identity ? NULL : a->rb_out + first, row, plan->c_in,
+                                        plan->c_out, buffer);
+            spconv__clock_lap(clock, &mark, &clock->gather_s);
+            spconv__fused_weight_product(plan->dtype, rows, plan->c_in, plan->c_out, buffer, sums);
+            spconv__clock_lap(clock, &mark, &clock->gemm_s);
+        }
+        return;
+    }
     if (a->pairs.active[j] == plan->identity_k) { /* pairs (r, r): rows [p0, p1) of both */
         const int64_t r0 = p0 - a->rb_starts[j], r1 = p1 - a->rb_starts[j];
         spconv__gemm(plan->dtype, plan->gemm, 1, 0, plan->c_in, plan->c_out, r1 - r0,
@@ -313,10 +328,13 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
     const size_t data_bytes = plan->fused ? 0
                                           : spconv__align_line((size_t)plan->chunk * out_row) +
                                                 spconv__align_line((size_t)plan->chunk * in_row);
-    const size_t weight_bytes = a->grad_weight == NULL
-                                    ? 0
-                                    : spconv__align_line((size_t)plan->chunk * in_row) +
-                                          spconv__align_line((size_t)plan->chunk * out_row);
+    size_t weight_bytes = 0;
+    if (a->grad_weight != NULL && plan->fused)
+        weight_bytes = spconv__align_line(spconv__fused_weight_scratch_bytes(
+            plan->dtype, plan->chunk, plan->c_in, plan->c_out));
+    else if (a->grad_weight != NULL)
+        weight_bytes = spconv__align_line((size_t)plan->chunk * in_row) +
+                       spconv__align_line((size_t)plan->chunk * out_row);
     a->thread_bytes = data_bytes > weight_bytes ? data_bytes : weight_bytes;
     if (plan->fused && a->grad_in != NULL)
         a->packed_bytes =

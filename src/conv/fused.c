@@ -14,6 +14,8 @@
 #endif
 
 /* Rows of the register block; its columns are one tile (two vectors). */
+/* Gathered rows prefetched this many pairs ahead. */
+#define GATHER_AHEAD 8
 #define FUSED_ROWS 6
 
 static int64_t tile_width(spconv_dtype dtype) { return dtype == SPCONV_F32 ? 16 : 8; }
@@ -84,9 +86,10 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
             MSTORE(yr + L, m1, CANON(ADD(b1, c1)));                                                \
         }                                                                                          \
     }                                                                                              \
-    FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
-                                  T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
-                                  int64_t n, const T *packed, int set, const T *bias) {            \
+    FUSED_TARGET __attribute__((always_inline)) static inline void NAME##_body(                    \
+        int64_t count, const T *x, const int32_t *src, int64_t src_base, T *y, const int32_t *dst, \
+        int64_t dst_base, int64_t k, int64_t n, const T *packed, int set, const T *bias,           \
+        int64_t rs, int64_t es) {                                                                  \
         const int64_t tiles = (n + 2 * L - 1) / (2 * L), last = (tiles - 1) * 2 * L;               \
         __m256i m0, m1;                                                                            \
         MASKS(n - last, m0, m1);                                                                   \
@@ -95,7 +98,7 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
             const T *a[FUSED_ROWS];                                                                \
             T *yo[FUSED_ROWS];                                                                     \
             for (int r = 0; r < FUSED_ROWS; ++r) {                                                 \
-                a[r] = x + (src != NULL ? (int64_t)src[i + r] : src_base + i + r) * k;             \
+                a[r] = x + (src != NULL ? (int64_t)src[i + r] : src_base + i + r) * rs;            \
                 yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;            \
             }                                                                                      \
             for (int64_t t = 0; t < tiles; ++t) {                                                  \
@@ -105,22 +108,22 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                   c50 = ZERO(), c51 = ZERO();                                                      \
                 for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
                     const V w0 = LOAD(w), w1 = LOAD(w + L);                                        \
-                    V v = BCAST(a[0] + p);                                                         \
+                    V v = BCAST(es == 1 ? a[0] + p : a[0] + p * es + 0);                                                         \
                     c00 = FMA(v, w0, c00);                                                         \
                     c01 = FMA(v, w1, c01);                                                         \
-                    v = BCAST(a[1] + p);                                                           \
+                    v = BCAST(es == 1 ? a[1] + p : a[0] + p * es + 1);                                                           \
                     c10 = FMA(v, w0, c10);                                                         \
                     c11 = FMA(v, w1, c11);                                                         \
-                    v = BCAST(a[2] + p);                                                           \
+                    v = BCAST(es == 1 ? a[2] + p : a[0] + p * es + 2);                                                           \
                     c20 = FMA(v, w0, c20);                                                         \
                     c21 = FMA(v, w1, c21);                                                         \
-                    v = BCAST(a[3] + p);                                                           \
+                    v = BCAST(es == 1 ? a[3] + p : a[0] + p * es + 3);                                                           \
                     c30 = FMA(v, w0, c30);                                                         \
                     c31 = FMA(v, w1, c31);                                                         \
-                    v = BCAST(a[4] + p);                                                           \
+                    v = BCAST(es == 1 ? a[4] + p : a[0] + p * es + 4);                                                           \
                     c40 = FMA(v, w0, c40);                                                         \
                     c41 = FMA(v, w1, c41);                                                         \
-                    v = BCAST(a[5] + p);                                                           \
+                    v = BCAST(es == 1 ? a[5] + p : a[0] + p * es + 5);                                                           \
                     c50 = FMA(v, w0, c50);                                                         \
                     c51 = FMA(v, w1, c51);                                                         \
                 }                                                                                  \
@@ -136,13 +139,13 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
             }                                                                                      \
         }                                                                                          \
         for (; i < count; ++i) { /* the last rows, one at a time, in the same order of terms */    \
-            const T *a0 = x + (src != NULL ? (int64_t)src[i] : src_base + i) * k;                  \
+            const T *a0 = x + (src != NULL ? (int64_t)src[i] : src_base + i) * rs;                 \
             T *y0 = y + (dst != NULL ? (int64_t)dst[i] : dst_base + i) * n;                        \
             for (int64_t t = 0; t < tiles; ++t) {                                                  \
                 const T *w = packed + t * k * 2 * L;                                               \
                 V c00 = ZERO(), c01 = ZERO();                                                      \
                 for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
-                    const V v = BCAST(a0 + p);                                                     \
+                    const V v = BCAST(a0 + p * es);                                                \
                     c00 = FMA(v, LOAD(w), c00);                                                    \
                     c01 = FMA(v, LOAD(w + L), c01);                                                \
                 }                                                                                  \
@@ -150,6 +153,16 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                            t + 1 < tiles || n - last == 2 * L, m0, m1);                            \
             }                                                                                      \
         }                                                                                          \
+    }                                                                                              \
+    FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
+                                  T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
+                                  int64_t n, const T *packed, int set, const T *bias,              \
+                                  int64_t lda) {                                                   \
+        if (lda == 0)                                                                              \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1); \
+        else                                                                                       \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
+                        lda);                                                                      \
     }
 
 /* Masks of the last tile, whose first @p width (1..TW) columns lie below n. */
@@ -188,31 +201,206 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
              _mm256_broadcast_sd, _mm256_fmadd_pd, _mm256_add_pd, _mm256_maskload_pd,
              _mm256_maskstore_pd, MASKS_F64, canon_f64)
 
+/* The AVX-512 kernels: the same arithmetic (each element's k terms by fused multiply-adds in
+ * increasing p from zero, then one add into y, NaN stored as the default NaN), so their results
+ * are bitwise those of the AVX2 kernels above; only the register blocking differs. A tile of the
+ * packed B is one 512-bit vector, and a block is up to 12 rows x 2 tiles (24 accumulators, which
+ * is what keeps both FMA ports busy through the FMA latency), then 4 rows, then single rows. */
+#define FUSED512_TARGET __attribute__((target("avx512f,fma")))
+#define FUSED512_INLINE FUSED512_TARGET __attribute__((always_inline)) static inline
+
+#define FUSED512_KERNEL(NAME, T, V, L, M, ZERO, LOAD, SET1, FMA, ADD, MLOAD, MSTORE, CMPU, MMOV,    \
+                        QNAN)                                                                      \
+    FUSED512_INLINE void NAME##_add(T *yr, const T *base, int set, V c, M m) {                     \
+        const V b = !set ? MLOAD(m, yr) : base != NULL ? MLOAD(m, base) : ZERO();                  \
+        const V s = ADD(b, c);                                                                     \
+        MSTORE(yr, m, MMOV(s, CMPU(s, s, _CMP_UNORD_Q), QNAN));                                    \
+    }                                                                                              \
+    /* Rows a[0..R) times tiles t, t + 1 (NT of them, w the first) into columns j.. of yo[0..R);  \
+     * @p m_last masks the last of the NT tiles. */                                               \
+    FUSED512_INLINE void NAME##_block(const int R, const int NT, const T *const *a, T *const *yo, \
+                                      const T *w, int64_t k, int64_t j, M m_last, int set,        \
+                                      const T *bias, int64_t es) {                                 \
+        V c[12][2];                                                                                \
+        for (int r = 0; r < R; ++r)                                                                \
+            for (int u = 0; u < NT; ++u) c[r][u] = ZERO();                                         \
+        const T *w1 = w + k * L;                                                                   \
+        for (int64_t p = 0; p < k; ++p) {                                                          \
+            const V w0v = LOAD(w + p * L), w1v = NT > 1 ? LOAD(w1 + p * L) : ZERO();               \
+            for (int r = 0; r < R; ++r) {                                                          \
+                const V v = SET1(es == 1 ? a[r][p] : a[0][p * es + r]);                            \
+                c[r][0] = FMA(v, w0v, c[r][0]);                                                    \
+                if (NT > 1) c[r][1] = FMA(v, w1v, c[r][1]);                                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int r = 0; r < R; ++r)                                                                \
+            for (int u = 0; u < NT; ++u)                                                           \
+                NAME##_add(yo[r] + j + u * L, bias != NULL ? bias + j + u * L : NULL, set,        \
+                           c[r][u], u == NT - 1 ? m_last : (M)~(M)0);                              \
+    }                                                                                              \
+    FUSED512_INLINE void NAME##_rows(const int R, int64_t i, const T *x, const int32_t *src,      \
+                                     int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
+                                     int64_t k, int64_t n, const T *packed, int set,              \
+                                     const T *bias, int64_t rs, int64_t es) {                      \
+        const int64_t tiles = (n + L - 1) / L, width = n - (tiles - 1) * L;                       \
+        const M m_last = width >= L ? (M)~(M)0 : (M)((1u << width) - 1u);                        \
+        const T *a[12];                                                                            \
+        T *yo[12];                                                                                 \
+        for (int r = 0; r < R; ++r) {                                                              \
+            a[r] = x + (src != NULL ? (int64_t)src[i + r] : src_base + i + r) * rs;                \
+            yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;                \
+        }                                                                                          \
+        int64_t t = 0;                                                                             \
+        for (; t + 2 <= tiles; t += 2)                                                             \
+            NAME##_block(R, 2, a, yo, packed + t * k * L, k, t * L,                                \
+                         t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es);                       \
+        if (t < tiles)                                                                             \
+            NAME##_block(R, 1, a, yo, packed + t * k * L, k, t * L, m_last, set, bias, es);        \
+    }                                                                                              \
+    FUSED512_INLINE void NAME##_body(int64_t count, const T *x, const int32_t *src,               \
+                                     int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
+                                     int64_t k, int64_t n, const T *packed, int set,              \
+                                     const T *bias, int64_t rs, int64_t es) {                      \
+        int64_t i = 0;                                                                             \
+        for (; i + 12 <= count; i += 12)                                                           \
+            NAME##_rows(12, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,    \
+                        es);                                                                       \
+        for (; i + 4 <= count; i += 4)                                                             \
+            NAME##_rows(4, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
+                        es);                                                                       \
+        for (; i < count; ++i)                                                                     \
+            NAME##_rows(1, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
+                        es);                                                                       \
+    }                                                                                              \
+    FUSED512_TARGET static void NAME(int64_t count, const T *x, const int32_t *src,               \
+                                     int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
+                                     int64_t k, int64_t n, const T *packed, int set,              \
+                                     const T *bias, int64_t lda) {                                 \
+        if (lda == 0)                                                                              \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1); \
+        else                                                                                       \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
+                        lda);                                                                      \
+    }
+
+FUSED512_KERNEL(rows512_f32, float, __m512, 16, __mmask16, _mm512_setzero_ps, _mm512_loadu_ps,
+                _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_maskz_loadu_ps,
+                _mm512_mask_storeu_ps, _mm512_cmp_ps_mask, _mm512_mask_mov_ps,
+                _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)))
+FUSED512_KERNEL(rows512_f64, double, __m512d, 8, __mmask8, _mm512_setzero_pd, _mm512_loadu_pd,
+                _mm512_set1_pd, _mm512_fmadd_pd, _mm512_add_pd, _mm512_maskz_loadu_pd,
+                _mm512_mask_storeu_pd, _mm512_cmp_pd_mask, _mm512_mask_mov_pd,
+                _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff8000000000000LL)))
+
 #endif /* SPCONV__FUSED_X86 */
 
+/* 2: the AVX2 kernels; 3: the AVX-512 ones. The widest the machine has, unless a test chose. */
+static int fused_isa = -1;
+
+static int fused_widest(void) {
+#if SPCONV__FUSED_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 3 : 2;
+#else
+    return 0;
+#endif
+}
+
+int spconv__fused_isa(int isa) {
+    if (fused_isa < 0) fused_isa = fused_widest();
+    const int previous = fused_isa;
+    if (isa >= 2 && isa <= fused_widest()) fused_isa = isa;
+    return previous;
+}
+
+/* Row i of x is x + row_i * k with its elements contiguous or, for @p lda > 0, x + row_i with
+ * element p at + p * lda (the columns of a [k, lda] matrix, read as rows; src must be NULL). */
 static void fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                       int64_t n, const void *packed, int set, const void *bias) {
+                       int64_t n, const void *packed, int set, const void *bias, int64_t lda) {
     if (count <= 0 || n <= 0) return;
 #if SPCONV__FUSED_X86
-    if (dtype == SPCONV_F32)
-        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias);
+    if (fused_isa < 0) fused_isa = fused_widest();
+    if (fused_isa == 3 && dtype == SPCONV_F32)
+        rows512_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+    else if (fused_isa == 3)
+        rows512_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+    else if (dtype == SPCONV_F32)
+        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
     else
-        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias);
+        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
 #else
     (void)dtype, (void)x, (void)src, (void)src_base, (void)y, (void)dst, (void)dst_base, (void)k,
-        (void)packed, (void)set, (void)bias;
+        (void)packed, (void)set, (void)bias, (void)lda;
 #endif
 }
 
 void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                         int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
                         int64_t n, const void *packed) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL);
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL, 0);
 }
 
 void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
                             int64_t k, int64_t n, const void *packed, const void *bias) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias);
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias, 0);
+}
+
+size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
+                                          int64_t c_out) {
+    const size_t xg = (size_t)(chunk * c_in) * spconv_dtype_size(dtype);
+    return ((xg + 63) & ~(size_t)63) + spconv__fused_packed_bytes(dtype, chunk, c_out);
+}
+
+/* The chunk's x rows, contiguous ([count, c_in], which the product reads by columns), and its g
+ * rows in the packed tile layout of B, zero past c_out. */
+#define WEIGHT_GATHER(T)                                                                           \
+    {                                                                                              \
+        const T *xs = x, *gs = g;                                                                  \
+        T *xg = scratch, *tiles = (T *)((char *)scratch + x_bytes);                                \
+        for (int64_t i = 0; i < count; ++i) {                                                      \
+            const int64_t xr = src != NULL ? (int64_t)src[i] : src_base + i;                       \
+            const int64_t gr = dst != NULL ? (int64_t)dst[i] : dst_base + i;                       \
+            if (i + GATHER_AHEAD < count) {                                                        \
+                const T *ahead_x = xs + (src != NULL ? (int64_t)src[i + GATHER_AHEAD]              \
+                                                     : src_base + i + GATHER_AHEAD) * c_in;        \
+                const T *ahead_g = gs + (dst != NULL ? (int64_t)dst[i + GATHER_AHEAD]              \
+                                                     : dst_base + i + GATHER_AHEAD) * c_out;       \
+                for (int64_t b = 0; b < c_in; b += 64 / (int64_t)sizeof(T))                        \
+                    __builtin_prefetch(ahead_x + b);                                               \
+                for (int64_t b = 0; b < c_out; b += 64 / (int64_t)sizeof(T))                       \
+                    __builtin_prefetch(ahead_g + b);                                               \
+            }                                                                                      \
+            memcpy(xg + i * c_in, xs + xr * c_in, (size_t)c_in * sizeof(T));                       \
+            const T *grow = gs + gr * c_out;                                                       \
+            for (int64_t t = 0; t < tw_tiles; ++t) {                                               \
+                T *to = tiles + (t * count + i) * tw;                                              \
+                const int64_t w = c_out - t * tw < tw ? c_out - t * tw : tw;                       \
+                memcpy(to, grow + t * tw, (size_t)w * sizeof(T));                                  \
+                for (int64_t j = w; j < tw; ++j) to[j] = (T)0;                                     \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+void spconv__fused_weight_gather(spconv_dtype dtype, int64_t count, const void *x,
+                                 const int32_t *src, int64_t src_base, const void *g,
+                                 const int32_t *dst, int64_t dst_base, int64_t c_in, int64_t c_out,
+                                 void *scratch) {
+    if (count <= 0 || c_in <= 0 || c_out <= 0) return;
+    const int64_t tw = tile_width(dtype), tw_tiles = (c_out + tw - 1) / tw;
+    const size_t x_bytes = ((size_t)(count * c_in) * spconv_dtype_size(dtype) + 63) & ~(size_t)63;
+    if (dtype == SPCONV_F32)
+        WEIGHT_GATHER(float)
+    else
+        WEIGHT_GATHER(double)
+}
+
+void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, int64_t c_in, int64_t c_out,
+                                  const void *scratch, void *sums) {
+    if (count <= 0 || c_in <= 0 || c_out <= 0) return;
+    const size_t x_bytes = ((size_t)(count * c_in) * spconv_dtype_size(dtype) + 63) & ~(size_t)63;
+    /* rows of the product: the c_in columns of the gathered [count, c_in] x */
+    fused_rows(dtype, c_in, scratch, NULL, 0, sums, NULL, 0, count, c_out,
+               (const char *)scratch + x_bytes, 0, NULL, c_in);
 }

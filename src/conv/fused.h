@@ -4,15 +4,16 @@
  *
  * B (k x n) is packed once per call into column tiles: tile t holds columns [t*TW, t*TW + TW) of
  * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it. The
- * micro-kernel keeps a 6-row x TW-column block of products in registers (TW = 16 floats or 8
- * doubles, two AVX2 vectors) and adds the k terms of each element in increasing order with fused
+ * micro-kernel keeps a block of products in registers (6 rows x TW columns, TW = 16 floats or 8
+ * doubles, two AVX2 vectors; with AVX-512, up to 12 rows x 2 TW, a tile per vector) and adds the k terms of each element in increasing order with fused
  * multiply-adds, starting from zero, before one add into y. An element's value therefore depends
  * only on its own row of x and column of B, never on how rows are grouped or which thread runs
  * them: results are bitwise identical for every thread count, block size and batch composition.
  * A NaN result is stored as the default quiet NaN (0x7fc00000, 0x7ff8000000000000): which NaN an
  * x86 add returns depends on its operands' order, so NaN bits would otherwise vary too.
  *
- * The kernels exist for x86-64 machines with AVX2 and FMA (checked at run time); elsewhere
+ * The kernels exist for x86-64 machines with AVX2 and FMA, and in AVX-512 form for machines
+ * that have it (both checked at run time); elsewhere
  * spconv__fused_available() is 0 and the executors keep the unfused gather + BLAS + scatter
  * path, which is also the reference the tests hold these kernels against. */
 #ifndef SPCONV_CONV_FUSED_H
@@ -25,6 +26,12 @@
 
 /* 1 when the fused kernels can run on this machine, for f32 and f64. */
 int spconv__fused_available(void);
+
+/* The kernels spconv__fused_rows runs: 2 for the AVX2 ones, 3 for the AVX-512 ones (bitwise the
+ * same results, wider registers). The default is the widest the machine has. Sets @p isa where
+ * the machine has it (0 sets nothing) and returns the choice before the call; for tests and
+ * benchmarks, not thread-safe against running convolutions. */
+int spconv__fused_isa(int isa);
 
 /* Bytes of B (k x n, elements of @p dtype) once packed. */
 size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n);
@@ -48,5 +55,21 @@ void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const 
 void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
                             int64_t k, int64_t n, const void *packed, const void *bias);
+
+/* The weight gradient of a chunk of pairs, sums[c_in, c_out] += sum over i < count of
+ * x[src_i, :]^T g[dst_i, :] (src_i, dst_i as above; rows may repeat), in two steps: the gather
+ * copies the chunk's x rows and g rows (these packed as B) into @p scratch
+ * (spconv__fused_weight_scratch_bytes for at least @p count pairs), and the product multiplies
+ * them by the kernels above with k = count (its rows are the columns of the gathered x), so each
+ * element's count terms are summed by fused multiply-adds in increasing i from zero and then
+ * added once into sums. */
+size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
+                                          int64_t c_out);
+void spconv__fused_weight_gather(spconv_dtype dtype, int64_t count, const void *x,
+                                 const int32_t *src, int64_t src_base, const void *g,
+                                 const int32_t *dst, int64_t dst_base, int64_t c_in, int64_t c_out,
+                                 void *scratch);
+void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, int64_t c_in, int64_t c_out,
+                                  const void *scratch, void *sums);
 
 #endif /* SPCONV_CONV_FUSED_H */

@@ -1,5 +1,9 @@
 /* Row-major products through CBLAS (OpenBLAS) or the plain-C blocked fallback. */
 #include "conv/gemm.h"
+#include "conv/gemm_peak.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #include "spconv/config.h"
 
@@ -109,3 +113,22 @@ void spconv__gemm_prepare(void) {
 }
 
 int spconv__gemm_has_blas(void) { return SPCONV_HAVE_BLAS; }
+
+const char *spconv__blas_name(void) {
+#if SPCONV_HAVE_BLAS && defined(OPENBLAS_VERSION)
+    static char name[96];
+    if (name[0] == '\0') {
+        const char *core = openblas_get_corename(), *version = OPENBLAS_VERSION; /* " OpenBLAS x " */
+        while (*version == ' ') ++version;
+        int len = (int)strlen(version);
+        while (len > 0 && version[len - 1] == ' ') --len;
+        snprintf(name, sizeof name, "%.*s (%s kernels)", len, version,
+                 core != NULL ? core : "unknown");
+    }
+    return name;
+#elif SPCONV_HAVE_BLAS
+    return "CBLAS";
+#else
+    return "the built-in fallback GEMM";
+#endif
+}

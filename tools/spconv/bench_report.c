@@ -206,8 +206,10 @@ void bench_report_print(bench_run *run, FILE *out) {
             gemm_words(run->gemm), run->repeat, run->repeat == 1 ? "" : "es",
             run->warmup, run->warmup == 1 ? "" : "s");
     if (run->peak_gflops > 0.0)
-        fprintf(out, "sgemm peak: %.1f GFLOP/s (%lld^3 float32, row blocks per thread)\n",
-                run->peak_gflops, (long long)run->peak_size);
+        fprintf(out, "sgemm peak: %.1f GFLOP/s (%lld^3 float32, row blocks per thread: %.1f by %s, "
+                "%.1f by the fused kernels)\n", run->peak_gflops, (long long)run->peak_size,
+                run->peak_blas_gflops, run->blas != NULL ? run->blas : "BLAS",
+                run->peak_fused_gflops);
     print_pass(run, &run->forward, run->with_backward ? "forward (training)" : "forward", 0, out);
     if (run->with_backward) print_pass(run, &run->backward, "backward", 1, out);
     if (run->rss_peak_mib > 0.0)
@@ -363,6 +365,19 @@ void bench_report_json(bench_run *run, FILE *out) {
     fputs("  \"sgemm_peak_gflops\": ", out);
     if (run->peak_gflops > 0.0) json_number(out, run->peak_gflops);
     else fputs("null", out);
+    fputs(",\n  \"sgemm_peak_parts\": ", out);
+    if (run->peak_gflops > 0.0) {
+        fputs("{\"blas\": ", out);
+        json_number(out, run->peak_blas_gflops);
+        fputs(", \"fused\": ", out);
+        if (run->peak_fused_gflops > 0.0) json_number(out, run->peak_fused_gflops);
+        else fputs("null", out);
+        fputs(", \"blas_name\": ", out);
+        json_string(out, run->blas != NULL ? run->blas : "");
+        fputs("}", out);
+    } else {
+        fputs("null", out);
+    }
     fputs(",\n  \"rss_peak_mib\": ", out);
     if (run->rss_peak_mib > 0.0) json_number(out, run->rss_peak_mib);
     else fputs("null", out);

@@ -54,7 +54,9 @@ typedef struct bench_run {
     int replicate;       /* copies of the input, one batch entry each */
     double rss_peak_mib; /* the process's peak resident memory at the end; 0 where unknown */
     int64_t seed, peak_size;
-    double peak_gflops; /* 0: not measured */
+    double peak_gflops; /* the higher of the two below; 0: not measured */
+    double peak_blas_gflops, peak_fused_gflops; /* BLAS products, fused kernels (0: none) */
+    const char *blas;   /* the BLAS's name and kernels, spconv__blas_name() */
     bench_samples forward, backward;
     bench_layer *layers;
     int num_layers;

@@ -192,9 +192,14 @@ static int setup(bench_job *job) {
 
 static int measure_peak(bench_job *job) {
     if (job->args.peak_size == 0) return 0;
-    spconv_status st = spconv__sgemm_peak(job->run.threads, job->args.peak_size, PEAK_REPEAT,
-                                          &job->run.peak_gflops);
-    return st == SPCONV_OK ? 0 : cli_status_error(job->cmd, st, "measuring the sgemm peak");
+    bench_run *run = &job->run;
+    spconv_status st = spconv__sgemm_peak_parts(run->threads, job->args.peak_size, PEAK_REPEAT,
+                                                &run->peak_blas_gflops, &run->peak_fused_gflops);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "measuring the sgemm peak");
+    run->peak_gflops = run->peak_blas_gflops > run->peak_fused_gflops ? run->peak_blas_gflops
+                                                                      : run->peak_fused_gflops;
+    run->blas = spconv__blas_name();
+    return 0;
 }
 
 /* The process's peak resident set so far, MiB (0 where getrusage cannot tell). */
