@@ -239,6 +239,73 @@ static void test_forward_layouts(void **state) {
     conv_case_free(&c);
 }
 
+/* Weights the fused path reads where they lie (conv_cpu.h, spconv__weight_view_of): spconv's
+ * KRSC layout permuted to [K, C_in, C_out] (as the PyTorch binding passes it), a narrowed C_out,
+ * and a narrowed kernel dim that does not flatten (copied). Forward, data and weight gradients
+ * must be bitwise those of the contiguous weight, in f32 and f64. */
+static void test_weight_views(void **state) {
+    (void)state;
+    conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 1, 1),
+                                 (int64_t[3]){9, 10, 11}, 2, 150, 7, 19);
+    conv_case_setup(&c, NULL);
+    const int64_t kv = c.kernel_volume, ci = c.c_in, co = c.c_out;
+    double *krsc = malloc((size_t)(co * kv * ci) * sizeof(double));
+    double *wide = malloc((size_t)(kv * ci * 2 * co) * sizeof(double));
+    double *longer = malloc((size_t)(kv / 3 * 4 * ci * co) * sizeof(double));
+    double *dy = malloc((size_t)(c.n_out * co) * sizeof(double));
+    assert_true(krsc && wide && longer && dy);
+    for (int64_t k = 0; k < kv; ++k)
+        for (int64_t i = 0; i < ci; ++i)
+            for (int64_t o = 0; o < co; ++o) {
+                const double w = c.w[(k * ci + i) * co + o];
+                krsc[(o * kv + k) * ci + i] = w;
+                wide[(k * ci + i) * 2 * co + o] = w;
+                wide[(k * ci + i) * 2 * co + co + o] = -7.0;
+                /* [3, 3, 4, C_in, C_out]: the kernel's x axis one longer */
+                const int64_t kz = k / 9, ky = k / 3 % 3, kx = k % 3;
+                longer[((((kz * 3 + ky) * 4 + kx) * ci + i) * co) + o] = w;
+                longer[((((kz * 3 + ky) * 4 + 3) * ci + i) * co) + o] = -7.0;
+            }
+    for (int64_t i = 0; i < c.n_out * co; ++i) dy[i] = spconv_test_rand_float(-1.0f, 1.0f);
+    const spconv_dtype dtypes[2] = {SPCONV_F32, SPCONV_F64};
+    for (int d = 0; d < 2; ++d) {
+        const spconv_dtype dt = dtypes[d];
+        spconv_tensor *x = conv_case_features(&c, dt), *g = conv_case_grad_out(&c, dt, dy);
+        int64_t w5[5] = {3, 3, 3, ci, co};
+        spconv_tensor *plain = conv_tensor(dt, 5, w5, c.w), *ref = NULL, *ref_gx = NULL,
+                      *ref_gw = NULL;
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, c.rb, x, plain, NULL, &ref));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, c.rb, x, plain, g, &ref_gx, &ref_gw, NULL));
+        int64_t krsc_sizes[5] = {co, 3, 3, 3, ci}, wide_sizes[5] = {3, 3, 3, ci, 2 * co},
+                longer_sizes[5] = {3, 3, 4, ci, co};
+        spconv_tensor *krsc_t = conv_tensor(dt, 5, krsc_sizes, krsc);
+        spconv_tensor *wide_t = conv_tensor(dt, 5, wide_sizes, wide);
+        spconv_tensor *longer_t = conv_tensor(dt, 5, longer_sizes, longer);
+        spconv_tensor *views[3] = {NULL, NULL, NULL};
+        SPCONV_ASSERT_OK(spconv_tensor_permute(krsc_t, (int[5]){1, 2, 3, 4, 0}, &views[0]));
+        SPCONV_ASSERT_OK(spconv_tensor_narrow(wide_t, 4, 0, co, &views[1]));
+        SPCONV_ASSERT_OK(spconv_tensor_narrow(longer_t, 2, 0, 3, &views[2]));
+        for (int v = 0; v < 3; ++v) {
+            assert_false(spconv_tensor_is_contiguous(views[v]));
+            spconv_tensor *out = NULL, *gx = NULL, *gw = NULL;
+            SPCONV_ASSERT_OK(spconv_conv_forward(NULL, c.rb, x, views[v], NULL, &out));
+            SPCONV_ASSERT_OK(spconv_conv_backward(NULL, c.rb, x, views[v], g, &gx, &gw, NULL));
+            if (!conv_same_bits(out, ref) || !conv_same_bits(gx, ref_gx) ||
+                !conv_same_bits(gw, ref_gw))
+                fail_msg("weight view %d (%s): results differ from the contiguous weight's", v,
+                         dt == SPCONV_F32 ? "f32" : "f64");
+            spconv_tensor_release(out), spconv_tensor_release(gx), spconv_tensor_release(gw);
+            spconv_tensor_release(views[v]);
+        }
+        spconv_tensor_release(krsc_t), spconv_tensor_release(wide_t);
+        spconv_tensor_release(longer_t), spconv_tensor_release(plain);
+        spconv_tensor_release(ref), spconv_tensor_release(ref_gx), spconv_tensor_release(ref_gw);
+        spconv_tensor_release(x), spconv_tensor_release(g);
+    }
+    free(krsc), free(wide), free(longer), free(dy);
+    conv_case_free(&c);
+}
+
 /* The fast path against the pair-loop reference on every kind, f32 and f64. */
 static void test_forward_matches_reference(void **state) {
     (void)state;
@@ -597,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_forward_small_sizes),
         cmocka_unit_test(test_forward_many_blocks),
         cmocka_unit_test(test_forward_layouts),
+        cmocka_unit_test(test_weight_views),
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_determinism_threads),
         cmocka_unit_test(test_gemm_paths_agree),

@@ -8,7 +8,8 @@ model as an extension and in plain Python): forward and forward+backward of spco
   spconv   spconv 2.3.8's own modules, when installed;
 
 same threads, medians of --repeat runs after --warmup, rulebooks built in every forward (as
-spconv's benchmark counts them). --overhead also runs the C tool (`spconv bench`) on the same
+spconv's benchmark counts them). A forward alone runs under torch.no_grad() for every variant (an
+inference, as the C tool's forward is); with --backward it records the graph. --overhead also runs the C tool (`spconv bench`) on the same
 network and input and prints the binding's overhead over it.
 
   .venv/bin/python python/benchmarks/bench.py [--net basic|second|all] [--repeat 5] [--threads 1]
@@ -132,7 +133,8 @@ def time_variant(lib, net, feats, idx, shape, backward, repeat, warmup):
     for i in range(warmup + repeat):
         f = feats.clone().requires_grad_(backward)
         t0 = time.perf_counter()
-        out = net(lib.SparseConvTensor(f, idx, shape, 1))
+        with torch.set_grad_enabled(backward):  # a forward alone is inference, as the C tool's
+            out = net(lib.SparseConvTensor(f, idx, shape, 1))
         dense = out if isinstance(out, torch.Tensor) else out.features
         if backward:
             dense.sum().backward()

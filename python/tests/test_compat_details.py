@@ -5,6 +5,7 @@ SparseSequential, and checkpoint-loader isinstance checks."""
 import copy
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -73,3 +74,69 @@ def test_sparse_module_subclass_in_sequential(seed):
     out = net(tensor(seed))
     assert out.shape == (2, 8, *SHAPE)
     assert sum(isinstance(m, SparseConvolution) for m in net.modules()) == 2
+
+
+class _Counting(nn.ReLU):
+    """An nn.ReLU subclass: SparseSequential must call it as a module (no in-place shortcut)."""
+
+    calls = 0
+
+    def forward(self, x):
+        _Counting.calls += 1
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_batch_norm_relu_in_place_is_the_modules(seed, train):
+    """SparseSequential runs a plain nn.ReLU after an nn.BatchNorm1d in place on the batch norm's
+    output (modules.py). Outputs and every gradient must be bitwise those of calling the two
+    modules as PyTorch does, in eval and in training mode (running statistics too), and the
+    input's features must not change."""
+    torch.manual_seed(seed)
+    conv = spconv.SubMConv3d(3, 8, 3, indice_key="k")
+    bn = nn.BatchNorm1d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(-2, 2)  # negative scales: some rows go below zero either way
+    fast = spconv.SparseSequential(copy.deepcopy(conv), copy.deepcopy(bn), nn.ReLU())
+    ref_conv, ref_bn = copy.deepcopy(conv), copy.deepcopy(bn)
+    fast.train(train), ref_conv.train(train), ref_bn.train(train)
+    x = tensor(seed)
+    before = x.features.clone()
+    f1 = x.features.clone().requires_grad_(True)
+    f2 = x.features.clone().requires_grad_(True)
+    out = fast(x.replace_feature(f1)).features
+    mid = ref_conv(x.replace_feature(f2))
+    want = nn.functional.relu(ref_bn(mid.features))
+    assert torch.equal(out, want)
+    assert (out == 0).any() and (out > 0).any()
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    want.backward(grad)
+    assert torch.equal(f1.grad, f2.grad)
+    assert torch.equal(fast[0].weight.grad, ref_conv.weight.grad)
+    assert torch.equal(fast[1].weight.grad, ref_bn.weight.grad)
+    assert torch.equal(fast[1].bias.grad, ref_bn.bias.grad)
+    assert torch.equal(fast[1].running_mean, ref_bn.running_mean)
+    assert torch.equal(fast[1].running_var, ref_bn.running_var)
+    assert torch.equal(x.features, before)
+
+
+def test_relu_subclass_and_hooks_are_called(seed):
+    """The in-place shortcut is only for the plain modules: a subclass of nn.ReLU, or a ReLU or
+    batch norm with a hook, runs as the module it is."""
+    _Counting.calls = 0
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 8, 3), nn.BatchNorm1d(8), _Counting())
+    net(tensor(seed))
+    assert _Counting.calls == 1
+    seen = []
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 8, 3), nn.BatchNorm1d(8), nn.ReLU())
+    net[2].register_forward_hook(lambda m, i, o: seen.append(o))
+    out = net(tensor(seed)).features
+    assert len(seen) == 1 and seen[0] is out
+    kept = []
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 8, 3), nn.BatchNorm1d(8), nn.ReLU())
+    net[1].register_forward_hook(lambda m, i, o: kept.append(o))
+    net(tensor(seed))
+    assert (kept[0] < 0).any()  # the batch norm's output, not overwritten by the ReLU

@@ -38,7 +38,8 @@ typedef struct backward_args {
     const int32_t *rb_in, *rb_out; /* the rulebook's own pairs, by active offset: weight gradient */
     const int64_t *rb_starts;
     const char *features;     /* [num_in, C_in] contiguous */
-    const char *weight;       /* [KV, C_in, C_out] contiguous */
+    const char *weight;       /* [KV, C_in, C_out] contiguous (unfused data gradient) */
+    spconv__weight_view w;    /* the weight as the fused data gradient reads it (conv_cpu.h) */
     const char *grad_out;     /* [num_out, C_out] contiguous */
     char *grad_in;            /* [num_in, C_in] or NULL */
     char *grad_weight;        /* [KV, C_in, C_out] or NULL */
@@ -272,12 +273,16 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
         spconv__clock_lap(&clock, &mark, &clock.scatter_s);
         if (a->grad_in != NULL) {
             if (plan->fused) {
-                const size_t w_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+                /* B = W[k]^T: element (co, ci) at co * co_stride + ci * ci_stride */
+                const spconv__weight_view *w = &a->w;
+                const int trans = w->ci_stride != 1; /* then co_stride is 1 */
                 SPCONV_OMP(omp for schedule(dynamic, 1))
                 for (int64_t j = 0; j < a->pairs.num_active; ++j)
-                    spconv__fused_pack(plan->dtype, a->weight + (size_t)a->pairs.active[j] * w_bytes,
-                                       plan->c_out, 1, plan->c_out, plan->c_in,
-                                       a->packed + (size_t)j * a->packed_bytes);
+                    spconv__fused_pack(
+                        plan->dtype,
+                        w->data + (size_t)(a->pairs.active[j] * w->k_stride) * plan->elem,
+                        trans ? w->ci_stride : w->co_stride, trans, plan->c_out, plan->c_in,
+                        a->packed + (size_t)j * a->packed_bytes);
                 spconv__clock_lap(&clock, &mark, &clock.gather_s);
             }
             SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
@@ -429,8 +434,17 @@ static spconv_status backward_cpu(spconv_context *ctx, const spconv_rulebook *rb
     spconv_context *temp = NULL;
     backward_args a = {0};
     spconv_status st;
+    spconv__conv_plan plan;
+    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
+                           dims->c_out + 2 * dims->c_in,
+                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
-    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+    /* only the data gradient reads the weight: the fused path packs it from where it lies */
+    if (grad_features != NULL && (!plan.fused || !spconv__weight_view_of(weight, &a.w))) {
+        SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+        a.weight = spconv_tensor_data(w);
+        a.w = (spconv__weight_view){a.weight, dims->c_in * dims->c_out, dims->c_out, 1};
+    }
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     int64_t in_sizes[2] = {dims->num_in, dims->c_in}, bias_size = dims->c_out;
@@ -444,13 +458,8 @@ static spconv_status backward_cpu(spconv_context *ctx, const spconv_rulebook *rb
     if (grad_bias != NULL)
         SPCONV_TRY_GOTO(st, new_output(ctx, grad_out, 1, &bias_size, &d_b, &a.grad_bias), done);
 
-    spconv__conv_plan plan;
-    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
-                           dims->c_out + 2 * dims->c_in,
-                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
     a.plan = &plan;
     a.features = spconv_tensor_data(f);
-    a.weight = spconv_tensor_data(w);
     a.grad_out = spconv_tensor_data(g);
     int threads = spconv_context_num_threads(ctx);
     SPCONV_TRY_GOTO(st,

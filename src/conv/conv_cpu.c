@@ -166,3 +166,27 @@ spconv_status spconv__cpu_workspace(spconv_context *ctx, size_t nbytes, void **p
     }
     return st;
 }
+
+int spconv__weight_view_of(const spconv_tensor *weight, spconv__weight_view *view) {
+    const int nd = spconv_tensor_ndim(weight);
+    if (nd < 2) return 0;
+    const int64_t *sizes = spconv_tensor_sizes(weight), *strides = spconv_tensor_strides(weight);
+    const int64_t ci = strides[nd - 2], co = strides[nd - 1];
+    if (!(ci == 1 || co == 1)) return 0;
+    /* the kernel dims, innermost first, must step by one stride: size-1 dims do not count */
+    int64_t k_stride = -1, expect = -1;
+    for (int d = nd - 3; d >= 0; --d) {
+        if (sizes[d] == 1) continue;
+        if (k_stride < 0)
+            k_stride = strides[d], expect = strides[d] * sizes[d];
+        else if (strides[d] != expect)
+            return 0;
+        else
+            expect *= sizes[d];
+    }
+    view->data = spconv_tensor_data(weight);
+    view->k_stride = k_stride < 0 ? 0 : k_stride;
+    view->ci_stride = ci;
+    view->co_stride = co;
+    return 1;
+}

@@ -130,6 +130,19 @@ void spconv__gather_rows(void *dst, const void *src, const int32_t *rows, int64_
 void spconv__scatter_add_rows(spconv_dtype dtype, void *dst, const int32_t *rows, const void *src,
                               int64_t n, int64_t cols);
 
+/* Where a weight tensor [K..., C_in, C_out] keeps W[k][ci][co]: at data + (k * k_stride +
+ * ci * ci_stride + co * co_stride) elements. spconv__weight_view_of fills it for a contiguous weight
+ * and for any weight whose kernel dims flatten to one stride with ci_stride or co_stride 1 (the
+ * PyTorch binding hands over spconv's KRSC weight permuted to [K..., C_in, C_out], a view with
+ * ci_stride 1); the fused kernels' packing reads such a weight where it lies, so it is never
+ * copied. Returns 0 (view untouched) for any other layout. */
+typedef struct spconv__weight_view {
+    const char *data;
+    int64_t k_stride, ci_stride, co_stride;
+} spconv__weight_view;
+
+int spconv__weight_view_of(const spconv_tensor *weight, spconv__weight_view *view);
+
 /* Round a byte count up to a cache line, so that per-thread buffers never share one. */
 static inline size_t spconv__align_line(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
 

@@ -22,7 +22,8 @@ typedef struct forward_args {
     const spconv__conv_plan *plan;
     spconv__pair_lists pairs; /* source = in rows, target = out rows (sorted) */
     const char *features;     /* [num_in, C_in] contiguous */
-    const char *weight;       /* [KV, C_in, C_out] contiguous */
+    const char *weight;       /* [KV, C_in, C_out] contiguous (unfused path) */
+    spconv__weight_view w;    /* the weight as the fused path reads it (conv_cpu.h) */
     const char *bias;         /* [C_out] or NULL */
     char *out;                /* [num_out, C_out] */
     int64_t block_rows;
@@ -131,13 +132,15 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
         char *buffer = a->workspace + (size_t)spconv__omp_thread() * a->thread_bytes;
         if (a->plan->fused) {
             double mark = spconv__clock_start(&clock);
-            const size_t w_bytes = (size_t)(a->plan->c_in * a->plan->c_out) * a->plan->elem;
+            const spconv__weight_view *w = &a->w;
+            const int trans = w->co_stride != 1; /* then ci_stride is 1 */
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t j = 0; j < a->pairs.num_active; ++j)
-                spconv__fused_pack(a->plan->dtype,
-                                   a->weight + (size_t)a->pairs.active[j] * w_bytes,
-                                   a->plan->c_out, 0, a->plan->c_in, a->plan->c_out,
-                                   a->packed + (size_t)j * a->packed_bytes);
+                spconv__fused_pack(
+                    a->plan->dtype,
+                    w->data + (size_t)(a->pairs.active[j] * w->k_stride) * a->plan->elem,
+                    trans ? w->co_stride : w->ci_stride, trans, a->plan->c_in, a->plan->c_out,
+                    a->packed + (size_t)j * a->packed_bytes);
             spconv__clock_lap(&clock, &mark, &clock.gather_s);
         }
         SPCONV_OMP(omp for schedule(dynamic, 1))
@@ -200,8 +203,20 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     spconv_tensor *result = NULL;
     spconv_context *temp = NULL;
     spconv_status st;
+    spconv__conv_plan plan;
+    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
+                           dims->c_in + dims->c_out,
+                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
+    forward_args a;
+    memset(&a, 0, sizeof a);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, features, &f), done);
-    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+    /* the fused path packs W[k] from where it lies (a permuted view too); the unfused one
+     * multiplies from contiguous W[k] */
+    if (!plan.fused || !spconv__weight_view_of(weight, &a.w)) {
+        SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, weight, &w), done);
+        a.weight = spconv_tensor_data(w);
+        a.w = (spconv__weight_view){a.weight, dims->c_in * dims->c_out, dims->c_out, 1};
+    }
     if (bias != NULL) SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, bias, &b), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
     int64_t sizes[2] = {dims->num_out, dims->c_out};
@@ -210,15 +225,8 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
                                             sizes, &result),
                     done);
 
-    spconv__conv_plan plan;
-    spconv__conv_plan_init(&plan, rb, dims->dtype, dims->c_in, dims->c_out,
-                           dims->c_in + dims->c_out,
-                           options != NULL ? options->gemm : SPCONV__GEMM_AUTO);
-    forward_args a;
-    memset(&a, 0, sizeof a);
     a.plan = &plan;
     a.features = spconv_tensor_data(f);
-    a.weight = spconv_tensor_data(w);
     a.bias = b != NULL ? spconv_tensor_data(b) : NULL;
     a.out = spconv_tensor_data(result);
     a.block_rows = spconv__block_rows(&plan, dims->c_out);

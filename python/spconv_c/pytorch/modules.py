@@ -59,15 +59,43 @@ class SparseSequential(SparseModule):
         self.add_module(name, module)
 
     def forward(self, input):
+        previous = None
         for module in self._modules.values():
             if is_spconv_module(module):
                 input = module(input)
             elif isinstance(input, SparseConvTensor):
                 if input.indices.shape[0] != 0:
-                    input = input.replace_feature(module(input.features))
+                    if _relu_in_place(previous, module):
+                        input = input.replace_feature(torch.relu_(input.features))
+                    else:
+                        input = input.replace_feature(module(input.features))
             else:
                 input = module(input)
+            previous = module
         return input
+
+
+def _no_hooks(module):
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or
+                getattr(module, "_backward_pre_hooks", None))
+
+
+def _relu_in_place(previous, module):
+    """True for a plain nn.ReLU right after a batch norm of this sequence (the torch classes
+    themselves, not subclasses, whose forward might return its input), neither with hooks: the
+    ReLU can then overwrite the batch norm's output, which nothing else holds (batch norm's
+    backward keeps its input and statistics, not its output), instead of writing a fresh tensor.
+    The values are the same (the same op); what it saves is a tensor the size of the features,
+    whose fresh pages cost more than the ReLU itself when the allocator returns large blocks to
+    the system (glibc's default). Global module hooks turn it off too."""
+    from torch.nn.modules import module as module_impl
+
+    return (type(module) is nn.ReLU and type(previous) in (nn.BatchNorm1d, nn.SyncBatchNorm)
+            and _no_hooks(module) and _no_hooks(previous)
+            and not module_impl._global_forward_hooks
+            and not module_impl._global_forward_pre_hooks
+            and not module_impl._global_backward_hooks
+            and not getattr(module_impl, "_global_backward_pre_hooks", None))
 
 
 class ToDense(SparseModule):
