@@ -10,7 +10,8 @@
 /* GFLOP/s (2 n^3 flops per product) of an n x n x n float32 product run the way the executors run
  * theirs: @p threads OpenMP threads (0: all), each on its own block of rows, by the faster of the
  * two ways the executors multiply: one single-threaded GEMM call per block (SPCONV__GEMM_AUTO:
- * BLAS when built in), or the fused kernels (conv/fused.h) where the machine has them. A BLAS that
+ * BLAS when built in), or the fused kernels (conv/fused.h) where the machine has them, over
+ * 256 x 256 blocks of B (as a GEMM library blocks; a conv layer's K and N are at most that). A BLAS that
  * does not know the CPU runs generic kernels (OpenBLAS 0.3.21 takes a 2023 Xeon for a Prescott),
  * so either one alone can understate what the machine does. The fastest of @p repeat (>= 1)
  * timed products after one warm-up, on fixed pseudo-random matrices: a peak is what the machine
