@@ -320,9 +320,10 @@ WEIGHT_REFERENCE(double, fma)
         for (int64_t i = 0; i < c_in * c_out; ++i)                                                 \
             want[i] = sums[i] = (T)spconv_test_rand_float(-2.0f, 2.0f);                            \
         weight_reference_##T(count, x, src, g, dst, c_in, c_out, want);                            \
-        spconv__fused_weight_gather(DTYPE, count, x, identity ? NULL : src, 0, g,                  \
-                                    identity ? NULL : dst, 0, c_in, c_out, scratch);               \
-        spconv__fused_weight_product(DTYPE, count, c_in, c_out, scratch, sums);                    \
+        spconv__fused_weight_gather(DTYPE, count, x, identity ? NULL : src, base, g,               \
+                                    identity ? NULL : dst, base, c_in, c_out, scratch);            \
+        spconv__fused_weight_product(DTYPE, count, x, identity ? NULL : src, base, c_in, c_out,    \
+                                     scratch, sums);                                               \
         if (memcmp(sums, want, (size_t)(c_in * c_out) * sizeof(T)) != 0)                           \
             fail_msg("fused %s weight gradient differs: count %lld c_in %lld c_out %lld "          \
                      "identity %d", #T, (long long)count, (long long)c_in, (long long)c_out,       \
@@ -349,9 +350,10 @@ static void test_fused_weight_bitwise(void **state) {
             int32_t *src = malloc((size_t)rows * sizeof(int32_t));
             int32_t *dst = malloc((size_t)rows * sizeof(int32_t));
             assert_true(src && dst);
+            const int64_t base = identity ? rows - count : 0; /* identity: rows base.. */
             for (int64_t i = 0; i < rows; ++i) {
-                src[i] = identity ? (int32_t)i : (int32_t)spconv_test_rand_int(0, rows - 1);
-                dst[i] = identity ? (int32_t)i : (int32_t)spconv_test_rand_int(0, rows - 1);
+                src[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
+                dst[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
             }
             if (iter % 2 == 0)
                 WEIGHT_CASE(float, SPCONV_F32)

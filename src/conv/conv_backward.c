@@ -184,7 +184,9 @@ static void weight_task(const backward_args *a, int64_t j, int64_t p0, int64_t p
                                         identity ? NULL : a->rb_out + first, row, plan->c_in,
                                         plan->c_out, buffer);
             spconv__clock_lap(clock, &mark, &clock->gather_s);
-            spconv__fused_weight_product(plan->dtype, rows, plan->c_in, plan->c_out, buffer, sums);
+            spconv__fused_weight_product(plan->dtype, rows, a->features,
+                                         identity ? NULL : a->rb_in + first, row, plan->c_in,
+                                         plan->c_out, buffer, sums);
             spconv__clock_lap(clock, &mark, &clock->gemm_s);
         }
         return;

@@ -89,7 +89,7 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
     FUSED_TARGET __attribute__((always_inline)) static inline void NAME##_body(                    \
         int64_t count, const T *x, const int32_t *src, int64_t src_base, T *y, const int32_t *dst, \
         int64_t dst_base, int64_t k, int64_t n, const T *packed, int set, const T *bias,           \
-        int64_t rs, int64_t es) {                                                                  \
+        int64_t rs, int64_t es, const int32_t *kx) {                                               \
         const int64_t tiles = (n + 2 * L - 1) / (2 * L), last = (tiles - 1) * 2 * L;               \
         __m256i m0, m1;                                                                            \
         MASKS(n - last, m0, m1);                                                                   \
@@ -108,22 +108,22 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                   c50 = ZERO(), c51 = ZERO();                                                      \
                 for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
                     const V w0 = LOAD(w), w1 = LOAD(w + L);                                        \
-                    V v = BCAST(es == 1 ? a[0] + p : a[0] + p * es + 0);                                                         \
+                    V v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 0 : es == 1 ? a[0] + p : a[0] + p * es + 0);                                                         \
                     c00 = FMA(v, w0, c00);                                                         \
                     c01 = FMA(v, w1, c01);                                                         \
-                    v = BCAST(es == 1 ? a[1] + p : a[0] + p * es + 1);                                                           \
+                    v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 1 : es == 1 ? a[1] + p : a[0] + p * es + 1);                                                           \
                     c10 = FMA(v, w0, c10);                                                         \
                     c11 = FMA(v, w1, c11);                                                         \
-                    v = BCAST(es == 1 ? a[2] + p : a[0] + p * es + 2);                                                           \
+                    v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 2 : es == 1 ? a[2] + p : a[0] + p * es + 2);                                                           \
                     c20 = FMA(v, w0, c20);                                                         \
                     c21 = FMA(v, w1, c21);                                                         \
-                    v = BCAST(es == 1 ? a[3] + p : a[0] + p * es + 3);                                                           \
+                    v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 3 : es == 1 ? a[3] + p : a[0] + p * es + 3);                                                           \
                     c30 = FMA(v, w0, c30);                                                         \
                     c31 = FMA(v, w1, c31);                                                         \
-                    v = BCAST(es == 1 ? a[4] + p : a[0] + p * es + 4);                                                           \
+                    v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 4 : es == 1 ? a[4] + p : a[0] + p * es + 4);                                                           \
                     c40 = FMA(v, w0, c40);                                                         \
                     c41 = FMA(v, w1, c41);                                                         \
-                    v = BCAST(es == 1 ? a[5] + p : a[0] + p * es + 5);                                                           \
+                    v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 5 : es == 1 ? a[5] + p : a[0] + p * es + 5);                                                           \
                     c50 = FMA(v, w0, c50);                                                         \
                     c51 = FMA(v, w1, c51);                                                         \
                 }                                                                                  \
@@ -145,7 +145,7 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                 const T *w = packed + t * k * 2 * L;                                               \
                 V c00 = ZERO(), c01 = ZERO();                                                      \
                 for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
-                    const V v = BCAST(a0 + p * es);                                                \
+                    const V v = BCAST(kx != NULL ? a0 + (int64_t)kx[p] * es : a0 + p * es);                                                \
                     c00 = FMA(v, LOAD(w), c00);                                                    \
                     c01 = FMA(v, LOAD(w + L), c01);                                                \
                 }                                                                                  \
@@ -157,12 +157,16 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
     FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
                                   T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
                                   int64_t n, const T *packed, int set, const T *bias,              \
-                                  int64_t lda) {                                                   \
+                                  int64_t lda, const int32_t *kx) {                                \
         if (lda == 0)                                                                              \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1); \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,  \
+                        NULL);                                                                     \
+        else if (kx == NULL)                                                                       \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
+                        lda, NULL);                                                                \
         else                                                                                       \
             NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda);                                                                      \
+                        lda, kx);                                                                  \
     }
 
 /* Masks of the last tile, whose first @p width (1..TW) columns lie below n. */
@@ -220,7 +224,7 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
      * @p m_last masks the last of the NT tiles. */                                               \
     FUSED512_INLINE void NAME##_block(const int R, const int NT, const T *const *a, T *const *yo, \
                                       const T *w, int64_t k, int64_t j, M m_last, int set,        \
-                                      const T *bias, int64_t es) {                                 \
+                                      const T *bias, int64_t es, const int32_t *kx) {              \
         V c[12][2];                                                                                \
         for (int r = 0; r < R; ++r)                                                                \
             for (int u = 0; u < NT; ++u) c[r][u] = ZERO();                                         \
@@ -228,7 +232,9 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
         for (int64_t p = 0; p < k; ++p) {                                                          \
             const V w0v = LOAD(w + p * L), w1v = NT > 1 ? LOAD(w1 + p * L) : ZERO();               \
             for (int r = 0; r < R; ++r) {                                                          \
-                const V v = SET1(es == 1 ? a[r][p] : a[0][p * es + r]);                            \
+                const V v = SET1(kx != NULL ? a[0][(int64_t)kx[p] * es + r]                        \
+                                 : es == 1  ? a[r][p]                                              \
+                                            : a[0][p * es + r]);                                   \
                 c[r][0] = FMA(v, w0v, c[r][0]);                                                    \
                 if (NT > 1) c[r][1] = FMA(v, w1v, c[r][1]);                                        \
             }                                                                                      \
@@ -241,7 +247,7 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
     FUSED512_INLINE void NAME##_rows(const int R, int64_t i, const T *x, const int32_t *src,      \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t rs, int64_t es) {                      \
+                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx) {                      \
         const int64_t tiles = (n + L - 1) / L, width = n - (tiles - 1) * L;                       \
         const M m_last = width >= L ? (M)~(M)0 : (M)((1u << width) - 1u);                        \
         const T *a[12];                                                                            \
@@ -253,34 +259,38 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
         int64_t t = 0;                                                                             \
         for (; t + 2 <= tiles; t += 2)                                                             \
             NAME##_block(R, 2, a, yo, packed + t * k * L, k, t * L,                                \
-                         t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es);                       \
+                         t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);                   \
         if (t < tiles)                                                                             \
-            NAME##_block(R, 1, a, yo, packed + t * k * L, k, t * L, m_last, set, bias, es);        \
+            NAME##_block(R, 1, a, yo, packed + t * k * L, k, t * L, m_last, set, bias, es, kx);    \
     }                                                                                              \
     FUSED512_INLINE void NAME##_body(int64_t count, const T *x, const int32_t *src,               \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t rs, int64_t es) {                      \
+                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx) {                      \
         int64_t i = 0;                                                                             \
         for (; i + 12 <= count; i += 12)                                                           \
             NAME##_rows(12, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,    \
-                        es);                                                                       \
+                        es, kx);                                                                   \
         for (; i + 4 <= count; i += 4)                                                             \
             NAME##_rows(4, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
-                        es);                                                                       \
+                        es, kx);                                                                   \
         for (; i < count; ++i)                                                                     \
             NAME##_rows(1, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
-                        es);                                                                       \
+                        es, kx);                                                                   \
     }                                                                                              \
     FUSED512_TARGET static void NAME(int64_t count, const T *x, const int32_t *src,               \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t lda) {                                 \
+                                     const T *bias, int64_t lda, const int32_t *kx) {              \
         if (lda == 0)                                                                              \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1); \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,  \
+                        NULL);                                                                     \
+        else if (kx == NULL)                                                                       \
+            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
+                        lda, NULL);                                                                \
         else                                                                                       \
             NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda);                                                                      \
+                        lda, kx);                                                                  \
     }
 
 FUSED512_KERNEL(rows512_f32, float, __m512, 16, __mmask16, _mm512_setzero_ps, _mm512_loadu_ps,
@@ -314,53 +324,55 @@ int spconv__fused_isa(int isa) {
 }
 
 /* Row i of x is x + row_i * k with its elements contiguous or, for @p lda > 0, x + row_i with
- * element p at + p * lda (the columns of a [k, lda] matrix, read as rows; src must be NULL). */
+ * element p at + p * lda (the columns of a [k, lda] matrix, read as rows; src must be NULL), or
+ * with @p kx, element p at + kx[p] * lda (the columns of the rows kx[0..k) of such a matrix). */
 static void fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                       int64_t n, const void *packed, int set, const void *bias, int64_t lda) {
+                       int64_t n, const void *packed, int set, const void *bias, int64_t lda,
+                       const int32_t *kx) {
     if (count <= 0 || n <= 0) return;
 #if SPCONV__FUSED_X86
     if (fused_isa < 0) fused_isa = fused_widest();
     if (fused_isa == 3 && dtype == SPCONV_F32)
-        rows512_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+        rows512_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
     else if (fused_isa == 3)
-        rows512_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+        rows512_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
     else if (dtype == SPCONV_F32)
-        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
     else
-        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda);
+        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
 #else
     (void)dtype, (void)x, (void)src, (void)src_base, (void)y, (void)dst, (void)dst_base, (void)k,
-        (void)packed, (void)set, (void)bias, (void)lda;
+        (void)packed, (void)set, (void)bias, (void)lda, (void)kx;
 #endif
 }
 
 void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                         int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
                         int64_t n, const void *packed) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL, 0);
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL, 0, NULL);
 }
 
 void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
                             int64_t k, int64_t n, const void *packed, const void *bias) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias, 0);
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias, 0, NULL);
 }
 
 size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
                                           int64_t c_out) {
-    const size_t xg = (size_t)(chunk * c_in) * spconv_dtype_size(dtype);
-    return ((xg + 63) & ~(size_t)63) + spconv__fused_packed_bytes(dtype, chunk, c_out);
+    (void)c_in;
+    return spconv__fused_packed_bytes(dtype, chunk, c_out);
 }
 
-/* The chunk's x rows, contiguous ([count, c_in], which the product reads by columns), and its g
- * rows in the packed tile layout of B, zero past c_out. */
+/* The chunk's g rows in the packed tile layout of B, zero past c_out. The x rows stay where they
+ * are (the product reads them through src); they are only prefetched here, so that the product
+ * finds them in the cache. */
 #define WEIGHT_GATHER(T)                                                                           \
     {                                                                                              \
         const T *xs = x, *gs = g;                                                                  \
-        T *xg = scratch, *tiles = (T *)((char *)scratch + x_bytes);                                \
+        T *tiles = scratch;                                                                        \
         for (int64_t i = 0; i < count; ++i) {                                                      \
-            const int64_t xr = src != NULL ? (int64_t)src[i] : src_base + i;                       \
             const int64_t gr = dst != NULL ? (int64_t)dst[i] : dst_base + i;                       \
             if (i + GATHER_AHEAD < count) {                                                        \
                 const T *ahead_x = xs + (src != NULL ? (int64_t)src[i + GATHER_AHEAD]              \
@@ -372,7 +384,6 @@ size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int
                 for (int64_t b = 0; b < c_out; b += 64 / (int64_t)sizeof(T))                       \
                     __builtin_prefetch(ahead_g + b);                                               \
             }                                                                                      \
-            memcpy(xg + i * c_in, xs + xr * c_in, (size_t)c_in * sizeof(T));                       \
             const T *grow = gs + gr * c_out;                                                       \
             for (int64_t t = 0; t < tw_tiles; ++t) {                                               \
                 T *to = tiles + (t * count + i) * tw;                                              \
@@ -389,18 +400,19 @@ void spconv__fused_weight_gather(spconv_dtype dtype, int64_t count, const void *
                                  void *scratch) {
     if (count <= 0 || c_in <= 0 || c_out <= 0) return;
     const int64_t tw = tile_width(dtype), tw_tiles = (c_out + tw - 1) / tw;
-    const size_t x_bytes = ((size_t)(count * c_in) * spconv_dtype_size(dtype) + 63) & ~(size_t)63;
     if (dtype == SPCONV_F32)
         WEIGHT_GATHER(float)
     else
         WEIGHT_GATHER(double)
 }
 
-void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, int64_t c_in, int64_t c_out,
-                                  const void *scratch, void *sums) {
+void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, const void *x,
+                                  const int32_t *src, int64_t src_base, int64_t c_in,
+                                  int64_t c_out, const void *scratch, void *sums) {
     if (count <= 0 || c_in <= 0 || c_out <= 0) return;
-    const size_t x_bytes = ((size_t)(count * c_in) * spconv_dtype_size(dtype) + 63) & ~(size_t)63;
-    /* rows of the product: the c_in columns of the gathered [count, c_in] x */
-    fused_rows(dtype, c_in, scratch, NULL, 0, sums, NULL, 0, count, c_out,
-               (const char *)scratch + x_bytes, 0, NULL, c_in);
+    /* rows of the product: the c_in columns of x's rows src_i (or src_base + i) */
+    const char *base = (const char *)x;
+    if (src == NULL) base += (size_t)(src_base * c_in) * spconv_dtype_size(dtype);
+    fused_rows(dtype, c_in, base, NULL, 0, sums, NULL, 0, count, c_out, scratch, 0, NULL, c_in,
+               src);
 }

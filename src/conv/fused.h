@@ -58,9 +58,9 @@ void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, co
 
 /* The weight gradient of a chunk of pairs, sums[c_in, c_out] += sum over i < count of
  * x[src_i, :]^T g[dst_i, :] (src_i, dst_i as above; rows may repeat), in two steps: the gather
- * copies the chunk's x rows and g rows (these packed as B) into @p scratch
- * (spconv__fused_weight_scratch_bytes for at least @p count pairs), and the product multiplies
- * them by the kernels above with k = count (its rows are the columns of the gathered x), so each
+ * packs the chunk's g rows as B into @p scratch (spconv__fused_weight_scratch_bytes for at least
+ * @p count pairs) and prefetches its x rows; the product multiplies them by the kernels above
+ * with k = count, its rows being the c_in columns of the x rows, read where they lie. Each
  * element's count terms are summed by fused multiply-adds in increasing i from zero and then
  * added once into sums. */
 size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
@@ -69,7 +69,8 @@ void spconv__fused_weight_gather(spconv_dtype dtype, int64_t count, const void *
                                  const int32_t *src, int64_t src_base, const void *g,
                                  const int32_t *dst, int64_t dst_base, int64_t c_in, int64_t c_out,
                                  void *scratch);
-void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, int64_t c_in, int64_t c_out,
-                                  const void *scratch, void *sums);
+void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, const void *x,
+                                  const int32_t *src, int64_t src_base, int64_t c_in,
+                                  int64_t c_out, const void *scratch, void *sums);
 
 #endif /* SPCONV_CONV_FUSED_H */
