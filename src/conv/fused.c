@@ -38,16 +38,23 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n) {
     return (size_t)(tiles * tw * k) * spconv_dtype_size(dtype);
 }
 
+/* Row-major B: each tile row is a run of B's row p, copied whole; B^T (trans): a tile row gathers
+ * one element from each of tw rows of b, read a tile of columns at a time so that those rows stay
+ * in the cache while p advances. */
 #define PACK_BODY(T)                                                                               \
     {                                                                                              \
         const T *src = b;                                                                          \
         T *dst = packed;                                                                           \
-        for (int64_t t = 0; t < tiles; ++t)                                                        \
-            for (int64_t p = 0; p < k; ++p)                                                        \
-                for (int64_t j = 0; j < tw; ++j) {                                                 \
-                    const int64_t col = t * tw + j;                                                \
-                    *dst++ = col >= n ? (T)0 : trans ? src[col * ldb + p] : src[p * ldb + col];    \
-                }                                                                                  \
+        for (int64_t t = 0; t < tiles; ++t) {                                                      \
+            const int64_t w = n - t * tw < tw ? n - t * tw : tw;                                   \
+            for (int64_t p = 0; p < k; ++p, dst += tw) {                                           \
+                if (trans)                                                                         \
+                    for (int64_t j = 0; j < w; ++j) dst[j] = src[(t * tw + j) * ldb + p];          \
+                else                                                                               \
+                    memcpy(dst, src + p * ldb + t * tw, (size_t)w * sizeof(T));                    \
+                for (int64_t j = w; j < tw; ++j) dst[j] = (T)0;                                    \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int trans, int64_t k,
