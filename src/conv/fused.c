@@ -68,6 +68,19 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
 
 #if SPCONV__FUSED_X86
 
+/* A kernel's three ways of reading x's rows (see fused_rows), each its own inlined copy of the
+ * body so that the strides are constants in the common one. */
+#define FUSED_MODES(NAME)                                                                          \
+    if (lda == 0)                                                                                  \
+        NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,      \
+                    NULL);                                                                         \
+    else if (kx == NULL)                                                                           \
+        NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1, lda,    \
+                    NULL);                                                                         \
+    else                                                                                           \
+        NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1, lda,    \
+                    kx);
+
 /* One kernel body for both element types. V is the vector type, L its lanes (TW = 2 L); the
  * ops are the AVX2 intrinsics of that type; MASK(j) is the load/store mask of the lanes of a
  * vector starting at column j of the last tile that lie below n. Each block of FUSED_ROWS pairs
@@ -165,15 +178,7 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                                   T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
                                   int64_t n, const T *packed, int set, const T *bias,              \
                                   int64_t lda, const int32_t *kx) {                                \
-        if (lda == 0)                                                                              \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,  \
-                        NULL);                                                                     \
-        else if (kx == NULL)                                                                       \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda, NULL);                                                                \
-        else                                                                                       \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda, kx);                                                                  \
+        FUSED_MODES(NAME)                                                                          \
     }
 
 /* Masks of the last tile, whose first @p width (1..TW) columns lie below n. */
@@ -289,15 +294,7 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
                                      const T *bias, int64_t lda, const int32_t *kx) {              \
-        if (lda == 0)                                                                              \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,  \
-                        NULL);                                                                     \
-        else if (kx == NULL)                                                                       \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda, NULL);                                                                \
-        else                                                                                       \
-            NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1,     \
-                        lda, kx);                                                                  \
+        FUSED_MODES(NAME)                                                                          \
     }
 
 FUSED512_KERNEL(rows512_f32, float, __m512, 16, __mmask16, _mm512_setzero_ps, _mm512_loadu_ps,
