@@ -228,10 +228,24 @@ static int64_t task_offset(const backward_args *a, int64_t t) {
 static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
-    /* Offsets without pairs have no task: their gradient is zero. */
+    /* Offsets without pairs have no task: their gradient is zero (the others' tasks write all of
+     * theirs). The active offsets are in increasing order. */
     if (a->pairs.num_active < plan->kernel_volume) {
-        SPCONV_OMP(omp single)
-        memset(a->grad_weight, 0, (size_t)plan->kernel_volume * sum_bytes);
+        double zero_mark = spconv__clock_start(clock);
+        SPCONV_OMP(omp for schedule(static) nowait)
+        for (int64_t k = 0; k < plan->kernel_volume; ++k) {
+            int64_t lo = 0, hi = a->pairs.num_active; /* first active offset >= k */
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (a->pairs.active[mid] < k)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo == a->pairs.num_active || a->pairs.active[lo] != k)
+                memset(a->grad_weight + (size_t)k * sum_bytes, 0, sum_bytes);
+        }
+        spconv__clock_lap(clock, &zero_mark, &clock->scatter_s);
     }
     SPCONV_OMP(omp for schedule(dynamic, 1))
     for (int64_t t = 0; t < a->num_tasks; ++t) {
