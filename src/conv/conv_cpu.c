@@ -64,12 +64,14 @@ int64_t spconv__block_rows(const spconv__conv_plan *plan, int64_t row_elems) {
 
 int spconv__rows_sorted(const int64_t *starts, int64_t num_segments, const int32_t *rows,
                         int threads) {
-    int sorted = 1;
-    SPCONV_OMP(omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(&& : sorted))
-    for (int64_t k = 0; k < num_segments; ++k)
-        for (int64_t p = starts[k] + 1; p < starts[k + 1]; ++p)
-            sorted = sorted && rows[p - 1] < rows[p];
-    return sorted;
+    int unsorted = 0;
+    SPCONV_OMP(omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : unsorted))
+    for (int64_t k = 0; k < num_segments; ++k) {
+        int bad = 0; /* no early exit: a branch-free loop vectorises, and sorted is the usual case */
+        for (int64_t p = starts[k] + 1; p < starts[k + 1]; ++p) bad |= rows[p - 1] >= rows[p];
+        unsorted |= bad;
+    }
+    return !unsorted;
 }
 
 void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const int32_t *source,
