@@ -236,22 +236,27 @@ FUSED_REFERENCE(double, fma)
         free(x), free(b), free(y), free(want), free(packed), free(bias);                           \
     }
 
-static void fused_rows_cases(void);
-
-static void test_fused_rows_bitwise(void **state) {
-    (void)state;
+/* Run @p cases once with every kernel set the machine has (AVX2, and AVX-512 where present),
+ * then restore the default set; skipped without AVX2 + FMA. */
+static void for_each_kernel_set(const char *what, void (*cases)(void)) {
     if (!spconv__fused_available()) {
         printf("skipped: this machine has no AVX2 + FMA, so the executors use the unfused path\n");
         skip();
     }
-    /* Every kernel set the machine has (AVX2, and AVX-512 where present) against the reference. */
     const int widest = spconv__fused_isa(0);
     for (int isa = 2; isa <= widest; ++isa) {
         spconv__fused_isa(isa);
-        printf("fused kernels: checking the %s set\n", isa == 3 ? "AVX-512" : "AVX2");
-        fused_rows_cases();
+        printf("%s: checking the %s set\n", what, isa == 3 ? "AVX-512" : "AVX2");
+        cases();
     }
     spconv__fused_isa(widest);
+}
+
+static void fused_rows_cases(void);
+
+static void test_fused_rows_bitwise(void **state) {
+    (void)state;
+    for_each_kernel_set("fused kernels", fused_rows_cases);
 }
 
 static void fused_rows_cases(void) {
@@ -331,38 +336,32 @@ WEIGHT_REFERENCE(double, fma)
         free(x), free(g), free(sums), free(want), free(scratch);                                   \
     }
 
+static void fused_weight_cases(void) {
+    for (int iter = 0; iter < 300; ++iter) {
+        const int64_t rows = spconv_test_rand_int(1, 80);
+        const int64_t count = spconv_test_rand_int(1, rows);
+        const int64_t c_in = spconv_test_rand_int(1, 40), c_out = spconv_test_rand_int(1, 70);
+        const int identity = (int)spconv_test_rand_int(0, 3) == 0;
+        const int special = (int)spconv_test_rand_int(0, 4) == 0;
+        int32_t *src = malloc((size_t)rows * sizeof(int32_t));
+        int32_t *dst = malloc((size_t)rows * sizeof(int32_t));
+        assert_true(src && dst);
+        const int64_t base = identity ? rows - count : 0; /* identity: rows base.. */
+        for (int64_t i = 0; i < rows; ++i) {
+            src[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
+            dst[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
+        }
+        if (iter % 2 == 0)
+            WEIGHT_CASE(float, SPCONV_F32)
+        else
+            WEIGHT_CASE(double, SPCONV_F64)
+        free(src), free(dst);
+    }
+}
+
 static void test_fused_weight_bitwise(void **state) {
     (void)state;
-    if (!spconv__fused_available()) {
-        printf("skipped: this machine has no AVX2 + FMA, so the executors use the unfused path\n");
-        skip();
-    }
-    const int widest = spconv__fused_isa(0);
-    for (int isa = 2; isa <= widest; ++isa) {
-        spconv__fused_isa(isa);
-        printf("fused weight gradient: checking the %s set\n", isa == 3 ? "AVX-512" : "AVX2");
-        for (int iter = 0; iter < 300; ++iter) {
-            const int64_t rows = spconv_test_rand_int(1, 80);
-            const int64_t count = spconv_test_rand_int(1, rows);
-            const int64_t c_in = spconv_test_rand_int(1, 40), c_out = spconv_test_rand_int(1, 70);
-            const int identity = (int)spconv_test_rand_int(0, 3) == 0;
-            const int special = (int)spconv_test_rand_int(0, 4) == 0;
-            int32_t *src = malloc((size_t)rows * sizeof(int32_t));
-            int32_t *dst = malloc((size_t)rows * sizeof(int32_t));
-            assert_true(src && dst);
-            const int64_t base = identity ? rows - count : 0; /* identity: rows base.. */
-            for (int64_t i = 0; i < rows; ++i) {
-                src[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
-                dst[i] = identity ? (int32_t)(base + i) : (int32_t)spconv_test_rand_int(0, rows - 1);
-            }
-            if (iter % 2 == 0)
-                WEIGHT_CASE(float, SPCONV_F32)
-            else
-                WEIGHT_CASE(double, SPCONV_F64)
-            free(src), free(dst);
-        }
-    }
-    spconv__fused_isa(widest);
+    for_each_kernel_set("fused weight gradient", fused_weight_cases);
 }
 
 int main(void) {
