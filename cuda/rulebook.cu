@@ -500,6 +500,7 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
         spconv_rulebook_release(rb);
         return st;
     }
+    rb->rows_order[SPCONV__SIDE_OUT] = SPCONV__ORDER_SORTED; /* the CPU build's order */
     *out = rb;
     return SPCONV_OK;
 }

@@ -9,6 +9,7 @@
 
 #include "common/conv_cases.h"
 #include "common/conv_helpers.h"
+#include "conv/conv_cpu.h"
 #include "conv/conv_exec.h"
 #include "conv/fused.h"
 #include "conv/conv_ref.h"
@@ -237,6 +238,63 @@ static void test_forward_layouts(void **state) {
     spconv_tensor_release(reference);
     free(wide);
     conv_case_free(&c);
+}
+
+
+/* The per-block pair ranges the executors read from a bounds table (spconv__pair_bounds, the
+ * searches advancing in step) equal two plain binary searches per block and offset, on random
+ * increasing segments, some empty, with targets that skip whole blocks or fill one, mirrored or
+ * not, for block counts from 2 to 40; and a table is only offered where it fits. */
+static void test_pair_bounds(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 200; ++trial) {
+        const int64_t num_rows = spconv_test_rand_int(2, 3000);
+        const int64_t segments = spconv_test_rand_int(1, 9);
+        const int64_t block_rows = spconv_test_rand_int(1, num_rows);
+        const int64_t blocks = (num_rows + block_rows - 1) / block_rows;
+        int64_t starts[10] = {0};
+        int32_t *target = malloc((size_t)(segments * num_rows) * sizeof *target);
+        assert_non_null(target);
+        for (int64_t j = 0; j < segments; ++j) {
+            const int64_t keep = spconv_test_rand_int(0, 100); /* percent of rows in the segment */
+            const int64_t gap_lo = spconv_test_rand_int(0, num_rows), gap_hi = gap_lo + block_rows;
+            starts[j + 1] = starts[j];
+            for (int64_t r = 0; r < num_rows; ++r)
+                if ((r < gap_lo || r >= gap_hi) && spconv_test_rand_int(0, 99) < keep)
+                    target[starts[j + 1]++] = (int32_t)r;
+        }
+        spconv__pair_lists lists = {segments, NULL, starts, NULL, target, (int)(trial % 2),
+                                    NULL, block_rows, blocks};
+        const int64_t entries = spconv__pair_bounds_entries(&lists, block_rows, blocks);
+        if (blocks < 2 || segments * (blocks + 1) > starts[segments] + segments) {
+            assert_int_equal(entries, 0);
+        } else {
+            assert_int_equal(entries, segments * (blocks + 1));
+        }
+        if (entries == 0) {
+            free(target);
+            continue;
+        }
+        int64_t *bounds = malloc((size_t)(2 * entries) * sizeof *bounds);
+        assert_non_null(bounds);
+        lists.bounds = bounds;
+        for (int64_t j = 0; j < segments; ++j) spconv__pair_bounds(&lists, j, bounds + entries);
+        for (int64_t j = 0; j < segments; ++j)
+            for (int64_t b = 0; b < blocks; ++b) {
+                const int64_t r0 = b * block_rows,
+                              r1 = r0 + block_rows < num_rows ? r0 + block_rows : num_rows;
+                const int64_t segment = lists.mirrored ? segments - 1 - j : j;
+                const int64_t first =
+                    spconv__lower_bound(target, starts[segment], starts[segment + 1], r0);
+                const int64_t end = spconv__lower_bound(target, first, starts[segment + 1], r1);
+                int64_t got_first = -1, got_end = -1;
+                spconv__pairs_range(&lists, j, r0, r1, &got_first, &got_end);
+                assert_int_equal(got_first, first);
+                assert_int_equal(got_end, end);
+            }
+        free(bounds);
+        free(target);
+    }
 }
 
 /* Weights the fused path reads where they lie (conv_cpu.h, spconv__weight_view_of): spconv's
@@ -665,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_forward_many_blocks),
         cmocka_unit_test(test_forward_layouts),
         cmocka_unit_test(test_weight_views),
+        cmocka_unit_test(test_pair_bounds),
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_determinism_threads),
         cmocka_unit_test(test_gemm_paths_agree),

@@ -111,7 +111,10 @@ void spconv_rulebook_offset_range(const spconv_rulebook *rb, int64_t k, int64_t 
                                   int64_t *end);
 /** Total number of pairs. */
 int64_t spconv_rulebook_num_pairs(const spconv_rulebook *rb);
-/** Borrowed int32 [num_pairs] tensors of input rows and output rows, grouped by offset. */
+/** Borrowed int32 [num_pairs] tensors of input rows and output rows, grouped by offset. Read
+ *  only: the executors rely on what the build recorded about them (their rows in range, their
+ *  order within each offset, the centre offset of a subm rulebook), so writing into them is
+ *  undefined behaviour. */
 spconv_tensor *spconv_rulebook_pairs_in(const spconv_rulebook *rb);
 spconv_tensor *spconv_rulebook_pairs_out(const spconv_rulebook *rb);
 /** Borrowed int32 [num_in, 4] / [num_out, 4] coordinates. */

@@ -19,7 +19,8 @@ voxelize            points [P, F] -> (voxels, mean features, coords (z, y, x), n
 
 A Rulebook is an opaque handle (``torch.classes.spconv_c.Rulebook``): its methods give
 ``num_in()``, ``num_out()``, ``kernel_volume()``, ``pair_offsets()`` (int64 [KV + 1]),
-``pairs_in()``, ``pairs_out()``, ``in_indices()``, ``out_indices()`` (views, no copies).
+``in_indices()``, ``out_indices()`` (views, no copies), and ``pairs_in()``, ``pairs_out()``
+(copies: the engine relies on what it recorded about its pair lists when it built them).
 """
 
 import torch

@@ -124,8 +124,12 @@ def test_outputs_are_not_copied():
     # The rulebook's indices are the caller's tensor itself (wrapped, not copied).
     assert rb.in_indices().data_ptr() == idx.data_ptr()
     assert rb.out_indices().data_ptr() == idx.data_ptr()
-    # Reading the pairs twice gives views of the same engine memory.
-    assert rb.pairs_in().data_ptr() == rb.pairs_in().data_ptr()
+    # The pairs come out as copies: writing into one leaves the rulebook's lists as they were.
+    pairs = rb.pairs_in()
+    assert pairs.data_ptr() != rb.pairs_in().data_ptr()
+    kept = pairs.clone()
+    pairs.fill_(-1)
+    assert torch.equal(rb.pairs_in(), kept)
     offsets = rb.pair_offsets()
     assert offsets[-1].item() == rb.num_pairs() and offsets.shape[0] == 28
 

@@ -54,6 +54,8 @@ typedef struct backward_args {
     size_t thread_bytes;
     char *packed; /* fused data gradient: W[k]^T of active offset j packed at j * packed_bytes */
     size_t packed_bytes;
+    int64_t bounds_entries;  /* of pairs.bounds, 0 without one */
+    int64_t *bounds_scratch; /* with pairs.bounds: the searches' upper ends, the same layout */
 } backward_args;
 
 static void add_into(spconv_dtype dtype, void *dst, const void *src, int64_t n) {
@@ -288,17 +290,23 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
         if (a->grad_bias != NULL) bias_gradient(a);
         spconv__clock_lap(&clock, &mark, &clock.scatter_s);
         if (a->grad_in != NULL) {
-            if (plan->fused) {
-                /* B = W[k]^T: element (co, ci) at co * co_stride + ci * ci_stride */
+            if (plan->fused || a->pairs.bounds != NULL) {
+                /* per offset: W[k]^T packed (B: element (co, ci) at co * co_stride + ci *
+                 * ci_stride), and where its pairs split at the blocks */
                 const spconv__weight_view *w = &a->w;
                 const int trans = w->ci_stride != 1; /* then co_stride is 1 */
                 SPCONV_OMP(omp for schedule(dynamic, 1))
-                for (int64_t j = 0; j < a->pairs.num_active; ++j)
-                    spconv__fused_pack(
-                        plan->dtype,
-                        w->data + (size_t)(a->pairs.active[j] * w->k_stride) * plan->elem,
-                        trans ? w->ci_stride : w->co_stride, trans, plan->c_out, plan->c_in,
-                        a->packed + (size_t)j * a->packed_bytes);
+                for (int64_t j = 0; j < a->pairs.num_active; ++j) {
+                    if (plan->fused)
+                        spconv__fused_pack(
+                            plan->dtype,
+                            w->data + (size_t)(a->pairs.active[j] * w->k_stride) * plan->elem,
+                            trans ? w->ci_stride : w->co_stride, trans, plan->c_out, plan->c_in,
+                            a->packed + (size_t)j * a->packed_bytes);
+                    if (a->pairs.bounds != NULL)
+                        spconv__pair_bounds(&a->pairs, j,
+                                            a->bounds_scratch + j * (a->blocks + 1));
+                }
                 spconv__clock_lap(&clock, &mark, &clock.gather_s);
             }
             SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
@@ -319,11 +327,12 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
 
 /* Byte offsets of the workspace's parts. */
 typedef struct backward_layout_t {
-    size_t partials_at, tasks_at, threads_at, packed_at, sort_at, total;
+    size_t partials_at, tasks_at, threads_at, packed_at, bounds_at, sort_at, total;
 } backward_layout_t;
 
 /* Blocks and tasks of @p a, and the workspace: bias partials, segment buffers, the task table,
- * per-thread buffers, packed weights, then (unless @p sorted) room to sort the pairs by in row. */
+ * per-thread buffers, packed weights, the data gradient's bounds table and its scratch (when
+ * a->bounds_entries), then (unless @p sorted) room to sort the pairs by in row. */
 static backward_layout_t backward_layout(backward_args *a, int threads, int sorted,
                                          int64_t num_pairs, int64_t num_active,
                                          const int64_t *starts) {
@@ -338,6 +347,8 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
         if (balanced < a->block_rows) a->block_rows = balanced;
     }
     a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
+    a->bounds_entries =
+        a->grad_in != NULL ? spconv__pair_bounds_entries(&a->pairs, a->block_rows, a->blocks) : 0;
     a->num_tasks = 0;
     for (int64_t j = 0; j < num_active; ++j) {
         const int64_t count = starts[j + 1] - starts[j];
@@ -372,7 +383,8 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
     l.threads_at =
         l.tasks_at + spconv__align_line((size_t)(num_active + 1) * sizeof(int64_t));
     l.packed_at = l.threads_at + (size_t)threads * a->thread_bytes;
-    l.sort_at = l.packed_at + (size_t)num_active * a->packed_bytes;
+    l.bounds_at = l.packed_at + (size_t)num_active * a->packed_bytes;
+    l.sort_at = l.bounds_at + 2 * spconv__align_line((size_t)a->bounds_entries * sizeof(int64_t));
     l.total = l.sort_at + (sorted ? 0
                                   : 2 * spconv__align_line((size_t)num_pairs * sizeof(int32_t)) +
                                         (size_t)spconv__sort_threads(threads) *
@@ -392,9 +404,11 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     const int64_t *starts = spconv_rulebook_active_starts(rb);
     const int need_pairs = a->grad_in != NULL;
     const int mirrored = need_pairs && spconv_rulebook_params(rb)->kind == SPCONV_CONV_SUBM &&
-                         spconv__rows_sorted(starts, active, out_rows, threads);
-    const int sorted =
-        !need_pairs || mirrored || spconv__rows_sorted(starts, active, in_rows, threads);
+                         spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads);
+    const int sorted = !need_pairs || mirrored ||
+                       spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_IN, in_rows, threads);
+    a->pairs.num_active = active;
+    a->pairs.starts = starts;
     backward_layout_t l = backward_layout(a, threads, sorted, pairs, active, starts);
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(spconv__cpu_workspace(ctx, l.total, &workspace, temp));
@@ -413,12 +427,16 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     a->rb_in = in_rows;
     a->rb_out = out_rows;
     a->rb_starts = starts;
-    a->pairs.num_active = active;
     a->pairs.active = spconv_rulebook_active_offsets(rb);
-    a->pairs.starts = starts;
     a->pairs.source = mirrored ? in_rows : out_rows;
     a->pairs.target = mirrored ? out_rows : in_rows;
     a->pairs.mirrored = mirrored;
+    if (a->bounds_entries > 0) {
+        a->pairs.bounds = (int64_t *)(base + l.bounds_at);
+        a->bounds_scratch = a->pairs.bounds + (l.sort_at - l.bounds_at) / 2 / sizeof(int64_t);
+        a->pairs.block_rows = a->block_rows;
+        a->pairs.blocks = a->blocks;
+    }
     if (!sorted) {
         const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
         int32_t *source = (int32_t *)(base + l.sort_at), *target = source + list;

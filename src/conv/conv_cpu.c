@@ -74,6 +74,19 @@ int spconv__rows_sorted(const int64_t *starts, int64_t num_segments, const int32
     return !unsorted;
 }
 
+int spconv__rulebook_rows_sorted(const spconv_rulebook *rb, int side, const int32_t *rows,
+                                 int threads) {
+    /* The order is a property of pair lists nobody changes after the build, so it is learnt
+     * once; a rulebook shared between threads may learn it twice, with the same answer. */
+    int *order = (int *)&rb->rows_order[side];
+    const int known = __atomic_load_n(order, __ATOMIC_RELAXED);
+    if (known != SPCONV__ORDER_UNKNOWN) return known == SPCONV__ORDER_SORTED;
+    const int sorted = spconv__rows_sorted(rb->active_starts, rb->num_active, rows, threads);
+    __atomic_store_n(order, sorted ? SPCONV__ORDER_SORTED : SPCONV__ORDER_UNSORTED,
+                     __ATOMIC_RELAXED);
+    return sorted;
+}
+
 void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const int32_t *source,
                             const int32_t *target, int64_t num_targets, int32_t *slots,
                             int32_t *sorted_source, int32_t *sorted_target, int threads) {
@@ -91,6 +104,41 @@ void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const i
                 sorted_target[out++] = (int32_t)r;
                 slot[r] = -1;
             }
+        }
+    }
+}
+
+int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t block_rows,
+                                    int64_t blocks) {
+    if (blocks < 2 || block_rows < 1) return 0; /* one block: its range is the segment */
+    const int64_t entries = lists->num_active * (blocks + 1);
+    return entries / (blocks + 1) == lists->num_active &&
+                   entries <= lists->starts[lists->num_active] + lists->num_active
+               ? entries
+               : 0;
+}
+
+void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch) {
+    const int64_t blocks = lists->blocks, block_rows = lists->block_rows;
+    const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;
+    const int32_t *target = lists->target;
+    int64_t *lo = lists->bounds + j * (blocks + 1), *hi = scratch;
+    lo[0] = lists->starts[segment];
+    lo[blocks] = lists->starts[segment + 1];
+    for (int64_t b = 1; b < blocks; ++b) {
+        lo[b] = lo[0];
+        hi[b] = lo[blocks];
+    }
+    /* Every search halves its range per round; the searches of one round are independent. */
+    for (int more = 1; more;) {
+        more = 0;
+        for (int64_t b = 1; b < blocks; ++b) {
+            if (lo[b] >= hi[b]) continue;
+            const int64_t mid = lo[b] + (hi[b] - lo[b]) / 2;
+            const int below = target[mid] < b * block_rows;
+            lo[b] = below ? mid + 1 : lo[b];
+            hi[b] = below ? hi[b] : mid;
+            more = 1;
         }
     }
 }

@@ -22,6 +22,7 @@
 
 #include "conv/conv_exec.h"
 #include "core/parallel.h"
+#include "rulebook/rulebook_impl.h"
 
 static inline int spconv__omp_thread(void) {
 #if SPCONV_HAVE_OPENMP
@@ -68,14 +69,38 @@ typedef struct spconv__pair_lists {
      * kernels, centred windows), so its active offsets are symmetric, and its pairs sorted by in
      * row for k are those of the mirrored offset, sorted by out row, with the roles swapped. */
     int mirrored;
+    /* Optional (NULL: found by binary search per block): where each segment splits at the
+     * target row blocks [b * block_rows, (b + 1) * block_rows), b < blocks; active offset j's
+     * pairs in block b are [bounds[j * (blocks + 1) + b], bounds[j * (blocks + 1) + b + 1]).
+     * Filled by spconv__pair_bounds, offset by offset. */
+    int64_t *bounds;
+    int64_t block_rows, blocks;
 } spconv__pair_lists;
 
 /* First index in [lo, hi) of the increasing @p rows whose row is >= @p value. */
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value);
 
-/* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1). */
+/* Whether @p lists (with num_active, starts set) should get a bounds table for @p blocks of
+ * @p block_rows target rows, and if so its entries (0: not worth it). A table never outgrows
+ * the pair lists themselves: a huge kernel over many blocks keeps the per-block search. */
+int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t block_rows,
+                                    int64_t blocks);
+
+/* Fill active offset @p j's row of lists->bounds (@p scratch: as many int64 as that row). The
+ * blocks' binary searches advance in step, so their memory loads overlap instead of waiting on
+ * one another. */
+void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch);
+
+/* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1), a block of
+ * lists->bounds when there is a table. */
 static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t j, int64_t r0,
                                        int64_t r1, int64_t *first, int64_t *end) {
+    if (lists->bounds != NULL) {
+        const int64_t *row = lists->bounds + j * (lists->blocks + 1) + r0 / lists->block_rows;
+        *first = row[0];
+        *end = row[1];
+        return;
+    }
     const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;
     *first = spconv__lower_bound(lists->target, lists->starts[segment], lists->starts[segment + 1],
                                  r0);
@@ -85,6 +110,12 @@ static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t 
 /* 1 when @p rows is increasing within every one of the @p num_segments segments of @p starts. */
 int spconv__rows_sorted(const int64_t *starts, int64_t num_segments, const int32_t *rows,
                         int threads);
+
+/* spconv__rows_sorted for the in rows (@p side SPCONV__SIDE_IN) or out rows (SPCONV__SIDE_OUT)
+ * of @p rb, whose contiguous data @p rows is: read from the rulebook when its build recorded it
+ * or an earlier call learnt it, else checked and recorded. */
+int spconv__rulebook_rows_sorted(const spconv_rulebook *rb, int side, const int32_t *rows,
+                                 int threads);
 
 /* Threads that sort pairs: each needs a slot array as long as the target rows, so at most a
  * few, whatever the core count (sorting costs little next to the products). */

@@ -31,6 +31,7 @@ typedef struct forward_args {
     size_t thread_bytes;
     char *packed; /* fused: W[k] of active offset j packed at j * packed_bytes */
     size_t packed_bytes;
+    int64_t *bounds_scratch; /* with pairs.bounds: the searches' upper ends, the same layout */
 } forward_args;
 
 /* out[r0, r1) starts as the bias (or zero). */
@@ -130,17 +131,22 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
     SPCONV_OMP(omp parallel num_threads(threads)) {
         spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
         char *buffer = a->workspace + (size_t)spconv__omp_thread() * a->thread_bytes;
-        if (a->plan->fused) {
+        if (a->plan->fused || a->pairs.bounds != NULL) {
+            /* per offset: its packed weight, and where its pairs split at the blocks */
             double mark = spconv__clock_start(&clock);
             const spconv__weight_view *w = &a->w;
             const int trans = w->co_stride != 1; /* then ci_stride is 1 */
             SPCONV_OMP(omp for schedule(dynamic, 1))
-            for (int64_t j = 0; j < a->pairs.num_active; ++j)
-                spconv__fused_pack(
-                    a->plan->dtype,
-                    w->data + (size_t)(a->pairs.active[j] * w->k_stride) * a->plan->elem,
-                    trans ? w->co_stride : w->ci_stride, trans, a->plan->c_in, a->plan->c_out,
-                    a->packed + (size_t)j * a->packed_bytes);
+            for (int64_t j = 0; j < a->pairs.num_active; ++j) {
+                if (a->plan->fused)
+                    spconv__fused_pack(
+                        a->plan->dtype,
+                        w->data + (size_t)(a->pairs.active[j] * w->k_stride) * a->plan->elem,
+                        trans ? w->co_stride : w->ci_stride, trans, a->plan->c_in,
+                        a->plan->c_out, a->packed + (size_t)j * a->packed_bytes);
+                if (a->pairs.bounds != NULL)
+                    spconv__pair_bounds(&a->pairs, j, a->bounds_scratch + j * (blocks + 1));
+            }
             spconv__clock_lap(&clock, &mark, &clock.gather_s);
         }
         SPCONV_OMP(omp for schedule(dynamic, 1))
@@ -166,7 +172,12 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     const int64_t active = spconv_rulebook_num_active_offsets(rb),
                   pairs = spconv_rulebook_num_pairs(rb);
     const int64_t *starts = spconv_rulebook_active_starts(rb);
-    int sorted = spconv__rows_sorted(starts, active, out_rows, threads);
+    const int sorted = spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads);
+    a->pairs.num_active = active;
+    a->pairs.starts = starts;
+    const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
+    const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->block_rows, blocks);
+    const size_t bounds_bytes = 2 * spconv__align_line((size_t)entries * sizeof(int64_t));
     size_t per_threads = (size_t)threads * a->thread_bytes;
     size_t packed_bytes = a->plan->fused ? (size_t)active * a->packed_bytes : 0;
     size_t sort_bytes = sorted ? 0
@@ -175,18 +186,24 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
                                          (size_t)a->plan->num_out * sizeof(int32_t);
     void *workspace;
     SPCONV_FORWARD_IF_ERROR(
-        spconv__cpu_workspace(ctx, per_threads + packed_bytes + sort_bytes, &workspace, temp));
+        spconv__cpu_workspace(ctx, per_threads + packed_bytes + bounds_bytes + sort_bytes,
+                              &workspace, temp));
     a->workspace = workspace;
     a->packed = a->workspace + per_threads;
-    a->pairs.num_active = active;
+    if (entries > 0) {
+        a->pairs.bounds = (int64_t *)(a->packed + packed_bytes);
+        a->bounds_scratch = a->pairs.bounds + bounds_bytes / 2 / sizeof(int64_t);
+        a->pairs.block_rows = a->block_rows;
+        a->pairs.blocks = blocks;
+    }
     a->pairs.active = spconv_rulebook_active_offsets(rb);
-    a->pairs.starts = starts;
     a->pairs.source = in_rows;
     a->pairs.target = out_rows;
     a->pairs.mirrored = 0;
     if (!sorted) {
         const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t)) / sizeof(int32_t);
-        int32_t *source = (int32_t *)(a->packed + packed_bytes), *target = source + list;
+        int32_t *source = (int32_t *)(a->packed + packed_bytes + bounds_bytes),
+                *target = source + list;
         spconv__sort_by_target(starts, active, in_rows, out_rows, a->plan->num_out, target + list,
                                source, target, spconv__sort_threads(threads));
         a->pairs.source = source;

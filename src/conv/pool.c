@@ -117,8 +117,8 @@ static void pool_init_range(const pool_args *a, int64_t begin, int64_t end) {
  * increasing k (its pairs found by binary search), so each out row sees its pairs in the same
  * order as the offset-by-offset loop below, and the same bits come out. */
 static void pool_run_blocks(const pool_args *a, int threads) {
-    const spconv__pair_lists lists = {a->num_active, a->active, a->starts,
-                                      a->pairs_in,   a->pairs_out, 0};
+    const spconv__pair_lists lists = {a->num_active, a->active, a->starts, a->pairs_in,
+                                      a->pairs_out, 0, NULL, 0, 0};
     const int64_t row_bytes = a->channels * (int64_t)spconv_dtype_size(a->dtype);
     int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
@@ -194,8 +194,8 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     a.features = spconv_tensor_data(f);
     a.out = spconv_tensor_data(y);
     a.argmax = arg != NULL ? spconv_tensor_data(arg) : NULL;
-    a.sorted = spconv__rows_sorted(a.starts, a.num_active, a.pairs_out,
-                                   spconv_context_num_threads(ctx));
+    a.sorted = spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, a.pairs_out,
+                                            spconv_context_num_threads(ctx));
     if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
         pool_run(&a, spconv_context_num_threads(ctx));
     *out = y, y = NULL;
@@ -291,10 +291,10 @@ static spconv_status pairs_by_in_row(spconv_context *ctx, const spconv_rulebook 
     const int64_t active = spconv_rulebook_num_active_offsets(rb),
                   pairs = spconv_rulebook_num_pairs(rb), num_in = spconv_rulebook_num_in(rb);
     const int64_t *starts = spconv_rulebook_active_starts(rb);
-    *lists = (spconv__pair_lists){active, spconv_rulebook_active_offsets(rb), starts, out_rows,
-                                  in_rows, 0};
+    *lists = (spconv__pair_lists){
+        active, spconv_rulebook_active_offsets(rb), starts, out_rows, in_rows, 0, NULL, 0, 0};
     *temp = NULL;
-    if (spconv__rows_sorted(starts, active, in_rows, threads)) return SPCONV_OK;
+    if (spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_IN, in_rows, threads)) return SPCONV_OK;
     const size_t list = spconv__align_line((size_t)pairs * sizeof(int32_t));
     const int sorters = spconv__sort_threads(threads);
     void *workspace;

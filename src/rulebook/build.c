@@ -89,6 +89,7 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
         st = spconv__build_strided(&in, rb); /* validates the rows too */
     }
     if (st != SPCONV_OK) goto fail;
+    rb->rows_order[SPCONV__SIDE_OUT] = SPCONV__ORDER_SORTED; /* how both builds list pairs */
     *out = rb;
     return SPCONV_OK;
 fail:

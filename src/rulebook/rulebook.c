@@ -180,6 +180,10 @@ spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rul
     rb->pairs_out = forward->pairs_in;
     rb->in_indices = forward->out_indices;
     rb->out_indices = forward->in_indices;
+    rb->rows_order[SPCONV__SIDE_IN] =
+        __atomic_load_n(&forward->rows_order[SPCONV__SIDE_OUT], __ATOMIC_RELAXED);
+    rb->rows_order[SPCONV__SIDE_OUT] =
+        __atomic_load_n(&forward->rows_order[SPCONV__SIDE_IN], __ATOMIC_RELAXED);
     spconv_tensor_retain(rb->pairs_in);
     spconv_tensor_retain(rb->pairs_out);
     spconv_tensor_retain(rb->in_indices);

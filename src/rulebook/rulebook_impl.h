@@ -24,6 +24,14 @@ struct spconv_rulebook {
     spconv_tensor *out_indices;   /* int32 [num_out, 4]; the same tensor as in_indices for subm */
     int center_is_identity;       /* 1 when offset kernel_volume/2 maps row r to row r for every
                                      row (subm): executors may use a plain GEMM there */
+    int rows_order[2];            /* SPCONV__ORDER_* of the in rows [0] and the out rows [1]:
+                                     whether they increase within every offset. Recorded at build
+                                     or learnt on first use (atomically: a cache in a rulebook
+                                     that is otherwise immutable, as its pair lists are) */
 };
+
+/* What rows_order holds: not yet known, increasing within every offset, or not. */
+enum { SPCONV__ORDER_UNKNOWN = 0, SPCONV__ORDER_SORTED = 1, SPCONV__ORDER_UNSORTED = 2 };
+enum { SPCONV__SIDE_IN = 0, SPCONV__SIDE_OUT = 1 };
 
 #endif /* SPCONV_RULEBOOK_IMPL_H */

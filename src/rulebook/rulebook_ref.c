@@ -212,6 +212,7 @@ spconv_status spconv__rulebook_build_ref(const spconv_tensor *indices,
     SPCONV_TRY_GOTO(st, check_rows(in_rows, rb->num_in, spatial_shape, batch_size), fail);
     SPCONV_TRY_GOTO(st, set_outputs(rb, in_rows), fail);
     SPCONV_TRY_GOTO(st, fill_pairs(rb, in_rows, spconv_tensor_data(rb->out_indices)), fail);
+    rb->rows_order[SPCONV__SIDE_OUT] = SPCONV__ORDER_SORTED; /* fill_pairs walks outputs in order */
     *out = rb;
     return SPCONV_OK;
 fail:

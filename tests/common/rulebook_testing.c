@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rulebook/rulebook_impl.h"
+
 int32_t *spconv_test_random_sites(int64_t batch, const int64_t shape[3], int64_t per_batch) {
     const int64_t volume = shape[0] * shape[1] * shape[2], n = batch * per_batch;
     assert_true(per_batch <= volume);
@@ -168,10 +170,15 @@ static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
     assert_non_null(reached);
     for (int64_t o = 0; o < num_out; ++o) last_offset[o] = -1;
     check_active_offsets(rb);
+    int in_sorted = 1, out_sorted = 1;
     for (int64_t a = 0; a < active; ++a) {
         const int64_t k = ks[a];
         for (int64_t j = starts[a]; j < starts[a + 1]; ++j) {
             const int32_t i = pairs_in[j], o = pairs_out[j];
+            if (j > starts[a]) {
+                in_sorted &= pairs_in[j - 1] < i;
+                out_sorted &= pairs_out[j - 1] < o;
+            }
             assert_true(i >= 0 && i < spconv_rulebook_num_in(rb));
             assert_true(o >= 0 && o < num_out);
             assert_true(
@@ -183,6 +190,13 @@ static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
                 assert_true(pairs_out[j - 1] < o);
         }
     }
+    /* The order the rulebook records (at its build, or learnt by an executor) is the true one. */
+    const int truth[2] = {in_sorted, out_sorted};
+    for (int side = 0; side < 2; ++side)
+        if (rb->rows_order[side] != SPCONV__ORDER_UNKNOWN)
+            assert_int_equal(rb->rows_order[side] == SPCONV__ORDER_SORTED, truth[side]);
+    if (params->kind != SPCONV_CONV_INVERSE)
+        assert_int_equal(rb->rows_order[SPCONV__SIDE_OUT], SPCONV__ORDER_SORTED);
     if (params->kind == SPCONV_CONV_REGULAR || params->kind == SPCONV_CONV_TRANSPOSED)
         for (int64_t o = 0; o < num_out; ++o) assert_true(reached[o]);
     if (params->kind == SPCONV_CONV_SUBM) {

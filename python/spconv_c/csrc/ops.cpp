@@ -314,8 +314,12 @@ struct Rulebook : torch::CustomClassHolder {
         }
         return out;
     }
-    at::Tensor pairs_in() const { return borrowed_to_torch(spconv_rulebook_pairs_in(rb)); }
-    at::Tensor pairs_out() const { return borrowed_to_torch(spconv_rulebook_pairs_out(rb)); }
+    // Copies: the executors rely on what the build recorded about the pair lists (their order,
+    // the rows in range), so nothing outside the engine may write into them.
+    at::Tensor pairs_in() const { return borrowed_to_torch(spconv_rulebook_pairs_in(rb)).clone(); }
+    at::Tensor pairs_out() const {
+        return borrowed_to_torch(spconv_rulebook_pairs_out(rb)).clone();
+    }
     at::Tensor in_indices() const { return borrowed_to_torch(spconv_rulebook_in_indices(rb)); }
     at::Tensor out_indices() const { return borrowed_to_torch(spconv_rulebook_out_indices(rb)); }
 
