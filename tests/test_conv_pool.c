@@ -353,6 +353,28 @@ static void test_pool_errors(void **state) {
                         "argmax[0, 0] = 10 is not -1 or an input row below 10");
     SPCONV_ASSERT_FAILS(spconv__maxpool_backward_ref(NULL, rb, a_bad, y, &gx),
                         SPCONV_ERR_OUT_OF_RANGE, "argmax[0, 0] = 10");
+    /* The last row bad, then an earlier column of it: the first bad element in row-major order
+     * is named, whichever end of int32 it lies at (-1 itself is allowed: an empty window). */
+    spconv_tensor *a_edge = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_clone(NULL, a, &a_edge));
+    int32_t *edge = spconv_tensor_data(a_edge);
+    edge[3 * (n_out - 1)] = -1;
+    SPCONV_ASSERT_OK(spconv_maxpool_backward(NULL, rb, a_edge, y, &gx));
+    spconv_tensor_release(gx);
+    gx = NULL;
+    const int32_t bad_values[3] = {-2, INT32_MAX, INT32_MIN};
+    for (int v = 0; v < 3; ++v) {
+        edge[3 * (n_out - 1) + 2] = bad_values[v];
+        snprintf(expected, sizeof expected, "argmax[%lld, 2] = %d is not -1", (long long)n_out - 1,
+                 (int)bad_values[v]);
+        SPCONV_ASSERT_FAILS(spconv_maxpool_backward(NULL, rb, a_edge, y, &gx),
+                            SPCONV_ERR_OUT_OF_RANGE, expected);
+    }
+    edge[3 * (n_out - 1) + 1] = 10;
+    snprintf(expected, sizeof expected, "argmax[%lld, 1] = 10 is not -1", (long long)n_out - 1);
+    SPCONV_ASSERT_FAILS(spconv_maxpool_backward(NULL, rb, a_edge, y, &gx), SPCONV_ERR_OUT_OF_RANGE,
+                        expected);
+    spconv_tensor_release(a_edge);
     SPCONV_ASSERT_FAILS(spconv_maxpool_backward(NULL, rb, NULL, y, &gx), SPCONV_ERR_NULL_POINTER,
                         "'argmax'");
     assert_null(gx);

@@ -191,13 +191,18 @@ spconv_status spconv__pool_check_backward(const char *func, const spconv_ruleboo
 }
 
 spconv_status spconv__check_argmax_rows(const char *func, const int32_t *argmax, int64_t rows,
-                                        int64_t cols, int64_t num_in) {
-    /* The first bad element in row-major order, whatever the thread count. */
+                                        int64_t cols, int64_t num_in, int threads) {
     const int64_t n = rows * cols;
-    int64_t first = n;
-    SPCONV_OMP(omp parallel for schedule(static) reduction(min : first))
-    for (int64_t e = 0; e < n; ++e)
-        if (e < first && (argmax[e] < -1 || argmax[e] >= num_in)) first = e;
+    /* -1 .. num_in - 1 (num_in <= INT32_MAX) are exactly the values that, as unsigned plus 1,
+     * stay <= num_in: one compare per element, in a loop that vectorises. */
+    const uint32_t limit = (uint32_t)num_in;
+    int bad = 0;
+    SPCONV_OMP(omp parallel for schedule(static) num_threads(threads) reduction(| : bad))
+    for (int64_t e = 0; e < n; ++e) bad |= (uint32_t)argmax[e] + 1u > limit;
+    if (!bad) return SPCONV_OK;
+    /* The first bad element in row-major order, for the message. */
+    int64_t first = 0;
+    while ((uint32_t)argmax[first] + 1u <= limit) ++first;
     SPCONV_RETURN_ERROR_IF(first < n, SPCONV_ERR_OUT_OF_RANGE,
                            "%s: argmax[%lld, %lld] = %d is not -1 or an input row below %lld", func,
                            (long long)(first / cols), (long long)(first % cols),

@@ -60,9 +60,10 @@ spconv_status spconv__pool_check_backward(const char *func, const spconv_ruleboo
                                           const spconv_tensor *grad_out);
 
 /* Each of the @p rows x @p cols entries of the contiguous @p argmax is -1 or an input row
- * < @p num_in; SPCONV_ERR_OUT_OF_RANGE names the first that is not. */
+ * < @p num_in (<= INT32_MAX); SPCONV_ERR_OUT_OF_RANGE names the first that is not. Checked on
+ * @p threads threads. */
 spconv_status spconv__check_argmax_rows(const char *func, const int32_t *argmax, int64_t rows,
-                                        int64_t cols, int64_t num_in);
+                                        int64_t cols, int64_t num_in, int threads);
 
 /* Contiguous int32 pair lists of @p rb (new references, which may be the rulebook's own tensors);
  * both NULL on failure. */

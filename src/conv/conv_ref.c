@@ -249,7 +249,7 @@ spconv_status spconv__maxpool_backward_ref(spconv_context *ctx, const spconv_rul
     SPCONV_TRY_GOTO(st, ref_f64(ctx, &in, grad_out, &g), done);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, argmax, &arg), done);
     const int32_t *a = spconv_tensor_data(arg);
-    SPCONV_TRY_GOTO(st, spconv__check_argmax_rows(func, a, num_out, c, sizes[0]), done);
+    SPCONV_TRY_GOTO(st, spconv__check_argmax_rows(func, a, num_out, c, sizes[0], 1), done);
     SPCONV_TRY_GOTO(st, ref_accumulator(ctx, 2, sizes, &acc, &gx), done);
     for (int64_t o = 0; o < num_out; ++o)
         for (int64_t ch = 0; ch < c; ++ch)

@@ -320,7 +320,8 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
     spconv_status st;
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, argmax, &arg), done);
     SPCONV_TRY_GOTO(
-        st, spconv__check_argmax_rows(func, spconv_tensor_data(arg), num_out, channels, sizes[0]),
+        st, spconv__check_argmax_rows(func, spconv_tensor_data(arg), num_out, channels, sizes[0],
+                                      spconv_context_num_threads(ctx)),
         done);
     SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, grad_out, &g), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_pairs(ctx, rb, &pairs_in, &pairs_out), done);
