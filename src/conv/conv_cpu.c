@@ -3,6 +3,7 @@
 #include "conv/fused.h"
 #include "conv/gemm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/context_impl.h"
@@ -141,6 +142,21 @@ void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *sc
             more = 1;
         }
     }
+}
+
+int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows, int64_t blocks,
+                                   void **memory) {
+    *memory = NULL;
+    lists->bounds = NULL;
+    const int64_t entries = spconv__pair_bounds_entries(lists, block_rows, blocks);
+    if (entries == 0) return NULL;
+    int64_t *table = malloc(2 * (size_t)entries * sizeof *table);
+    if (table == NULL) return NULL;
+    *memory = table;
+    lists->bounds = table;
+    lists->block_rows = block_rows;
+    lists->blocks = blocks;
+    return table + entries;
 }
 
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value) {

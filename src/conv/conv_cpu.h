@@ -91,6 +91,13 @@ int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t blo
  * one another. */
 void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch);
 
+/* A bounds table for @p lists in its own malloc'd memory (*memory, to free when done), for
+ * executors without a workspace of their own; returns the scratch spconv__pair_bounds wants for
+ * offset j at j * (blocks + 1). Without a table (it does not pay, or no memory: the per-block
+ * search is as correct) lists->bounds stays NULL and so does the result. */
+int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows, int64_t blocks,
+                                   void **memory);
+
 /* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1), a block of
  * lists->bounds when there is a table. */
 static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t j, int64_t r0,

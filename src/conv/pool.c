@@ -10,6 +10,7 @@
  * i, offsets in increasing k; threads take blocks of input rows, so every sum keeps that order
  * whatever the thread count. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "conv/conv_check.h"
@@ -117,22 +118,32 @@ static void pool_init_range(const pool_args *a, int64_t begin, int64_t end) {
  * increasing k (its pairs found by binary search), so each out row sees its pairs in the same
  * order as the offset-by-offset loop below, and the same bits come out. */
 static void pool_run_blocks(const pool_args *a, int threads) {
-    const spconv__pair_lists lists = {a->num_active, a->active, a->starts, a->pairs_in,
-                                      a->pairs_out, 0, NULL, 0, 0};
+    spconv__pair_lists lists = {a->num_active, a->active, a->starts, a->pairs_in,
+                                a->pairs_out, 0, NULL, 0, 0};
     const int64_t row_bytes = a->channels * (int64_t)spconv_dtype_size(a->dtype);
     int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
     const int64_t blocks = (a->num_out + rows - 1) / rows;
-    SPCONV_OMP(omp parallel for num_threads(threads) schedule(dynamic, 1))
-    for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t r0 = b * rows, r1 = r0 + rows < a->num_out ? r0 + rows : a->num_out;
-        pool_init_range(a, r0 * a->channels, r1 * a->channels);
-        for (int64_t j = 0; j < a->num_active; ++j) {
-            int64_t first, end;
-            spconv__pairs_range(&lists, j, r0, r1, &first, &end);
-            pool_pairs(a, first, end);
+    void *table;
+    int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, &table);
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        if (lists.bounds != NULL) { /* where each offset's pairs split at the blocks */
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t j = 0; j < a->num_active; ++j)
+                spconv__pair_bounds(&lists, j, scratch + j * (blocks + 1));
+        }
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t r0 = b * rows, r1 = r0 + rows < a->num_out ? r0 + rows : a->num_out;
+            pool_init_range(a, r0 * a->channels, r1 * a->channels);
+            for (int64_t j = 0; j < a->num_active; ++j) {
+                int64_t first, end;
+                spconv__pairs_range(&lists, j, r0, r1, &first, &end);
+                pool_pairs(a, first, end);
+            }
         }
     }
+    free(table);
 }
 
 static void pool_run(const pool_args *a, int threads) {
@@ -260,26 +271,38 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
 
 SPCONV__VECTOR_CLONES
 static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channels,
-                             const spconv__pair_lists *lists, const int32_t *argmax,
+                             spconv__pair_lists *lists, const int32_t *argmax,
                              const void *grad_out, void *grad_in, int threads) {
     const int64_t row_bytes = channels * (int64_t)spconv_dtype_size(dtype);
     int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
     const int64_t blocks = (num_in + rows - 1) / rows;
-    SPCONV_OMP(omp parallel for num_threads(threads) schedule(dynamic, 1))
-    for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t r0 = b * rows, r1 = r0 + rows < num_in ? r0 + rows : num_in;
-        memset((char *)grad_in + (size_t)(r0 * row_bytes), 0, (size_t)((r1 - r0) * row_bytes));
-        for (int64_t j = 0; j < lists->num_active; ++j) {
-            int64_t first, end;
-            spconv__pairs_range(lists, j, r0, r1, &first, &end);
-            if (dtype == SPCONV_F32) {
-                SPCONV_POOL_GRAD_ROWS(float)
-            } else {
-                SPCONV_POOL_GRAD_ROWS(double)
+    void *table;
+    int64_t *scratch = spconv__pair_bounds_alloc(lists, rows, blocks, &table);
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        if (lists->bounds != NULL) { /* where each offset's pairs split at the blocks */
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t j = 0; j < lists->num_active; ++j)
+                spconv__pair_bounds(lists, j, scratch + j * (blocks + 1));
+        }
+        SPCONV_OMP(omp for schedule(dynamic, 1))
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t r0 = b * rows, r1 = r0 + rows < num_in ? r0 + rows : num_in;
+            memset((char *)grad_in + (size_t)(r0 * row_bytes), 0,
+                   (size_t)((r1 - r0) * row_bytes));
+            for (int64_t j = 0; j < lists->num_active; ++j) {
+                int64_t first, end;
+                spconv__pairs_range(lists, j, r0, r1, &first, &end);
+                if (dtype == SPCONV_F32) {
+                    SPCONV_POOL_GRAD_ROWS(float)
+                } else {
+                    SPCONV_POOL_GRAD_ROWS(double)
+                }
             }
         }
     }
+    lists->bounds = NULL;
+    free(table);
 }
 
 /* The rulebook's pairs as lists sorted by in row within each offset (source = out rows): its own
