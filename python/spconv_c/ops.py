@@ -247,19 +247,43 @@ def inverse_rulebook(forward):
     return _ops.inverse_rulebook(forward)
 
 
+def _inference():
+    """True when no graph can be recorded (grad mode off) and nothing is tracing.
+
+    The autograd kernels registered above are Python functions that the dispatcher calls for
+    every op, gradient or not; with grad mode off they only step below autograd and call the op
+    again, which costs ~15 us a call. Inference (a detector's forward under torch.no_grad(), or
+    spconv's benchmark) then goes below autograd directly, as they would. Under torch.compile
+    the ops are traced through the dispatcher as always."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+
+
 def indice_conv(rulebook, features, weight, bias=None):
     """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
+    if _inference():
+        with _below_autograd():
+            return _ops.conv_forward(rulebook, features, weight, bias)
     return _ops.conv_forward(rulebook, features, weight, bias)
 
 
 def indice_maxpool(rulebook, features):
     """Differentiable max pool over ``rulebook`` (starts from -inf; NaN propagates)."""
+    if _inference():
+        with _below_autograd():
+            return _ops.maxpool_forward(rulebook, features)[0]
     return _ops.maxpool_forward(rulebook, features)[0]
 
 
 def sparse_to_dense(features, indices, spatial_shape, batch_size):
     """Differentiable dense [B, C, D, H, W] of a sparse tensor."""
-    return _ops.sparse_to_dense(features, indices, _triple(spatial_shape), int(batch_size))
+    shape, batch = _triple(spatial_shape), int(batch_size)
+    if _inference():
+        with _below_autograd():
+            return _ops.sparse_to_dense(features, indices, shape, batch)
+    return _ops.sparse_to_dense(features, indices, shape, batch)
 
 
 def voxelize(points, voxel_size, coors_range, max_points, max_voxels):

@@ -118,6 +118,50 @@ def test_opcheck_every_op(seed):
         torch.library.opcheck(op, args)
 
 
+def test_inference_path_gives_the_same_bits(seed):
+    """Under torch.no_grad() the ops go below autograd directly (ops._inference): the same
+    values as with autograd recording, outputs that need no gradient, and the error messages
+    still the engine's."""
+    gen, feats, idx = small_input(seed, channels=3)
+    weight = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    bias = torch.randn(4, generator=gen, dtype=torch.float64)
+    rbs = rulebooks(idx)
+    f = feats.clone().requires_grad_()
+    for kind in ("regular", "subm", "inverse"):
+        rb = rbs[kind]
+        x = f if kind != "inverse" else torch.randn(rb.num_in(), 3, generator=gen,
+                                                     dtype=torch.float64, requires_grad=True)
+        recorded = ops.indice_conv(rb, x, weight, bias)
+        assert recorded.requires_grad
+        with torch.no_grad():
+            plain = ops.indice_conv(rb, x, weight, bias)
+        assert not plain.requires_grad and torch.equal(plain, recorded.detach())
+    pooled = ops.indice_maxpool(rbs["regular"], f)
+    dense = ops.sparse_to_dense(f, idx, SHAPE, 2)
+    with torch.no_grad():
+        assert torch.equal(ops.indice_maxpool(rbs["regular"], f), pooled.detach())
+        assert torch.equal(ops.sparse_to_dense(f, idx, SHAPE, 2), dense.detach())
+        with pytest.raises(RuntimeError, match="features"):
+            ops.indice_conv(rbs["subm"], f[:, :2], weight, bias)
+
+
+def test_layer_outputs_keep_the_inputs_attributes(seed):
+    """A layer's output is a shadow copy of its input with new sites (as spconv's layers make
+    it): the cache, grid, voxel_num, benchmark flag and record travel along."""
+    _, feats, idx = small_input(seed, channels=2)
+    x = spconv.SparseConvTensor(feats.float(), idx, SHAPE, 2, grid=torch.zeros(1),
+                                voxel_num=torch.tensor([7]), benchmark=True)
+    net = spconv.SparseSequential(spconv.SparseConv3d(2, 3, 3, 2, 1, indice_key="d"),
+                                  torch.nn.ReLU(), spconv.SparseMaxPool3d(2, 2),
+                                  spconv.SubMConv3d(3, 3, 3, indice_key="s"))
+    out = net(x)
+    assert out is not x and out.indice_dict is x.indice_dict and set(x.indice_dict) == {"d", "s"}
+    assert out.grid is x.grid and out.voxel_num is x.voxel_num and out.benchmark
+    assert out.benchmark_record is x.benchmark_record and out.batch_size == 2
+    assert out.features.shape == (out.indices.shape[0], 3)
+    assert x.features.shape[1] == 2 and x.indices is idx  # the input is left as it was
+
+
 def test_outputs_are_not_copied():
     _, feats, idx = small_input(1)
     rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)

@@ -182,8 +182,11 @@ class SparseConvolution(SparseModule):
                              f"{self.in_channels}], got {list(feats.shape)}")
         # The weights take the features' dtype (as spconv's kernels need); the engine computes
         # f16 / bf16 in f32 and rounds each result once, on either device.
-        weight = self.weight.to(feats.dtype)
-        bias = None if self.bias is None else self.bias.to(feats.dtype)
+        weight, bias = self.weight, self.bias
+        if weight.dtype != feats.dtype:
+            weight = weight.to(feats.dtype)
+        if bias is not None and bias.dtype != feats.dtype:
+            bias = bias.to(feats.dtype)
         if self.conv1x1 and not self.inverse:
             # No rulebook: every site maps to itself.
             if self.legacy_1x1:
@@ -206,9 +209,7 @@ class SparseConvolution(SparseModule):
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
                 self.output_padding, self.indice_key)
             out = ops.indice_conv(rb, feats, weight.permute(1, 2, 3, 4, 0), bias)
-            result = SparseConvTensor(out, out_indices, out_shape,
-                                      input.batch_size, input.grid, input.voxel_num,
-                                      input.indice_dict, input.benchmark)
+            result = input._derive(out, out_indices, out_shape)
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)
         return result

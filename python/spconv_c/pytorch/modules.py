@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_impl
 
 from .core import SparseConvTensor
 
@@ -88,8 +89,6 @@ def _relu_in_place(previous, module):
     The values are the same (the same op); what it saves is a tensor the size of the features,
     whose fresh pages cost more than the ReLU itself when the allocator returns large blocks to
     the system (glibc's default). Global module hooks turn it off too."""
-    from torch.nn.modules import module as module_impl
-
     return (type(module) is nn.ReLU and type(previous) in (nn.BatchNorm1d, nn.SyncBatchNorm)
             and _no_hooks(module) and _no_hooks(previous)
             and not module_impl._global_forward_hooks

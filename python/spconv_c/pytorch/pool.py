@@ -3,7 +3,6 @@ CPU pool does, so all-negative windows give their maximum; ties go to the smalle
 
 from .. import ops
 from .conv import expand_nd, rulebook_for
-from .core import SparseConvTensor
 from .modules import SparseModule
 
 
@@ -34,8 +33,7 @@ class SparseMaxPool(SparseModule):
             input, ops.REGULAR, self.kernel_size, self.stride, self.padding, self.dilation,
             [0, 0, 0], self.indice_key)
         out = ops.indice_maxpool(rb, input.features)
-        return SparseConvTensor(out, out_indices, out_shape, input.batch_size, input.grid,
-                                input.voxel_num, input.indice_dict, input.benchmark)
+        return input._derive(out, out_indices, out_shape)
 
 
 class SparseMaxPool3d(SparseMaxPool):
