@@ -244,7 +244,8 @@ static void test_forward_layouts(void **state) {
 /* The per-block pair ranges the executors read from a bounds table (spconv__pair_bounds, the
  * searches advancing in step) equal two plain binary searches per block and offset, on random
  * increasing segments, some empty, with targets that skip whole blocks or fill one, mirrored or
- * not, for block counts from 2 to 40; and a table is only offered where it fits. */
+ * not, for 1 to 3,000 blocks (one block gets no table); a table is only offered where it fits,
+ * and the size check does not overflow for block counts near INT64_MAX. */
 static void test_pair_bounds(void **state) {
     (void)state;
     for (int trial = 0; trial < 200; ++trial) {
@@ -275,10 +276,12 @@ static void test_pair_bounds(void **state) {
             free(target);
             continue;
         }
-        int64_t *bounds = malloc((size_t)(2 * entries) * sizeof *bounds);
+        /* one thread's scratch after the table, as spconv__pair_bounds_bytes lays it out */
+        int64_t *bounds = malloc(spconv__pair_bounds_bytes(entries, blocks, 1));
         assert_non_null(bounds);
         lists.bounds = bounds;
-        for (int64_t j = 0; j < segments; ++j) spconv__pair_bounds(&lists, j, bounds + entries);
+        int64_t *scratch = bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / 8;
+        for (int64_t j = 0; j < segments; ++j) spconv__pair_bounds(&lists, j, scratch);
         for (int64_t j = 0; j < segments; ++j)
             for (int64_t b = 0; b < blocks; ++b) {
                 const int64_t r0 = b * block_rows,
@@ -295,6 +298,14 @@ static void test_pair_bounds(void **state) {
         free(bounds);
         free(target);
     }
+    /* (blocks + 1) * active overflows int64 here: no table, and no signed overflow on the way
+     * (the sanitizer build stops at one) */
+    int64_t few[4] = {0, 10, 20, 30};
+    spconv__pair_lists edge = {3, NULL, few, NULL, NULL, 0, NULL, 1, 0};
+    assert_int_equal(spconv__pair_bounds_entries(&edge, 1, INT64_MAX - 1), 0);
+    assert_int_equal(spconv__pair_bounds_entries(&edge, 1, INT64_MAX / 2), 0);
+    assert_int_equal(spconv__pair_bounds_entries(&edge, 1, 10), 33); /* 3 * 11 = 30 + 3 */
+    assert_int_equal(spconv__pair_bounds_entries(&edge, 1, 11), 0);
 }
 
 /* Weights the fused path reads where they lie (conv_cpu.h, spconv__weight_view_of): spconv's

@@ -930,8 +930,11 @@ static void check_inverse(const spconv_rulebook *fwd) {
     spconv_rulebook_in_shape(inv, a);
     spconv_rulebook_out_shape(fwd, b);
     assert_memory_equal(a, b, sizeof a);
-    /* Outputs are the forward's input sites in their order; pairs are swapped. */
+    /* Outputs are the forward's input sites in their order; pairs are swapped, and so is what
+     * the forward recorded (or learnt) of their order. */
     assert_ptr_equal(spconv_rulebook_out_indices(inv), spconv_rulebook_in_indices(fwd));
+    assert_int_equal(inv->rows_order[SPCONV__SIDE_IN], fwd->rows_order[SPCONV__SIDE_OUT]);
+    assert_int_equal(inv->rows_order[SPCONV__SIDE_OUT], fwd->rows_order[SPCONV__SIDE_IN]);
     const int64_t active = spconv_rulebook_num_active_offsets(fwd),
                   pairs = spconv_rulebook_num_pairs(fwd);
     assert_int_equal(spconv_rulebook_num_active_offsets(inv), active);
@@ -964,9 +967,14 @@ static void test_inverse_rulebook(void **state) {
         SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &p, &fwd));
         spconv_tensor_release(indices);
         assert_int_equal(fwd->rows_order[SPCONV__SIDE_IN], SPCONV__ORDER_UNKNOWN);
-        if (trial % 2)
-            (void)spconv__rulebook_rows_sorted(
+        if (trial % 2) {
+            const int sorted = spconv__rulebook_rows_sorted(
                 fwd, SPCONV__SIDE_IN, spconv_tensor_data(spconv_rulebook_pairs_in(fwd)), 2);
+            assert_int_equal(fwd->rows_order[SPCONV__SIDE_IN],
+                             sorted ? SPCONV__ORDER_SORTED : SPCONV__ORDER_UNSORTED);
+            /* sites in order give pairs in order (trials 3, 7, 11) */
+            if (trial % 4 == 3) assert_true(sorted);
+        }
         check_inverse(fwd);
         spconv_rulebook_release(fwd);
         free(rows);

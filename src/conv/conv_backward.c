@@ -305,7 +305,8 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
                             a->packed + (size_t)j * a->packed_bytes);
                     if (a->pairs.bounds != NULL)
                         spconv__pair_bounds(&a->pairs, j,
-                                            a->bounds_scratch + j * (a->blocks + 1));
+                                            a->bounds_scratch +
+                                                spconv__omp_thread() * (a->blocks + 1));
                 }
                 spconv__clock_lap(&clock, &mark, &clock.gather_s);
             }
@@ -384,7 +385,7 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
         l.tasks_at + spconv__align_line((size_t)(num_active + 1) * sizeof(int64_t));
     l.packed_at = l.threads_at + (size_t)threads * a->thread_bytes;
     l.bounds_at = l.packed_at + (size_t)num_active * a->packed_bytes;
-    l.sort_at = l.bounds_at + 2 * spconv__align_line((size_t)a->bounds_entries * sizeof(int64_t));
+    l.sort_at = l.bounds_at + spconv__pair_bounds_bytes(a->bounds_entries, a->blocks, threads);
     l.total = l.sort_at + (sorted ? 0
                                   : 2 * spconv__align_line((size_t)num_pairs * sizeof(int32_t)) +
                                         (size_t)spconv__sort_threads(threads) *
@@ -433,7 +434,9 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     a->pairs.mirrored = mirrored;
     if (a->bounds_entries > 0) {
         a->pairs.bounds = (int64_t *)(base + l.bounds_at);
-        a->bounds_scratch = a->pairs.bounds + (l.sort_at - l.bounds_at) / 2 / sizeof(int64_t);
+        a->bounds_scratch =
+            a->pairs.bounds +
+            spconv__align_line((size_t)a->bounds_entries * sizeof(int64_t)) / sizeof(int64_t);
         a->pairs.block_rows = a->block_rows;
         a->pairs.blocks = a->blocks;
     }

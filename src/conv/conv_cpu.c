@@ -112,11 +112,18 @@ void spconv__sort_by_target(const int64_t *starts, int64_t num_segments, const i
 int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t block_rows,
                                     int64_t blocks) {
     if (blocks < 2 || block_rows < 1) return 0; /* one block: its range is the segment */
-    const int64_t entries = lists->num_active * (blocks + 1);
-    return entries / (blocks + 1) == lists->num_active &&
-                   entries <= lists->starts[lists->num_active] + lists->num_active
-               ? entries
-               : 0;
+    const int64_t active = lists->num_active;
+    /* at most pairs + active entries: (blocks + 1) * active <= limit, checked by division so
+     * that nothing overflows */
+    const int64_t limit = lists->starts[active] + active;
+    if (active < 1 || blocks >= limit / active) return 0;
+    return active * (blocks + 1);
+}
+
+size_t spconv__pair_bounds_bytes(int64_t entries, int64_t blocks, int threads) {
+    if (entries == 0) return 0;
+    return spconv__align_line((size_t)entries * sizeof(int64_t)) +
+           spconv__align_line((size_t)threads * (size_t)(blocks + 1) * sizeof(int64_t));
 }
 
 void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch) {
@@ -145,18 +152,18 @@ void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *sc
 }
 
 int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows, int64_t blocks,
-                                   void **memory) {
+                                   int threads, void **memory) {
     *memory = NULL;
     lists->bounds = NULL;
     const int64_t entries = spconv__pair_bounds_entries(lists, block_rows, blocks);
     if (entries == 0) return NULL;
-    int64_t *table = malloc(2 * (size_t)entries * sizeof *table);
+    int64_t *table = malloc(spconv__pair_bounds_bytes(entries, blocks, threads));
     if (table == NULL) return NULL;
     *memory = table;
     lists->bounds = table;
     lists->block_rows = block_rows;
     lists->blocks = blocks;
-    return table + entries;
+    return table + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
 }
 
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value) {

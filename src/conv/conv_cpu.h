@@ -81,22 +81,27 @@ typedef struct spconv__pair_lists {
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value);
 
 /* Whether @p lists (with num_active, starts set) should get a bounds table for @p blocks of
- * @p block_rows target rows, and if so its entries (0: not worth it). A table never outgrows
- * the pair lists themselves: a huge kernel over many blocks keeps the per-block search. */
+ * @p block_rows target rows, and if so its entries (0: not worth it). A table has at most one
+ * entry per pair and active offset, so it never outgrows the pair lists themselves: a huge
+ * kernel over many blocks keeps the per-block search. */
 int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t block_rows,
                                     int64_t blocks);
 
-/* Fill active offset @p j's row of lists->bounds (@p scratch: as many int64 as that row). The
- * blocks' binary searches advance in step, so their memory loads overlap instead of waiting on
- * one another. */
+/* Bytes for a table of @p entries (0: none) and the scratch of @p threads threads filling it
+ * (blocks + 1 int64 each, after the table's cache lines). */
+size_t spconv__pair_bounds_bytes(int64_t entries, int64_t blocks, int threads);
+
+/* Fill active offset @p j's row of lists->bounds (@p scratch: blocks + 1 int64 of the calling
+ * thread's own). The blocks' binary searches advance in step, so their memory loads overlap
+ * instead of waiting on one another. */
 void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch);
 
 /* A bounds table for @p lists in its own malloc'd memory (*memory, to free when done), for
- * executors without a workspace of their own; returns the scratch spconv__pair_bounds wants for
- * offset j at j * (blocks + 1). Without a table (it does not pay, or no memory: the per-block
+ * executors without a workspace of their own; returns the scratch of @p threads threads, thread
+ * t's at t * (blocks + 1). Without a table (it does not pay, or no memory: the per-block
  * search is as correct) lists->bounds stays NULL and so does the result. */
 int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows, int64_t blocks,
-                                   void **memory);
+                                   int threads, void **memory);
 
 /* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1), a block of
  * lists->bounds when there is a table. */

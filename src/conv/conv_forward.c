@@ -145,7 +145,8 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
                         trans ? w->co_stride : w->ci_stride, trans, a->plan->c_in,
                         a->plan->c_out, a->packed + (size_t)j * a->packed_bytes);
                 if (a->pairs.bounds != NULL)
-                    spconv__pair_bounds(&a->pairs, j, a->bounds_scratch + j * (blocks + 1));
+                    spconv__pair_bounds(&a->pairs, j,
+                                        a->bounds_scratch + spconv__omp_thread() * (blocks + 1));
             }
             spconv__clock_lap(&clock, &mark, &clock.gather_s);
         }
@@ -177,7 +178,7 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     a->pairs.starts = starts;
     const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
     const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->block_rows, blocks);
-    const size_t bounds_bytes = 2 * spconv__align_line((size_t)entries * sizeof(int64_t));
+    const size_t bounds_bytes = spconv__pair_bounds_bytes(entries, blocks, threads);
     size_t per_threads = (size_t)threads * a->thread_bytes;
     size_t packed_bytes = a->plan->fused ? (size_t)active * a->packed_bytes : 0;
     size_t sort_bytes = sorted ? 0
@@ -192,7 +193,8 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     a->packed = a->workspace + per_threads;
     if (entries > 0) {
         a->pairs.bounds = (int64_t *)(a->packed + packed_bytes);
-        a->bounds_scratch = a->pairs.bounds + bounds_bytes / 2 / sizeof(int64_t);
+        a->bounds_scratch =
+            a->pairs.bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
         a->pairs.block_rows = a->block_rows;
         a->pairs.blocks = blocks;
     }

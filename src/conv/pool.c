@@ -125,12 +125,12 @@ static void pool_run_blocks(const pool_args *a, int threads) {
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
     const int64_t blocks = (a->num_out + rows - 1) / rows;
     void *table;
-    int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, &table);
+    int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, threads, &table);
     SPCONV_OMP(omp parallel num_threads(threads)) {
         if (lists.bounds != NULL) { /* where each offset's pairs split at the blocks */
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t j = 0; j < a->num_active; ++j)
-                spconv__pair_bounds(&lists, j, scratch + j * (blocks + 1));
+                spconv__pair_bounds(&lists, j, scratch + spconv__omp_thread() * (blocks + 1));
         }
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t b = 0; b < blocks; ++b) {
@@ -278,12 +278,12 @@ static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channel
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
     const int64_t blocks = (num_in + rows - 1) / rows;
     void *table;
-    int64_t *scratch = spconv__pair_bounds_alloc(lists, rows, blocks, &table);
+    int64_t *scratch = spconv__pair_bounds_alloc(lists, rows, blocks, threads, &table);
     SPCONV_OMP(omp parallel num_threads(threads)) {
         if (lists->bounds != NULL) { /* where each offset's pairs split at the blocks */
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t j = 0; j < lists->num_active; ++j)
-                spconv__pair_bounds(lists, j, scratch + j * (blocks + 1));
+                spconv__pair_bounds(lists, j, scratch + spconv__omp_thread() * (blocks + 1));
         }
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t b = 0; b < blocks; ++b) {
