@@ -10,10 +10,11 @@ model as an extension and in plain Python): forward and forward+backward of spco
 same threads, medians of --repeat runs after --warmup, rulebooks built in every forward (as
 spconv's benchmark counts them). A forward alone runs under torch.no_grad() for every variant (an
 inference, as the C tool's forward is); with --backward it records the graph. --overhead also runs the C tool (`spconv bench`) on the same
-network and input and prints the binding's overhead over it.
+network and input and prints the binding's overhead over it. --in-process splits that overhead
+in one process, pass by pass (see in_process_overhead).
 
   .venv/bin/python python/benchmarks/bench.py [--net basic|second|all] [--repeat 5] [--threads 1]
-      [--backward] [--max-voxels N] [--overhead]
+      [--backward] [--max-voxels N] [--overhead] [--in-process]
 """
 
 import argparse
@@ -158,6 +159,127 @@ def c_tool_forward_ms(net, repeat, warmup, threads):
     return [p["wall_ms"] for p in report["passes"]["forward"]["per_pass"]]
 
 
+# ---- the binding's overhead, split, in one process -------------------------------------------
+
+class _EngineNet:
+    """The C engine's own network (the zoo's, as `spconv bench` runs it) called through ctypes
+    from this process: the same library the extension uses, the same OpenMP runtime, heap and
+    machine minute as the modules it is compared with. Its parameters are the zoo's, not the
+    modules' (the work does not depend on the values)."""
+
+    def __init__(self, name, feats, idx, shape, threads):
+        import ctypes as C
+
+        path = next(line.split()[-1] for line in open("/proc/self/maps")
+                    if "libspconv.so" in line)
+        self.lib = lib = C.CDLL(path)
+
+        class Device(C.Structure):
+            _fields_ = [("type", C.c_int), ("index", C.c_int)]
+
+        def check(status, what):
+            if status != 0:
+                raise RuntimeError(f"bench: {what} failed (status {status})")
+        self.C, self.check, cpu = C, check, Device(0, 0)
+        self.ctx, self.net = C.c_void_p(), C.c_void_p()
+        check(lib.spconv_context_create(cpu, C.byref(self.ctx)), "spconv_context_create")
+        check(lib.spconv_context_set_num_threads(self.ctx, threads), "set_num_threads")
+        check(lib.spconv_zoo_create(name.encode(), 2, C.c_uint64(0), C.byref(self.net)),
+              "spconv_zoo_create")
+        self.keep = (feats.contiguous(), idx.contiguous())
+        self.wrapped = []
+        for t, dtype in zip(self.keep, (2, 4)):  # SPCONV_F32, SPCONV_I32
+            out = C.c_void_p()
+            check(lib.spconv_tensor_wrap(cpu, dtype, 2, (C.c_int64 * 2)(*t.shape), None,
+                                         C.c_void_p(t.data_ptr()), None, None, C.byref(out)),
+                  "spconv_tensor_wrap")
+            self.wrapped.append(out)
+        self.shape = (C.c_int64 * 3)(*shape)
+
+    def __call__(self):
+        C, lib = self.C, self.lib
+        sp, out = C.c_void_p(), C.c_void_p()
+        self.check(lib.spconv_sparse_create(self.wrapped[0], self.wrapped[1], self.shape,
+                                            C.c_int64(1), C.byref(sp)), "spconv_sparse_create")
+        self.check(lib.spconv_net_forward(self.ctx, self.net, sp, 0, C.byref(out), None),
+                   "spconv_net_forward")
+        lib.spconv_tensor_release(out)
+        lib.spconv_sparse_release(sp)
+
+    def close(self):
+        for t in self.wrapped:
+            self.lib.spconv_tensor_release(t)
+        self.lib.spconv_net_destroy(self.net)
+        self.lib.spconv_context_destroy(self.ctx)
+
+
+def ops_only(net, feats, idx, shape, with_torch_modules=True):
+    """The network's work as bare operator calls (torch.ops.spconv_c, below autograd), none of
+    the modules' Python: rulebooks by indice_key, convs, pools, densify, and, when
+    with_torch_modules, torch's batch norm and in-place ReLU between them."""
+    o, below = torch.ops.spconv_c, torch._C._AutoDispatchBelowAutograd
+    x_f, x_i, x_s, cache = feats, idx, list(shape), {}
+    with below():
+        for m in net.modules():
+            if isinstance(m, (ours.SparseConv3d, ours.SubMConv3d, ours.SparseMaxPool3d)):
+                subm = getattr(m, "subm", False)
+                key = m.indice_key
+                rb = cache.get(key) if subm and key is not None else None
+                if rb is None:
+                    rb = o.build_rulebook(x_i, x_s, 1, 1 if subm else 0, m.kernel_size, m.stride,
+                                          m.padding, m.dilation, [0, 0, 0])
+                    cache[key] = rb
+                    if not subm:
+                        x_i, x_s = rb.out_indices(), list(rb.out_shape())
+                if isinstance(m, ours.SparseMaxPool3d):
+                    x_f = o.maxpool_forward(rb, x_f)[0]
+                else:
+                    x_f = o.conv_forward(rb, x_f, m.weight.permute(1, 2, 3, 4, 0), m.bias)
+            elif isinstance(m, nn.BatchNorm1d) and with_torch_modules:
+                x_f = torch.batch_norm(x_f, m.weight, m.bias, m.running_mean, m.running_var,
+                                       False, 0.0, m.eps, False)
+            elif isinstance(m, nn.ReLU) and with_torch_modules:
+                torch.relu_(x_f)
+            elif isinstance(m, ours.ToDense):
+                return o.sparse_to_dense(x_f, x_i, x_s, 1)
+    return x_f
+
+
+def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
+    """The binding's overhead split into its parts, in one process, the variants taking turns
+    pass by pass (so the machine's drift weighs on all alike):
+
+      engine       the C engine's network (spconv_net_forward, through ctypes);
+      bare ops     the same work as operator calls without torch's modules: what calling the
+                   engine through PyTorch's dispatcher costs;
+      + torch BN   ... with torch's batch norm and ReLU where the network has them (the engine
+                   runs its own, fused and in place): what the network's torch modules cost;
+      ours         the spconv_c.pytorch modules: what their Python costs on top.
+    """
+    engine = _EngineNet(name, feats, idx, shape, threads)
+    variants = {"engine": engine,
+                "bare ops": lambda: ops_only(net, feats, idx, shape, False),
+                "+ torch BN": lambda: ops_only(net, feats, idx, shape, True),
+                "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1))}
+    if not any(isinstance(m, nn.BatchNorm1d) for m in net.modules()):
+        del variants["+ torch BN"]
+    times = {v: [] for v in variants}
+    with torch.no_grad():
+        for i in range(warmup + passes):
+            order = list(variants) if i % 2 == 0 else list(variants)[::-1]
+            for v in order:
+                t0 = time.perf_counter()
+                variants[v]()
+                if i >= warmup:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+    engine.close()
+    med = {v: statistics.median(t) for v, t in times.items()}
+    base = med["engine"]
+    print(f"{name:7s} in one process, median of {passes} passes each, taking turns:")
+    for v, m in med.items():
+        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / base - 1):+6.1f}% over the engine")
+
+
 def keep_freed_memory():
     """What the C tool does for itself (tools/spconv/main.c), so that both run alike: glibc serves
     blocks above its mmap threshold (at most 32 MiB) with fresh mmaps that fault in page by page
@@ -186,6 +308,9 @@ def main():
                     help="run the variants (and the C tool) this many times, alternating their "
                          "order, and pool every pass: a machine whose speed drifts then weighs "
                          "on all of them alike")
+    ap.add_argument("--in-process", action="store_true",
+                    help="split the binding's overhead in one process (engine via ctypes, bare "
+                         "operator calls, with torch's batch norm, the modules)")
     ap.add_argument("--fresh-pages", action="store_true",
                     help="leave glibc's malloc as it is (see keep_freed_memory)")
     args = ap.parse_args()
@@ -214,6 +339,9 @@ def main():
         if theirs is None and "spconv" in variants:
             print(f"{name:7s} spconv   (not installed)")
             variants.remove("spconv")
+        if args.in_process and not args.max_voxels:
+            in_process_overhead(name, ref, feats, idx, shape, args.threads,
+                                args.repeat * args.rounds, args.warmup)
         for backward in modes:
             phase = "fwd+bwd" if backward else "forward"
             nets_of = {}
