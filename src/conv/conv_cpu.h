@@ -103,14 +103,15 @@ void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *sc
 int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows, int64_t blocks,
                                    int threads, void **memory);
 
-/* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1), a block of
- * lists->bounds when there is a table. */
+/* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1). With a
+ * table, r0 is a multiple of lists->block_rows and r1 one too or the last row (the range is
+ * one or more whole blocks of the table). */
 static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t j, int64_t r0,
                                        int64_t r1, int64_t *first, int64_t *end) {
     if (lists->bounds != NULL) {
-        const int64_t *row = lists->bounds + j * (lists->blocks + 1) + r0 / lists->block_rows;
-        *first = row[0];
-        *end = row[1];
+        const int64_t *row = lists->bounds + j * (lists->blocks + 1);
+        *first = row[r0 / lists->block_rows];
+        *end = row[(r1 + lists->block_rows - 1) / lists->block_rows];
         return;
     }
     const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;

@@ -17,6 +17,9 @@
 #define FUSED_MIN_BLOCK_ROWS 64
 /* Blocks per thread with the fused kernels, taken dynamically. */
 #define FUSED_BLOCKS_PER_THREAD 16
+/* With the fused kernels on 2+ threads, the last threads x block_rows rows go in blocks this
+ * many times smaller, so that the threads' last blocks end close together. */
+#define FUSED_TAIL_SPLIT 4
 
 typedef struct forward_args {
     const spconv__conv_plan *plan;
@@ -26,7 +29,9 @@ typedef struct forward_args {
     spconv__weight_view w;    /* the weight as the fused path reads it (conv_cpu.h) */
     const char *bias;         /* [C_out] or NULL */
     char *out;                /* [num_out, C_out] */
-    int64_t block_rows;
+    /* blocks: [0, split) in blocks of block_rows, then [split, num_out) in blocks of tail_rows
+     * (block_rows is a multiple of tail_rows; a bounds table has blocks of tail_rows) */
+    int64_t block_rows, tail_rows, split;
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
     char *packed; /* fused: W[k] of active offset j packed at j * packed_bytes */
@@ -125,8 +130,21 @@ static void forward_block_fused(const forward_args *a, int64_t r0, int64_t r1,
     spconv__clock_lap(clock, &mark, &clock->gemm_s);
 }
 
+static int64_t run_blocks(const forward_args *a) {
+    return a->split / a->block_rows + (a->plan->num_out - a->split + a->tail_rows - 1) / a->tail_rows;
+}
+
+/* Out rows [*r0, *r1) of block @p b of the run. */
+static void block_range(const forward_args *a, int64_t b, int64_t *r0, int64_t *r1) {
+    const int64_t bulk = a->split / a->block_rows;
+    const int64_t lo = b < bulk ? b * a->block_rows : a->split + (b - bulk) * a->tail_rows;
+    const int64_t hi = lo + (b < bulk ? a->block_rows : a->tail_rows);
+    *r0 = lo;
+    *r1 = hi < a->plan->num_out ? hi : a->plan->num_out;
+}
+
 static void forward_run(const forward_args *a, int threads, spconv__conv_timing *timing) {
-    const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
+    const int64_t blocks = run_blocks(a);
     spconv__gemm_prepare();
     SPCONV_OMP(omp parallel num_threads(threads)) {
         spconv__phase_clock clock = {timing != NULL, 0.0, 0.0, 0.0};
@@ -146,15 +164,15 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
                         a->plan->c_out, a->packed + (size_t)j * a->packed_bytes);
                 if (a->pairs.bounds != NULL)
                     spconv__pair_bounds(&a->pairs, j,
-                                        a->bounds_scratch + spconv__omp_thread() * (blocks + 1));
+                                        a->bounds_scratch +
+                                            spconv__omp_thread() * (a->pairs.blocks + 1));
             }
             spconv__clock_lap(&clock, &mark, &clock.gather_s);
         }
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t b = 0; b < blocks; ++b) {
-            int64_t r0 = b * a->block_rows;
-            int64_t r1 = r0 + a->block_rows < a->plan->num_out ? r0 + a->block_rows
-                                                               : a->plan->num_out;
+            int64_t r0, r1;
+            block_range(a, b, &r0, &r1);
             if (a->plan->fused)
                 forward_block_fused(a, r0, r1, &clock);
             else
@@ -176,8 +194,8 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     const int sorted = spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads);
     a->pairs.num_active = active;
     a->pairs.starts = starts;
-    const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
-    const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->block_rows, blocks);
+    const int64_t blocks = (a->plan->num_out + a->tail_rows - 1) / a->tail_rows;
+    const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->tail_rows, blocks);
     const size_t bounds_bytes = spconv__pair_bounds_bytes(entries, blocks, threads);
     size_t per_threads = (size_t)threads * a->thread_bytes;
     size_t packed_bytes = a->plan->fused ? (size_t)active * a->packed_bytes : 0;
@@ -195,7 +213,7 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
         a->pairs.bounds = (int64_t *)(a->packed + packed_bytes);
         a->bounds_scratch =
             a->pairs.bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
-        a->pairs.block_rows = a->block_rows;
+        a->pairs.block_rows = a->tail_rows;
         a->pairs.blocks = blocks;
     }
     a->pairs.active = spconv_rulebook_active_offsets(rb);
@@ -266,6 +284,16 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
         int64_t balanced = (dims->num_out + parts - 1) / parts;
         if (balanced < FUSED_MIN_BLOCK_ROWS) balanced = FUSED_MIN_BLOCK_ROWS;
         if (balanced < a.block_rows) a.block_rows = balanced;
+    }
+    a.tail_rows = a.block_rows;
+    if (plan.fused && threads > 1 && a.block_rows / FUSED_TAIL_SPLIT >= FUSED_MIN_BLOCK_ROWS) {
+        a.tail_rows = a.block_rows / FUSED_TAIL_SPLIT;
+        a.block_rows = a.tail_rows * FUSED_TAIL_SPLIT;
+    }
+    {
+        const int64_t tail_span = a.tail_rows < a.block_rows ? (int64_t)threads * a.block_rows : 0;
+        const int64_t bulk_rows = dims->num_out > tail_span ? dims->num_out - tail_span : 0;
+        a.split = bulk_rows / a.block_rows * a.block_rows;
     }
     SPCONV_TRY_GOTO(st,
                     forward_pairs(ctx, rb, spconv_tensor_data(pairs_in),
