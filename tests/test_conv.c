@@ -282,12 +282,16 @@ static void test_pair_bounds(void **state) {
         lists.bounds = bounds;
         int64_t *scratch = bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / 8;
         for (int64_t j = 0; j < segments; ++j) spconv__pair_bounds(&lists, j, scratch);
-        /* ranges of 1 to 4 whole blocks (the executors' bulk blocks span several) */
+        /* whole blocks, and ranges with either end or both inside a block (the executors'
+         * last blocks are parts of the table's) */
         for (int64_t j = 0; j < segments; ++j)
             for (int64_t b = 0; b < blocks; ++b) {
-                const int64_t span = b % 4 + 1, r0 = b * block_rows,
-                              r1 = r0 + span * block_rows < num_rows ? r0 + span * block_rows
-                                                                     : num_rows;
+                const int64_t whole = b % 2 == 0;
+                int64_t r0 = b * block_rows + (whole ? 0 : spconv_test_rand_int(0, block_rows - 1));
+                if (r0 >= num_rows) r0 = num_rows - 1;
+                const int64_t r1_max = r0 + 2 * block_rows < num_rows ? r0 + 2 * block_rows : num_rows;
+                const int64_t r1 = whole ? (r0 + block_rows < num_rows ? r0 + block_rows : num_rows)
+                                         : spconv_test_rand_int(r0 + 1 < r1_max ? r0 + 1 : r1_max, r1_max);
                 const int64_t segment = lists.mirrored ? segments - 1 - j : j;
                 const int64_t first =
                     spconv__lower_bound(target, starts[segment], starts[segment + 1], r0);

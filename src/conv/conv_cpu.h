@@ -104,14 +104,14 @@ int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows
                                    int threads, void **memory);
 
 /* [*first, *end): the pairs of active offset @p j whose target row lies in [r0, r1). With a
- * table, r0 is a multiple of lists->block_rows and r1 one too or the last row (the range is
- * one or more whole blocks of the table). */
+ * table, ends on its block edges are read from it and others searched for inside their block. */
 static inline void spconv__pairs_range(const spconv__pair_lists *lists, int64_t j, int64_t r0,
                                        int64_t r1, int64_t *first, int64_t *end) {
     if (lists->bounds != NULL) {
         const int64_t *row = lists->bounds + j * (lists->blocks + 1);
-        *first = row[r0 / lists->block_rows];
-        *end = row[(r1 + lists->block_rows - 1) / lists->block_rows];
+        const int64_t rows = lists->block_rows, b0 = r0 / rows, b1 = (r1 + rows - 1) / rows;
+        *first = r0 % rows == 0 ? row[b0] : spconv__lower_bound(lists->target, row[b0], row[b0 + 1], r0);
+        *end = r1 % rows == 0 ? row[b1] : spconv__lower_bound(lists->target, *first, row[b1], r1);
         return;
     }
     const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;

@@ -30,7 +30,7 @@ typedef struct forward_args {
     const char *bias;         /* [C_out] or NULL */
     char *out;                /* [num_out, C_out] */
     /* blocks: [0, split) in blocks of block_rows, then [split, num_out) in blocks of tail_rows
-     * (block_rows is a multiple of tail_rows; a bounds table has blocks of tail_rows) */
+     * (block_rows is a multiple of tail_rows; a bounds table has blocks of block_rows) */
     int64_t block_rows, tail_rows, split;
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
@@ -194,8 +194,8 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     const int sorted = spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads);
     a->pairs.num_active = active;
     a->pairs.starts = starts;
-    const int64_t blocks = (a->plan->num_out + a->tail_rows - 1) / a->tail_rows;
-    const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->tail_rows, blocks);
+    const int64_t blocks = (a->plan->num_out + a->block_rows - 1) / a->block_rows;
+    const int64_t entries = spconv__pair_bounds_entries(&a->pairs, a->block_rows, blocks);
     const size_t bounds_bytes = spconv__pair_bounds_bytes(entries, blocks, threads);
     size_t per_threads = (size_t)threads * a->thread_bytes;
     size_t packed_bytes = a->plan->fused ? (size_t)active * a->packed_bytes : 0;
@@ -213,7 +213,7 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
         a->pairs.bounds = (int64_t *)(a->packed + packed_bytes);
         a->bounds_scratch =
             a->pairs.bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
-        a->pairs.block_rows = a->tail_rows;
+        a->pairs.block_rows = a->block_rows;
         a->pairs.blocks = blocks;
     }
     a->pairs.active = spconv_rulebook_active_offsets(rb);
