@@ -3,13 +3,16 @@
 
     tools/bench_before_after.py --before OLD/spconv --after build/tools/spconv \\
         [--net basic] [--input ../shared/data] [--threads 2] [--rounds 5] [--repeat 3] \\
-        [--backward [--input-grad]] [--markdown]
+        [--backward [--input-grad]] [--peak-every-run]
 
 Each round runs `spconv bench --json` once with each tool, alternating which goes first, so that
 both see the same machine; every timed pass of every round is kept. The table gives, per phase and
 per layer kind, the median over all passes of the per-pass sum, for both builds and their ratio,
 plus the wall time and, once, the sgemm peak of the machine measured by the after-build in the
-same session (its GEMM floor: the pass's GFLOP over that peak). Python 3 standard library only.
+same session (its GEMM floor: the pass's GFLOP over that peak). On a machine whose speed drifts
+that one peak may come from a faster or slower minute than the passes: --peak-every-run has every
+run measure the peak right before its passes, and adds each build's median over its passes of
+wall / (GFLOP / that run's peak). Python 3 standard library only.
 """
 
 import argparse
@@ -64,6 +67,19 @@ def collect(results, direction):
     return phases, kinds, walls
 
 
+def own_floor_ratios(results, direction, gflop):
+    """Every pass's wall time over the GEMM floor at its own run's sgemm peak, and the peaks."""
+    ratios, peaks = [], []
+    for r in results:
+        peak = r.get("sgemm_peak_gflops")
+        if not peak:
+            continue
+        peaks.append(peak)
+        floor = gflop / peak * 1e3
+        ratios.extend(p["wall_ms"] / floor for p in r["passes"][direction]["per_pass"])
+    return ratios, peaks
+
+
 def med(values):
     return statistics.median(values) if values else float("nan")
 
@@ -83,6 +99,9 @@ def main():
                     help="with --backward, the first layer's input gradient too (both tools must "
                          "have the option)")
     ap.add_argument("--peak-size", type=int, default=2048)
+    ap.add_argument("--peak-every-run", action="store_true",
+                    help="measure the sgemm peak in every run and set each pass against its own "
+                         "run's peak")
     args = ap.parse_args()
 
     before, after = [], []
@@ -93,10 +112,10 @@ def main():
             if rnd % 2:
                 order.reverse()
             for name, tool in order:
-                want_peak = name == "after" and peak is None
+                want_peak = args.peak_every_run or (name == "after" and peak is None)
                 r = run_bench(tool, args, os.path.join(tmp, f"{name}{rnd}.json"),
                               args.peak_size if want_peak else 0)
-                if want_peak:
+                if want_peak and name == "after" and peak is None:
                     peak = r.get("sgemm_peak_gflops")
                 (before if name == "before" else after).append(r)
             print(f"round {rnd + 1}/{args.rounds} done", file=sys.stderr)
@@ -128,6 +147,13 @@ def main():
             floor = gflop / peak * 1e3
             print(f"| GEMM floor ({gflop:.2f} GFLOP / peak) | {floor:.1f} | {floor:.1f} | |")
             print(f"| wall / floor | {med(wb) / floor:.2f} | {med(wa) / floor:.2f} | |")
+        if args.peak_every_run:
+            rb, peaks_b = own_floor_ratios(before, d, gflop)
+            ra, peaks_a = own_floor_ratios(after, d, gflop)
+            print(f"| wall / its run's floor (median of passes) | {med(rb):.2f} | {med(ra):.2f} | "
+                  f"{med(ra) / med(rb):.2f} |")
+            print(f"| sgemm peak of the runs, GFLOP/s (min-max) | {min(peaks_b):.1f}-"
+                  f"{max(peaks_b):.1f} | {min(peaks_a):.1f}-{max(peaks_a):.1f} | |")
 
 
 if __name__ == "__main__":
