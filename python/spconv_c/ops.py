@@ -261,29 +261,27 @@ def _inference():
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 
 
-def indice_conv(rulebook, features, weight, bias=None):
-    """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
+def _call(op, *args):
+    """``op(*args)``, straight below autograd in inference (see _inference)."""
     if _inference():
         with _below_autograd():
-            return _ops.conv_forward(rulebook, features, weight, bias)
-    return _ops.conv_forward(rulebook, features, weight, bias)
+            return op(*args)
+    return op(*args)
+
+
+def indice_conv(rulebook, features, weight, bias=None):
+    """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
+    return _call(_ops.conv_forward, rulebook, features, weight, bias)
 
 
 def indice_maxpool(rulebook, features):
     """Differentiable max pool over ``rulebook`` (starts from -inf; NaN propagates)."""
-    if _inference():
-        with _below_autograd():
-            return _ops.maxpool_forward(rulebook, features)[0]
-    return _ops.maxpool_forward(rulebook, features)[0]
+    return _call(_ops.maxpool_forward, rulebook, features)[0]
 
 
 def sparse_to_dense(features, indices, spatial_shape, batch_size):
     """Differentiable dense [B, C, D, H, W] of a sparse tensor."""
-    shape, batch = _triple(spatial_shape), int(batch_size)
-    if _inference():
-        with _below_autograd():
-            return _ops.sparse_to_dense(features, indices, shape, batch)
-    return _ops.sparse_to_dense(features, indices, shape, batch)
+    return _call(_ops.sparse_to_dense, features, indices, _triple(spatial_shape), int(batch_size))
 
 
 def voxelize(points, voxel_size, coors_range, max_points, max_voxels):
