@@ -280,7 +280,7 @@ static void test_pair_bounds(void **state) {
         int64_t *bounds = malloc(spconv__pair_bounds_bytes(entries, blocks, 1));
         assert_non_null(bounds);
         lists.bounds = bounds;
-        int64_t *scratch = bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / 8;
+        int64_t *scratch = spconv__pair_bounds_scratch(bounds, entries);
         for (int64_t j = 0; j < segments; ++j) spconv__pair_bounds(&lists, j, scratch);
         /* whole blocks, and ranges with either end or both inside a block (the executors'
          * last blocks are parts of the table's) */

@@ -434,9 +434,7 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     a->pairs.mirrored = mirrored;
     if (a->bounds_entries > 0) {
         a->pairs.bounds = (int64_t *)(base + l.bounds_at);
-        a->bounds_scratch =
-            a->pairs.bounds +
-            spconv__align_line((size_t)a->bounds_entries * sizeof(int64_t)) / sizeof(int64_t);
+        a->bounds_scratch = spconv__pair_bounds_scratch(a->pairs.bounds, a->bounds_entries);
         a->pairs.block_rows = a->block_rows;
         a->pairs.blocks = a->blocks;
     }

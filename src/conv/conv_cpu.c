@@ -126,6 +126,10 @@ size_t spconv__pair_bounds_bytes(int64_t entries, int64_t blocks, int threads) {
            spconv__align_line((size_t)threads * (size_t)(blocks + 1) * sizeof(int64_t));
 }
 
+int64_t *spconv__pair_bounds_scratch(int64_t *table, int64_t entries) {
+    return table + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
+}
+
 void spconv__pair_bounds(const spconv__pair_lists *lists, int64_t j, int64_t *scratch) {
     const int64_t blocks = lists->blocks, block_rows = lists->block_rows;
     const int64_t segment = lists->mirrored ? lists->num_active - 1 - j : j;
@@ -163,7 +167,7 @@ int64_t *spconv__pair_bounds_alloc(spconv__pair_lists *lists, int64_t block_rows
     lists->bounds = table;
     lists->block_rows = block_rows;
     lists->blocks = blocks;
-    return table + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
+    return spconv__pair_bounds_scratch(table, entries);
 }
 
 int64_t spconv__lower_bound(const int32_t *rows, int64_t lo, int64_t hi, int64_t value) {

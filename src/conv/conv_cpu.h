@@ -91,6 +91,9 @@ int64_t spconv__pair_bounds_entries(const spconv__pair_lists *lists, int64_t blo
  * (blocks + 1 int64 each, after the table's cache lines). */
 size_t spconv__pair_bounds_bytes(int64_t entries, int64_t blocks, int threads);
 
+/* The scratch of a table of @p entries starting at @p table, laid out as above. */
+int64_t *spconv__pair_bounds_scratch(int64_t *table, int64_t entries);
+
 /* Fill active offset @p j's row of lists->bounds (@p scratch: blocks + 1 int64 of the calling
  * thread's own). The blocks' binary searches advance in step, so their memory loads overlap
  * instead of waiting on one another. */

@@ -211,8 +211,7 @@ static spconv_status forward_pairs(spconv_context *ctx, const spconv_rulebook *r
     a->packed = a->workspace + per_threads;
     if (entries > 0) {
         a->pairs.bounds = (int64_t *)(a->packed + packed_bytes);
-        a->bounds_scratch =
-            a->pairs.bounds + spconv__align_line((size_t)entries * sizeof(int64_t)) / sizeof(int64_t);
+        a->bounds_scratch = spconv__pair_bounds_scratch(a->pairs.bounds, entries);
         a->pairs.block_rows = a->block_rows;
         a->pairs.blocks = blocks;
     }
