@@ -480,7 +480,7 @@ static void test_gemm_paths_agree(void **state) {
         for (int d = 0; d < 2; ++d)
             for (int m = 0; m < 2; ++m) {
                 spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
-                spconv__conv_options other = {impls[m], NULL};
+                spconv__conv_options other = {impls[m], NULL, NULL};
                 /* 37 output channels: two full tiles and a tail in f32, four and a tail in f64. */
                 conv_case c = conv_case_make(conv_params_iso(kinds[i], 3, 2, 1, 2),
                                              (int64_t[3]){19, 18, 17}, 1, 1500, 29, 37);

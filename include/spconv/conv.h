@@ -35,6 +35,24 @@ spconv_status spconv_conv_forward(spconv_context *ctx, const spconv_rulebook *rb
                                   const spconv_tensor *features, const spconv_tensor *weight,
                                   const spconv_tensor *bias, spconv_tensor **out);
 
+/**
+ * spconv_conv_forward with an inference batch norm and ReLU folded in: each output element y
+ * (bias + sum, as spconv_conv_forward computes it) becomes fma(y, scale[c], shift[c]), rounded
+ * once, and then with @p relu, y < 0 ? 0 : y (-0 and NaN pass). @p scale and @p shift are
+ * [C_out] of the features' dtype on the CPU, both or neither (neither: the ReLU alone). The
+ * values are those of spconv_conv_forward followed by that elementwise map; the map is applied
+ * to each block of output rows while it is in cache, instead of one more pass over the output.
+ * PyTorch's CPU batch norm in eval mode is this map with scale = weight / sqrt(var + eps) and
+ * shift = bias - mean * scale (its own fused multiply-add), which is how the PyTorch binding
+ * uses it (python/spconv_c/pytorch/modules.py).
+ * CPU, f32 and f64 only: other devices and f16 / bf16 are SPCONV_ERR_NOT_SUPPORTED.
+ */
+spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_rulebook *rb,
+                                         const spconv_tensor *features,
+                                         const spconv_tensor *weight, const spconv_tensor *bias,
+                                         const spconv_tensor *scale, const spconv_tensor *shift,
+                                         int relu, spconv_tensor **out);
+
 /** Gradients of spconv_conv_forward given @p grad_out [num_out, C_out]. Each of @p grad_features
  *  ([num_in, C_in]), @p grad_weight ([KV, C_in, C_out], or the 5-d shape of @p weight when it was
  *  given as [KD, KH, KW, C_in, C_out]; offsets without pairs get zeros) and @p grad_bias

@@ -9,6 +9,9 @@ build_rulebook      indices int32 [N, 4] -> Rulebook (regular / pool, subm, tran
 inverse_rulebook    Rulebook of a regular conv or pool -> the Rulebook of its inverse conv
 conv_forward        (rulebook, features [N_in, C_in], weight [KV, C_in, C_out] or
                     [KD, KH, KW, C_in, C_out], bias [C_out] or None) -> [N_out, C_out]
+conv_forward_bn     conv_forward, then an inference batch norm (running statistics, eps, optional
+                    weight and bias) and optionally a ReLU, folded into the conv's output pass;
+                    CPU f32 / f64, inference only (no autograd formula)
 conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
 maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
 maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
@@ -64,6 +67,11 @@ class FakeRulebook:
 
 @torch.library.register_fake("spconv_c::conv_forward")
 def _(rulebook, features, weight, bias):
+    return features.new_empty(rulebook.num_out(), weight.shape[-1])
+
+
+@torch.library.register_fake("spconv_c::conv_forward_bn")
+def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, running_var, eps, relu):
     return features.new_empty(rulebook.num_out(), weight.shape[-1])
 
 
@@ -272,6 +280,14 @@ def _call(op, *args):
 def indice_conv(rulebook, features, weight, bias=None):
     """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
     return _call(_ops.conv_forward, rulebook, features, weight, bias)
+
+
+def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
+    """``relu(bn(indice_conv(...)))`` for an ``nn.BatchNorm1d`` ``bn`` in eval mode, in one op,
+    below autograd: inference only (see modules._fused_blocks for when it is used)."""
+    with _below_autograd():
+        return _ops.conv_forward_bn(rulebook, features, weight, bias, bn.weight, bn.bias,
+                                    bn.running_mean, bn.running_var, bn.eps, relu)
 
 
 def indice_maxpool(rulebook, features):

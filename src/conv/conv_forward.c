@@ -37,6 +37,7 @@ typedef struct forward_args {
     char *packed; /* fused: W[k] of active offset j packed at j * packed_bytes */
     size_t packed_bytes;
     int64_t *bounds_scratch; /* with pairs.bounds: the searches' upper ends, the same layout */
+    const spconv__conv_epilogue *epilogue; /* or NULL */
 } forward_args;
 
 /* out[r0, r1) starts as the bias (or zero). */
@@ -177,6 +178,14 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
                 forward_block_fused(a, r0, r1, &clock);
             else
                 forward_block(a, r0, r1, &clock, buffer);
+            if (a->epilogue != NULL) { /* the block's rows are final: while they are in cache */
+                double mark = spconv__clock_start(&clock);
+                const spconv__conv_epilogue *e = a->epilogue;
+                spconv__affine_rows(a->plan->dtype,
+                                    a->out + (size_t)(r0 * a->plan->c_out) * a->plan->elem,
+                                    r1 - r0, a->plan->c_out, e->scale, e->shift, e->relu);
+                spconv__clock_lap(&clock, &mark, &clock.scatter_s);
+            }
         }
         if (timing != NULL) spconv__clock_merge(&clock, timing);
     }
@@ -262,6 +271,7 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
                     done);
 
     a.plan = &plan;
+    a.epilogue = options != NULL ? options->epilogue : NULL;
     a.features = spconv_tensor_data(f);
     a.bias = b != NULL ? spconv_tensor_data(b) : NULL;
     a.out = spconv_tensor_data(result);
@@ -325,11 +335,79 @@ spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook
     SPCONV_CHECK_NOT_NULL(func, weight);
     spconv__conv_dims dims;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
+    /* spconv_conv_forward_affine checked these for its callers; internal ones get the same */
+    SPCONV_RETURN_ERROR_IF(options != NULL && options->epilogue != NULL &&
+                               (dims.device.type != SPCONV_DEVICE_CPU ||
+                                spconv__is_half_dtype(dims.dtype)),
+                           SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: the affine epilogue runs on f32 / f64 CPU features only", func);
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, dims.device, conv_forward, "sparse conv forward", &backend);
     if (spconv__is_half_dtype(dims.dtype))
         return spconv__half_conv_forward(backend, ctx, rb, features, weight, bias, options, out);
     return backend->conv_forward(ctx, rb, features, weight, bias, options, out);
+}
+
+/* @p t (may be NULL) is 1-d [c_out] of the features' dtype, on the CPU. */
+static spconv_status check_channel_vector(const char *func, const spconv_tensor *t,
+                                          const char *name, const spconv__conv_dims *dims) {
+    if (t == NULL) return SPCONV_OK;
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(t) != 1 || spconv_tensor_size(t, 0) != dims->c_out,
+                           SPCONV_ERR_SHAPE_MISMATCH, "%s: %s must be [C_out] = [%lld], got %s",
+                           func, name, (long long)dims->c_out, spconv__shape_text(t).text);
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(t) != dims->dtype, SPCONV_ERR_DTYPE_MISMATCH,
+                           "%s: %s is %s, the features are %s", func, name,
+                           spconv_dtype_name(spconv_tensor_dtype(t)),
+                           spconv_dtype_name(dims->dtype));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_device(t).type != SPCONV_DEVICE_CPU,
+                           SPCONV_ERR_DEVICE_MISMATCH, "%s: %s is on %s, the features on cpu",
+                           func, name, spconv__device_text(spconv_tensor_device(t)).text);
+    return SPCONV_OK;
+}
+
+spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_rulebook *rb,
+                                         const spconv_tensor *features,
+                                         const spconv_tensor *weight, const spconv_tensor *bias,
+                                         const spconv_tensor *scale, const spconv_tensor *shift,
+                                         int relu, spconv_tensor **out) {
+    static const char func[] = "spconv_conv_forward_affine";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    SPCONV_CHECK_NOT_NULL(func, rb);
+    SPCONV_CHECK_NOT_NULL(func, features);
+    SPCONV_CHECK_NOT_NULL(func, weight);
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
+    SPCONV_RETURN_ERROR_IF(dims.device.type != SPCONV_DEVICE_CPU, SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: runs on the CPU backend only; the features are on %s", func,
+                           spconv__device_text(dims.device).text);
+    SPCONV_RETURN_ERROR_IF(dims.dtype != SPCONV_F32 && dims.dtype != SPCONV_F64,
+                           SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: f32 and f64 features only, not %s (an f16 / bf16 batch norm "
+                           "rounds the conv's output first)",
+                           func, spconv_dtype_name(dims.dtype));
+    SPCONV_RETURN_ERROR_IF((scale == NULL) != (shift == NULL), SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: scale and shift go together (both or neither), got %s only",
+                           func, scale != NULL ? "scale" : "shift");
+    SPCONV_FORWARD_IF_ERROR(check_channel_vector(func, scale, "scale", &dims));
+    SPCONV_FORWARD_IF_ERROR(check_channel_vector(func, shift, "shift", &dims));
+    spconv_tensor *sc = NULL, *sh = NULL;
+    spconv_status st = SPCONV_OK;
+    if (scale != NULL) {
+        SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, scale, &sc), done);
+        SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(ctx, shift, &sh), done);
+    }
+    {
+        const spconv__conv_epilogue epilogue = {sc != NULL ? spconv_tensor_data(sc) : NULL,
+                                                sh != NULL ? spconv_tensor_data(sh) : NULL,
+                                                relu != 0};
+        const spconv__conv_options options = {SPCONV__GEMM_AUTO, NULL, &epilogue};
+        st = spconv__conv_forward_ex(ctx, rb, features, weight, bias, &options, out);
+    }
+done:
+    spconv_tensor_release(sh);
+    spconv_tensor_release(sc);
+    return st;
 }
 
 /* The CPU backend's slot: the entry point checked the operands (all on the CPU), so the sizes

@@ -1,6 +1,7 @@
 /* Fused gather-GEMM-scatter kernels (see fused.h). */
 #include "conv/fused.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -38,22 +39,28 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n) {
     return (size_t)(tiles * tw * k) * spconv_dtype_size(dtype);
 }
 
-/* Row-major B: each tile row is a run of B's row p, copied whole; B^T (trans): a tile row gathers
- * one element from each of tw rows of b, read a tile of columns at a time so that those rows stay
- * in the cache while p advances. */
+/* Row-major B: each tile row is a run of B's row p, copied whole. B^T (trans, b stored [n, k]):
+ * each of the tile's columns is a run of b's row, read in order and written down the tile
+ * (tw elements apart, within the tile's k * tw elements, which stay in L1); reading across the
+ * rows instead, one element of each per step, is ~5 times slower for spconv's KRSC weights,
+ * whose rows lie KV * C_in elements apart. */
 #define PACK_BODY(T)                                                                               \
     {                                                                                              \
         const T *src = b;                                                                          \
         T *dst = packed;                                                                           \
-        for (int64_t t = 0; t < tiles; ++t) {                                                      \
+        for (int64_t t = 0; t < tiles; ++t, dst += k * tw) {                                       \
             const int64_t w = n - t * tw < tw ? n - t * tw : tw;                                   \
-            for (int64_t p = 0; p < k; ++p, dst += tw) {                                           \
-                if (trans)                                                                         \
-                    for (int64_t j = 0; j < w; ++j) dst[j] = src[(t * tw + j) * ldb + p];          \
-                else                                                                               \
-                    memcpy(dst, src + p * ldb + t * tw, (size_t)w * sizeof(T));                    \
-                for (int64_t j = w; j < tw; ++j) dst[j] = (T)0;                                    \
+            if (trans) {                                                                           \
+                for (int64_t j = 0; j < w; ++j) {                                                  \
+                    const T *col = src + (t * tw + j) * ldb;                                       \
+                    for (int64_t p = 0; p < k; ++p) dst[p * tw + j] = col[p];                      \
+                }                                                                                  \
+            } else {                                                                               \
+                for (int64_t p = 0; p < k; ++p)                                                    \
+                    memcpy(dst + p * tw, src + p * ldb + t * tw, (size_t)w * sizeof(T));           \
             }                                                                                      \
+            for (int64_t p = 0; p < k; ++p)                                                        \
+                for (int64_t j = w; j < tw; ++j) dst[p * tw + j] = (T)0;                           \
         }                                                                                          \
     }
 
@@ -419,4 +426,84 @@ void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, const void 
     if (src == NULL) base += (size_t)(src_base * c_in) * spconv_dtype_size(dtype);
     fused_rows(dtype, c_in, base, NULL, 0, sums, NULL, 0, count, c_out, scratch, 0, NULL, c_in,
                src);
+}
+
+/* ---- the affine epilogue (spconv_conv_forward_affine) ----------------------------------------- */
+
+/* One element: fma, then relu as `v < 0 ? 0 : v`. fma / fmaf are single-rounding everywhere; in
+ * the AVX2 + FMA functions they compile to the instruction, elsewhere they may be calls. */
+#define AFFINE_ROWS(T, FMA)                                                                        \
+    {                                                                                              \
+        T *row = y;                                                                                \
+        for (int64_t r = 0; r < rows; ++r, row += c)                                               \
+            for (int64_t j = 0; j < c; ++j) {                                                      \
+                T v = scale != NULL ? FMA(row[j], scale[j], shift[j]) : row[j];                    \
+                row[j] = relu && v < 0 ? (T)0 : v;                                                 \
+            }                                                                                      \
+    }
+
+static void affine_f32(float *y, int64_t rows, int64_t c, const float *scale, const float *shift,
+                       int relu) AFFINE_ROWS(float, fmaf)
+
+static void affine_f64(double *y, int64_t rows, int64_t c, const double *scale,
+                       const double *shift, int relu) AFFINE_ROWS(double, fma)
+
+#if SPCONV__FUSED_X86
+/* 8 columns at a time; the last columns of a row as above. relu: lanes below zero (not NaN, not
+ * -0) become +0, as the scalar expression. */
+FUSED_TARGET static void affine_f32_avx2(float *y, int64_t rows, int64_t c, const float *scale,
+                                         const float *shift, int relu) {
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t r = 0; r < rows; ++r, y += c) {
+        int64_t j = 0;
+        for (; j + 8 <= c; j += 8) {
+            __m256 v = _mm256_loadu_ps(y + j);
+            if (scale != NULL)
+                v = _mm256_fmadd_ps(v, _mm256_loadu_ps(scale + j), _mm256_loadu_ps(shift + j));
+            if (relu) v = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);
+            _mm256_storeu_ps(y + j, v);
+        }
+        for (; j < c; ++j) {
+            float v = scale != NULL ? __builtin_fmaf(y[j], scale[j], shift[j]) : y[j];
+            y[j] = relu && v < 0 ? 0.0f : v;
+        }
+    }
+}
+
+FUSED_TARGET static void affine_f64_avx2(double *y, int64_t rows, int64_t c, const double *scale,
+                                         const double *shift, int relu) {
+    const __m256d zero = _mm256_setzero_pd();
+    for (int64_t r = 0; r < rows; ++r, y += c) {
+        int64_t j = 0;
+        for (; j + 4 <= c; j += 4) {
+            __m256d v = _mm256_loadu_pd(y + j);
+            if (scale != NULL)
+                v = _mm256_fmadd_pd(v, _mm256_loadu_pd(scale + j), _mm256_loadu_pd(shift + j));
+            if (relu) v = _mm256_andnot_pd(_mm256_cmp_pd(v, zero, _CMP_LT_OQ), v);
+            _mm256_storeu_pd(y + j, v);
+        }
+        for (; j < c; ++j) {
+            double v = scale != NULL ? __builtin_fma(y[j], scale[j], shift[j]) : y[j];
+            y[j] = relu && v < 0 ? 0.0 : v;
+        }
+    }
+}
+#endif
+
+void spconv__affine_rows(spconv_dtype dtype, void *y, int64_t rows, int64_t c, const void *scale,
+                         const void *shift, int relu) {
+    if (rows <= 0 || c <= 0 || (scale == NULL && !relu)) return;
+#if SPCONV__FUSED_X86
+    if (spconv__fused_available()) {
+        if (dtype == SPCONV_F32)
+            affine_f32_avx2(y, rows, c, scale, shift, relu);
+        else
+            affine_f64_avx2(y, rows, c, scale, shift, relu);
+        return;
+    }
+#endif
+    if (dtype == SPCONV_F32)
+        affine_f32(y, rows, c, scale, shift, relu);
+    else
+        affine_f64(y, rows, c, scale, shift, relu);
 }

@@ -73,4 +73,10 @@ void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, const void 
                                   const int32_t *src, int64_t src_base, int64_t c_in,
                                   int64_t c_out, const void *scratch, void *sums);
 
+/* Rows [0, rows) of y [rows, c] (f32 or f64) in place: y = fma(y, scale[j], shift[j]) with one
+ * rounding when scale and shift are given (both or neither), then with @p relu y < 0 ? 0 : y (-0
+ * and NaN pass). Vectorised where spconv__fused_available(), the same values either way. */
+void spconv__affine_rows(spconv_dtype dtype, void *y, int64_t rows, int64_t c, const void *scale,
+                         const void *shift, int relu);
+
 #endif /* SPCONV_CONV_FUSED_H */

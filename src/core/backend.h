@@ -29,9 +29,20 @@ typedef struct spconv__conv_timing {
 /* Knobs of the conv executors that the public API does not expose: which GEMM runs (tests hold
  * BLAS against the plain-C fallback; a spconv__gemm_impl of conv/gemm.h) and per-phase timing
  * (benchmarks). NULL options mean the defaults: the fastest GEMM, no clock read. */
+/* What spconv_conv_forward_affine applies to every output element after its sum, in the
+ * features' dtype: y = fma(y, scale[c], shift[c]) (one rounding; both NULL: no affine step),
+ * then with relu y < 0 ? 0 : y. Host pointers of C_out elements each. */
+typedef struct spconv__conv_epilogue {
+    const void *scale;
+    const void *shift;
+    int relu;
+} spconv__conv_epilogue;
+
 typedef struct spconv__conv_options {
     int gemm;                    /* SPCONV__GEMM_AUTO (0) unless a test wants the fallback */
     spconv__conv_timing *timing; /* NULL: no clock is read */
+    /* forward only, CPU backend only (the entry point refuses others); NULL: none */
+    const spconv__conv_epilogue *epilogue;
 } spconv__conv_options;
 
 typedef struct spconv_backend {

@@ -62,7 +62,7 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     const spconv__net_param *params = &b->net->params[layer->first_param];
     spconv_tensor *d_in = NULL, *d_weight = NULL, *d_bias = NULL;
     spconv__conv_timing timing = {0};
-    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
+    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
     /* The first layer's input gradient is wanted only when the caller asked for it. */
     int want_in = layer->stats.index > 0 || b->want_input;
     spconv_tensor *w = NULL;

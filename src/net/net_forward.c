@@ -57,7 +57,7 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
     SPCONV_FORWARD_IF_ERROR(get_rulebook(p, layer, &rb));
     const spconv__net_param *params = &p->net->params[layer->first_param];
     spconv__conv_timing timing = {0};
-    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing};
+    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
     /* Parameters live on the CPU; on another device the conv gets copies there (on the CPU the
      * same tensors, one more reference). */
     const spconv_device device = spconv_tensor_device(cur_features(p));

@@ -25,6 +25,7 @@
 
 #include <exception>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -380,6 +381,62 @@ at::Tensor conv_forward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor
     return to_torch(std::move(result));
 }
 
+// An inference batch norm (and ReLU) folded into the conv (spconv_conv_forward_affine): each
+// output y becomes fma(y, scale, shift) with PyTorch's own scale and shift for batch norm in eval
+// mode, computed as its CPU kernel computes them (batch_norm_cpu_collect_linear_and_constant_terms:
+// invstd = 1 / sqrt(var + eps) in the parameters' type, scale = invstd * weight, shift = bias -
+// mean * scale as one fused multiply-add), so that the result is bitwise PyTorch's conv ->
+// BatchNorm1d -> ReLU wherever PyTorch's build computes output = fma(x, scale, shift) too. The
+// modules check that once per process against torch.batch_norm itself before they use this op
+// (python/spconv_c/pytorch/modules.py). CPU, f32 / f64, batch-norm tensors in the features' dtype.
+template <typename T>
+void batchnorm_terms(const at::Tensor &weight, const at::Tensor &bias, const at::Tensor &mean,
+                     const at::Tensor &var, double eps, T *scale, T *shift, int64_t c) {
+    const T *w = weight.defined() ? weight.data_ptr<T>() : nullptr;
+    const T *b = bias.defined() ? bias.data_ptr<T>() : nullptr;
+    const T *m = mean.data_ptr<T>(), *v = var.data_ptr<T>();
+    for (int64_t j = 0; j < c; ++j) {
+        const T invstd = T(1) / std::sqrt(v[j] + static_cast<T>(eps));
+        scale[j] = invstd * (w != nullptr ? w[j] : T(1));
+        shift[j] = std::fma(-m[j], scale[j], b != nullptr ? b[j] : T(0));
+    }
+}
+
+at::Tensor conv_forward_bn(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
+                           const at::Tensor &weight, const c10::optional<at::Tensor> &bias,
+                           const c10::optional<at::Tensor> &bn_weight,
+                           const c10::optional<at::Tensor> &bn_bias, const at::Tensor &running_mean,
+                           const at::Tensor &running_var, double eps, bool relu) {
+    const at::ScalarType dtype = features.scalar_type();
+    TORCH_CHECK(features.device().is_cpu(), "spconv_c.conv_forward_bn: features are on ",
+                features.device(), "; the folded batch norm runs on the CPU");
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
+                "spconv_c.conv_forward_bn: float32 / float64 features only, not ", dtype);
+    const int64_t c = weight.dim() > 0 ? weight.size(-1) : 0; // the engine checks the rest
+    auto vector = [&](const at::Tensor &t, const char *name) {
+        TORCH_CHECK(t.dim() == 1 && t.size(0) == c && t.scalar_type() == dtype && t.device().is_cpu(),
+                    "spconv_c.conv_forward_bn: ", name, " must be a CPU ", dtype, " [", c,
+                    "] (C_out), got ", t.scalar_type(), " ", t.sizes(), " on ", t.device());
+        return t.contiguous();
+    };
+    at::Tensor w = bn_weight.has_value() && bn_weight->defined() ? vector(*bn_weight, "bn_weight") : at::Tensor();
+    at::Tensor b = bn_bias.has_value() && bn_bias->defined() ? vector(*bn_bias, "bn_bias") : at::Tensor();
+    at::Tensor mean = vector(running_mean, "running_mean"), var = vector(running_var, "running_var");
+    at::Tensor scale = at::empty({c}, features.options()), shift = at::empty({c}, features.options());
+    if (dtype == at::kFloat)
+        batchnorm_terms<float>(w, b, mean, var, eps, scale.data_ptr<float>(), shift.data_ptr<float>(), c);
+    else
+        batchnorm_terms<double>(w, b, mean, var, eps, scale.data_ptr<double>(), shift.data_ptr<double>(), c);
+    Handle f = wrap(features, "features"), wt = wrap(weight, "weight");
+    Handle bb = wrap_optional(bias, "bias");
+    Handle sc = wrap(scale, "scale"), sh = wrap(shift, "shift");
+    spconv_context *ctx = context_for(features.device());
+    spconv_tensor *out = nullptr;
+    SPCONV_TRY("conv_forward_bn", spconv_conv_forward_affine(ctx, rb->rb, f.t, wt.t, bb.t, sc.t, sh.t,
+                                                             relu ? 1 : 0, &out));
+    return to_torch(Handle(out));
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 conv_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
               const at::Tensor &weight, const at::Tensor &grad_out, const c10::List<bool> &output_mask) {
@@ -528,6 +585,9 @@ TORCH_LIBRARY(spconv_c, m) {
           "-> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
           "Tensor weight, Tensor? bias) -> Tensor");
+    m.def("conv_forward_bn(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
+          "Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, Tensor running_mean, "
+          "Tensor running_var, float eps, bool relu) -> Tensor");
     m.def("conv_backward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
           "Tensor weight, Tensor grad_out, bool[] output_mask) -> (Tensor, Tensor, Tensor)");
     m.def("maxpool_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features) "
@@ -545,6 +605,7 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("build_rulebook", &build_rulebook);
     m.impl("inverse_rulebook", &inverse_rulebook);
     m.impl("conv_forward", &conv_forward);
+    m.impl("conv_forward_bn", &conv_forward_bn);
     m.impl("conv_backward", &conv_backward);
     m.impl("maxpool_forward", &maxpool_forward);
     m.impl("maxpool_backward", &maxpool_backward);

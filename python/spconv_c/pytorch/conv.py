@@ -173,6 +173,18 @@ class SparseConvolution(SparseModule):
         return ops.TRANSPOSED if self.transposed else ops.REGULAR
 
     def forward(self, input, add_input=None):
+        return self._forward(input, add_input)
+
+    def _foldable(self):
+        """Whether a following batch norm can be folded into this layer's op (_forward's bn):
+        the layers that go through a rulebook and keep their own forward."""
+        return (type(self).forward is SparseConvolution.forward
+                and not (self.conv1x1 and not self.inverse))
+
+    def _forward(self, input, add_input=None, bn=None, relu=False):
+        """The layer, and with @p bn (an nn.BatchNorm1d in eval mode, inference only; see
+        modules._fold_length) that batch norm and, with @p relu, a ReLU applied to the output in
+        the same op."""
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
                             f"{type(input).__name__}")
@@ -208,7 +220,11 @@ class SparseConvolution(SparseModule):
             _, rb, out_indices, out_shape = rulebook_for(
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
                 self.output_padding, self.indice_key)
-            out = ops.indice_conv(rb, feats, weight.permute(1, 2, 3, 4, 0), bias)
+            w = weight.permute(1, 2, 3, 4, 0)
+            if bn is None:
+                out = ops.indice_conv(rb, feats, w, bias)
+            else:
+                out = ops.indice_conv_bn(rb, feats, w, bias, bn, relu)
             result = input._derive(out, out_indices, out_shape)
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)

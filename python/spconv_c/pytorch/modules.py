@@ -1,11 +1,13 @@
 """SparseModule, SparseSequential and the feature-wise helpers, as in spconv 2.x."""
 
+import os
 from collections import OrderedDict
 
 import torch
 from torch import nn
 from torch.nn.modules import module as module_impl
 
+from .. import ops
 from .core import SparseConvTensor
 
 
@@ -61,8 +63,19 @@ class SparseSequential(SparseModule):
 
     def forward(self, input):
         previous = None
-        for module in self._modules.values():
+        modules = list(self._modules.values())
+        i = 0
+        while i < len(modules):
+            module = modules[i]
+            i += 1
             if is_spconv_module(module):
+                fold = _fold_length(module, modules, i, input)
+                if fold:
+                    # conv -> batch norm [-> ReLU] in one op (see _fold_length)
+                    input = module._forward(input, bn=modules[i], relu=fold == 2)
+                    i += fold
+                    previous = modules[i - 1]
+                    continue
                 input = module(input)
             elif isinstance(input, SparseConvTensor):
                 if input.indices.shape[0] != 0:
@@ -74,6 +87,92 @@ class SparseSequential(SparseModule):
                 input = module(input)
             previous = module
         return input
+
+
+# Folding an inference batch norm into the conv before it (SPCONV_C_FOLD_BN=0 turns it off).
+FOLD_BN = os.environ.get("SPCONV_C_FOLD_BN", "1") != "0"
+_fold_agrees = {}  # dtype -> whether the folded op gives torch's bits on this build (_probe_fold)
+
+
+def _global_hooks():
+    return (module_impl._global_forward_hooks or module_impl._global_forward_pre_hooks
+            or module_impl._global_backward_hooks
+            or getattr(module_impl, "_global_backward_pre_hooks", None))
+
+
+def _fold_length(conv, modules, i, input):
+    """How many of ``modules[i:]`` the conv ``conv`` can take into its own op: 2 for an
+    ``nn.BatchNorm1d`` in eval mode followed by an ``nn.ReLU``, 1 for the batch norm alone, else
+    0. Only in inference (no gradient recorded, nothing traced), for the torch classes themselves
+    (not subclasses), none of them with hooks, CPU float32 / float64 features with batch-norm
+    tensors of their dtype, and only where _probe_fold found the folded op bitwise equal to
+    PyTorch's own batch norm and ReLU. The result is then PyTorch's, with one op instead of three
+    and no pass of its own over the output for the batch norm or the ReLU."""
+    if not FOLD_BN or i >= len(modules) or type(modules[i]) is not nn.BatchNorm1d:
+        return 0
+    bn = modules[i]
+    if (bn.training or bn.running_mean is None or not isinstance(input, SparseConvTensor)
+            or not ops._inference() or not getattr(conv, "_foldable", lambda: False)()):
+        return 0
+    feats = input.features
+    dtype = feats.dtype
+    if (feats.device.type != "cpu" or dtype not in (torch.float32, torch.float64)
+            or bn.running_mean.dtype != dtype or bn.running_var.dtype != dtype
+            or (bn.weight is not None and bn.weight.dtype != dtype)
+            or (bn.bias is not None and bn.bias.dtype != dtype)
+            or not _no_hooks(conv) or not _no_hooks(bn) or _global_hooks()):
+        return 0
+    if dtype not in _fold_agrees:
+        _fold_agrees[dtype] = _probe_fold(dtype)
+    if not _fold_agrees[dtype]:
+        return 0
+    relu = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU and _no_hooks(modules[i + 1])
+    return 2 if relu else 1
+
+
+def _same_bits(a, b):
+    """Equal elements bit for bit, NaN meeting any NaN (x86 returns one NaN operand or the other
+    depending on the instruction's operand order, which compilers choose)."""
+    nan = torch.isnan(a)
+    if not torch.equal(nan, torch.isnan(b)):
+        return False
+    view = torch.int32 if a.dtype == torch.float32 else torch.int64
+    return torch.equal(a.masked_fill(nan, 0).view(view), b.masked_fill(nan, 0).view(view))
+
+
+def _probe_fold(dtype):
+    """Whether the folded op (ops.indice_conv_bn) gives bitwise what the conv followed by
+    PyTorch's batch norm and ReLU gives, on this PyTorch build and machine: the extension computes
+    batch norm as PyTorch's CPU kernel does (csrc/ops.cpp, conv_forward_bn), but whether that
+    kernel's multiply-add is fused depends on how PyTorch was compiled. Random convs, batch
+    norms (with and without affine parameters, near-zero and large variances, negative scales)
+    and channel counts across vector widths, with and without the ReLU, in a private generator."""
+    gen = torch.Generator().manual_seed(20261202)
+    shape = [7, 8, 9]
+    cells = torch.randperm(shape[0] * shape[1] * shape[2], generator=gen)[:150]
+    idx = torch.stack([torch.zeros_like(cells), cells // (shape[1] * shape[2]),
+                       cells // shape[2] % shape[1], cells % shape[2]], 1).int()
+    rb = ops.build_rulebook(idx, shape, 1, ops.SUBM, 3)
+    with torch.no_grad():
+        for c_in, c_out in ((3, 1), (4, 3), (5, 8), (16, 13), (8, 16), (7, 33), (32, 64)):
+            x = torch.randn(idx.shape[0], c_in, generator=gen, dtype=dtype) * 3
+            w = torch.randn(27, c_in, c_out, generator=gen, dtype=dtype) / c_in
+            b = torch.randn(c_out, generator=gen, dtype=dtype)
+            for affine in (True, False):
+                bn = nn.BatchNorm1d(c_out, eps=1e-3, affine=affine, dtype=dtype).eval()
+                bn.running_mean.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
+                var = torch.rand(c_out, generator=gen, dtype=dtype) * 4
+                var[::3] = 1e-6
+                bn.running_var.copy_(var)
+                if affine:
+                    bn.weight.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
+                    bn.bias.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
+                plain = bn(ops.indice_conv(rb, x, w, b))
+                for relu in (False, True):
+                    want = torch.relu(plain) if relu else plain
+                    if not _same_bits(ops.indice_conv_bn(rb, x, w, b, bn, relu), want):
+                        return False
+    return True
 
 
 def _no_hooks(module):
@@ -91,10 +190,7 @@ def _relu_in_place(previous, module):
     the system (glibc's default). Global module hooks turn it off too."""
     return (type(module) is nn.ReLU and type(previous) in (nn.BatchNorm1d, nn.SyncBatchNorm)
             and _no_hooks(module) and _no_hooks(previous)
-            and not module_impl._global_forward_hooks
-            and not module_impl._global_forward_pre_hooks
-            and not module_impl._global_backward_hooks
-            and not getattr(module_impl, "_global_backward_pre_hooks", None))
+            and not _global_hooks())
 
 
 class ToDense(SparseModule):

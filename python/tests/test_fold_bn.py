@@ -1,0 +1,180 @@
+"""Folding an inference batch norm (and ReLU) into the conv before it (modules._fold_length):
+the same bits as PyTorch's own nn.BatchNorm1d and nn.ReLU after our conv, used only where
+nothing can tell the difference (inference, the torch classes, no hooks), and the operator
+itself through opcheck and its error messages."""
+
+import pytest
+import torch
+from torch import nn
+
+import spconv_c.pytorch as spconv
+from spconv_c import ops
+from spconv_c.pytorch import modules
+from helpers import random_sparse
+
+SHAPE = [9, 10, 11]
+
+
+def random_bn(gen, c, dtype, affine=True):
+    bn = nn.BatchNorm1d(c, eps=1e-3, momentum=0.01, affine=affine, dtype=dtype).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(c, generator=gen, dtype=dtype))
+        bn.running_var.copy_(torch.rand(c, generator=gen, dtype=dtype) * 3 + 1e-4)
+        if affine:
+            bn.weight.copy_(torch.randn(c, generator=gen, dtype=dtype))
+            bn.bias.copy_(torch.randn(c, generator=gen, dtype=dtype))
+    return bn
+
+
+def block_net(gen, dtype, c_in=5, relu=True, affine=True):
+    """SECOND's blocks: conv -> BatchNorm1d -> ReLU, a strided conv, an inverse conv."""
+    def block(conv, c):
+        layers = [conv, random_bn(gen, c, dtype, affine)] + ([nn.ReLU()] if relu else [])
+        return spconv.SparseSequential(*layers)
+    net = spconv.SparseSequential(
+        block(spconv.SubMConv3d(c_in, 16, 3, indice_key="s1"), 16),
+        block(spconv.SparseConv3d(16, 13, 3, 2, 1, indice_key="d1"), 13),
+        block(spconv.SubMConv3d(13, 33, 3, indice_key="s2"), 33),
+        block(spconv.SparseInverseConv3d(33, 8, 3, indice_key="d1"), 8),
+    ).to(dtype)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * 0.3)
+    return net.eval()
+
+
+def run(net, feats, idx, fold):
+    saved = modules.FOLD_BN
+    modules.FOLD_BN = fold
+    try:
+        with torch.no_grad():
+            return net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
+    finally:
+        modules.FOLD_BN = saved
+
+
+class CountFolds:
+    """Counts the folded ops called (so that a test knows the fold happened, or did not)."""
+
+    def __enter__(self):
+        self.saved, self.calls = ops.indice_conv_bn, 0
+
+        def counted(*args):
+            self.calls += 1
+            return self.saved(*args)
+        ops.indice_conv_bn = counted
+        return self
+
+    def __exit__(self, *exc):
+        ops.indice_conv_bn = self.saved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("relu,affine", [(True, True), (False, True), (True, False)])
+def test_folded_equals_torch_batch_norm(seed, dtype, relu, affine):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, dtype)
+    feats[7, 2] = float("nan")  # a NaN travels the same way through both
+    net = block_net(gen, dtype, relu=relu, affine=affine)
+    run(net, feats, idx, True)  # the first fold probes this build (_probe_fold)
+    with CountFolds() as folds:
+        folded = run(net, feats, idx, True)
+    assert folds.calls == (4 if modules._fold_agrees[dtype] else 0)
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        # x86 builds of PyTorch compile these kernels with FMA contraction: the fold must agree
+        assert modules._fold_agrees[dtype], "the folded batch norm differs from PyTorch's"
+    if not modules._fold_agrees[dtype]:
+        pytest.skip(f"this PyTorch build's batch norm does not compute fma(x, scale, shift) in "
+                    f"{dtype}: the fold is off (and the modules give PyTorch's results unfolded)")
+    plain = run(net, feats, idx, False)
+    assert modules._same_bits(folded, plain)
+    assert torch.isnan(plain).any()  # the NaN check above is not vacuous
+
+
+def test_fold_only_where_nothing_can_tell(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, torch.float32)
+    net = block_net(gen, torch.float32)
+    run(net, feats, idx, True)  # the first fold probes this build (_probe_fold)
+    if not modules._fold_agrees[torch.float32]:
+        pytest.skip("this PyTorch build's batch norm is not fma(x, scale, shift): no fold")
+    want = run(net, feats, idx, False)
+    with CountFolds() as folds:
+        # grad mode records a graph: nothing folded, gradients flow
+        out = net(spconv.SparseConvTensor(feats.requires_grad_(), idx, SHAPE, 2)).features
+        assert out.requires_grad and folds.calls == 0 and torch.equal(out.detach(), want)
+        out.sum().backward()
+        assert feats.grad is not None
+        feats = feats.detach()
+        # a hook on the ReLU: the batch norm still folds, the ReLU runs as a module
+        seen = []
+        handle = net[0][2].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        assert torch.equal(run(net, feats, idx, True), want) and len(seen) == 1
+        assert folds.calls == 4
+        handle.remove()
+        # a hook on the batch norm: that block is not folded
+        handle = net[1][1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+        assert torch.equal(run(net, feats, idx, True), want) and len(seen) == 2
+        assert folds.calls == 4 + 3
+        handle.remove()
+        # a batch norm in training mode updates its statistics: not folded
+        net[2][1].train()
+        before = net[2][1].running_mean.clone()
+        run(net, feats, idx, True)
+        assert folds.calls == 7 + 3 and not torch.equal(net[2][1].running_mean, before)
+        net[2][1].eval()
+        want = run(net, feats, idx, False)  # with the statistics it has now
+        # a subclass of BatchNorm1d may do anything: not folded
+        class MyBN(nn.BatchNorm1d):
+            pass
+        mine = MyBN(33, eps=1e-3).eval()
+        mine.load_state_dict(net[2][1].state_dict())
+        net[2].add_module("1", mine)  # replaces the batch norm in place
+        assert torch.equal(run(net, feats, idx, True), want)
+        assert folds.calls == 10 + 3
+    # SPCONV_C_FOLD_BN=0 (modules.FOLD_BN) turns it off
+    with CountFolds() as folds:
+        run(net, feats, idx, False)
+        assert folds.calls == 0
+
+
+def test_the_probe_detects_another_formula(monkeypatch):
+    """_probe_fold compares against torch's batch norm: an op computing anything else fails it."""
+    real = ops._ops.conv_forward_bn
+
+    def unfused_multiply_add(rb, x, w, b, bw, bb, mean, var, eps, relu):
+        out = ops.indice_conv(rb, x, w, b)
+        scale = (var + eps).sqrt().reciprocal() * (bw if bw is not None else 1)
+        shift = (bb if bb is not None else 0) - mean * scale
+        out = out * scale + shift  # two roundings instead of one
+        return torch.relu(out) if relu else out
+
+    if not modules._probe_fold(torch.float32):
+        pytest.skip("the fold is already off on this PyTorch build (see the test above)")
+    monkeypatch.setattr(ops._ops, "conv_forward_bn", unfused_multiply_add)
+    assert not modules._probe_fold(torch.float32)
+    monkeypatch.setattr(ops._ops, "conv_forward_bn", real)
+
+
+def test_opcheck_and_errors(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 60, 3, torch.float64)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    bn = random_bn(gen, 4, torch.float64)
+    op = torch.ops.spconv_c.conv_forward_bn.default
+    args = (rb, feats, w, None, bn.weight.detach(), bn.bias.detach(), bn.running_mean,
+            bn.running_var, bn.eps, True)
+    torch.library.opcheck(op, args)
+    torch.library.opcheck(op, (rb, feats, w, torch.randn(4, dtype=torch.float64), None, None,
+                               bn.running_mean, bn.running_var, 1e-5, False))
+    with pytest.raises(RuntimeError, match=r"running_var must be a CPU Double \[4\]"):
+        op(rb, feats, w, None, None, None, bn.running_mean, bn.running_var[:3], 1e-3, True)
+    with pytest.raises(RuntimeError, match=r"bn_weight must be a CPU Double \[4\].*Float"):
+        op(rb, feats, w, None, bn.weight.float(), None, bn.running_mean, bn.running_var, 1e-3,
+           True)
+    with pytest.raises(RuntimeError, match="float32 / float64 features only"):
+        op(rb, feats.half(), w.half(), None, None, None, bn.running_mean.half(),
+           bn.running_var.half(), 1e-3, True)
+    with pytest.raises(RuntimeError, match="spconv_conv_forward_affine: features have C_in = 2"):
+        op(rb, feats[:, :2], w, None, None, None, bn.running_mean, bn.running_var, 1e-3, True)
