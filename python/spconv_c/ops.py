@@ -285,9 +285,11 @@ def indice_conv(rulebook, features, weight, bias=None):
 def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
     """``relu(bn(indice_conv(...)))`` for an ``nn.BatchNorm1d`` ``bn`` in eval mode, in one op,
     below autograd: inference only (see modules._fused_blocks for when it is used)."""
+    params, buffers = bn._parameters, bn._buffers
     with _below_autograd():
-        return _ops.conv_forward_bn(rulebook, features, weight, bias, bn.weight, bn.bias,
-                                    bn.running_mean, bn.running_var, bn.eps, relu)
+        return _ops.conv_forward_bn(rulebook, features, weight, bias, params.get("weight"),
+                                    params.get("bias"), buffers["running_mean"],
+                                    buffers["running_var"], bn.eps, relu)
 
 
 def indice_maxpool(rulebook, features):

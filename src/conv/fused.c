@@ -64,9 +64,62 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n) {
         }                                                                                          \
     }
 
+#if SPCONV__FUSED_X86
+/* PACK_BODY(float) for B^T by 8 x 8 blocks: 8 runs of b (8 columns of B), 8 elements of each,
+ * transposed in registers into 8 tile rows; the edges as PACK_BODY does them. The same values
+ * in the same places (only moved). */
+FUSED_TARGET static void pack_trans_f32_avx2(const float *b, int64_t ldb, int64_t k, int64_t n,
+                                             float *dst) {
+    const int64_t tw = 16, tiles = (n + tw - 1) / tw;
+    for (int64_t t = 0; t < tiles; ++t, dst += k * tw) {
+        const int64_t w = n - t * tw < tw ? n - t * tw : tw;
+        int64_t j = 0;
+        for (; j + 8 <= w; j += 8) {
+            const float *col = b + (t * tw + j) * ldb;
+            int64_t p = 0;
+            for (; p + 8 <= k; p += 8) {
+                __m256 r[8], u[8], v[8];
+                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(col + i * ldb + p);
+                for (int i = 0; i < 8; i += 2) {
+                    u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                    u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+                }
+                for (int i = 0; i < 8; i += 4) {
+                    v[i] = _mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                    v[i + 1] = _mm256_shuffle_ps(u[i], u[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                    v[i + 2] = _mm256_shuffle_ps(u[i + 1], u[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                    v[i + 3] = _mm256_shuffle_ps(u[i + 1], u[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+                }
+                /* v[i] holds element i % 4 + (lane half) of runs 0-3 (v[0..3]) and 4-7 (v[4..7]) */
+                for (int i = 0; i < 4; ++i) {
+                    _mm256_storeu_ps(dst + (p + i) * tw + j,
+                                     _mm256_permute2f128_ps(v[i], v[i + 4], 0x20));
+                    _mm256_storeu_ps(dst + (p + i + 4) * tw + j,
+                                     _mm256_permute2f128_ps(v[i], v[i + 4], 0x31));
+                }
+            }
+            for (; p < k; ++p)
+                for (int64_t i = 0; i < 8; ++i) dst[p * tw + j + i] = col[i * ldb + p];
+        }
+        for (; j < w; ++j) {
+            const float *col = b + (t * tw + j) * ldb;
+            for (int64_t p = 0; p < k; ++p) dst[p * tw + j] = col[p];
+        }
+        for (int64_t p = 0; p < k; ++p)
+            for (int64_t jj = w; jj < tw; ++jj) dst[p * tw + jj] = 0.0f;
+    }
+}
+#endif
+
 void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int trans, int64_t k,
                         int64_t n, void *packed) {
     const int64_t tw = tile_width(dtype), tiles = (n + tw - 1) / tw;
+#if SPCONV__FUSED_X86
+    if (dtype == SPCONV_F32 && trans && spconv__fused_available()) {
+        pack_trans_f32_avx2(b, ldb, k, n, packed);
+        return;
+    }
+#endif
     if (dtype == SPCONV_F32)
         PACK_BODY(float)
     else

@@ -111,15 +111,19 @@ def _fold_length(conv, modules, i, input):
     if not FOLD_BN or i >= len(modules) or type(modules[i]) is not nn.BatchNorm1d:
         return 0
     bn = modules[i]
-    if (bn.training or bn.running_mean is None or not isinstance(input, SparseConvTensor)
+    # (the batch norm's tensors straight from its dicts: nn.Module.__getattr__ costs ~1 us each)
+    buffers, params = bn._buffers, bn._parameters
+    mean, var = buffers.get("running_mean"), buffers.get("running_var")
+    if (bn.training or mean is None or var is None or not isinstance(input, SparseConvTensor)
             or not ops._inference() or not getattr(conv, "_foldable", lambda: False)()):
         return 0
     feats = input.features
     dtype = feats.dtype
+    weight, bias = params.get("weight"), params.get("bias")
     if (feats.device.type != "cpu" or dtype not in (torch.float32, torch.float64)
-            or bn.running_mean.dtype != dtype or bn.running_var.dtype != dtype
-            or (bn.weight is not None and bn.weight.dtype != dtype)
-            or (bn.bias is not None and bn.bias.dtype != dtype)
+            or mean.dtype != dtype or var.dtype != dtype
+            or (weight is not None and weight.dtype != dtype)
+            or (bias is not None and bias.dtype != dtype)
             or not _no_hooks(conv) or not _no_hooks(bn) or _global_hooks()):
         return 0
     if dtype not in _fold_agrees:
