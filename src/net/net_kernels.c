@@ -232,7 +232,10 @@ spconv_status spconv__cpu_relu_backward(spconv_context *ctx, const spconv_tensor
         const T *out = spconv_tensor_data(y), *g = spconv_tensor_data(dy);                         \
         T *dst = spconv_tensor_data(dx);                                                           \
         PARALLEL_FOR(n)                                                                            \
-        for (int64_t i = 0; i < n; ++i) dst[i] = out[i] > 0 ? g[i] : 0;                            \
+        for (int64_t i = 0; i < n; ++i) {                                                          \
+            const T gi = g[i]; /* read always: a select, not a branch per element */               \
+            dst[i] = out[i] > 0 ? gi : 0;                                                          \
+        }                                                                                          \
     } while (0)
     if (spconv_tensor_dtype(y) == SPCONV_F32)
         RELU_BACKWARD(float);
