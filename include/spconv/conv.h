@@ -42,9 +42,10 @@ spconv_status spconv_conv_forward(spconv_context *ctx, const spconv_rulebook *rb
  * [C_out] of the features' dtype on the CPU, both or neither (neither: the ReLU alone). The
  * values are those of spconv_conv_forward followed by that elementwise map; the map is applied
  * to each block of output rows while it is in cache, instead of one more pass over the output.
- * PyTorch's CPU batch norm in eval mode is this map with scale = weight / sqrt(var + eps) and
- * shift = bias - mean * scale (its own fused multiply-add), which is how the PyTorch binding
- * uses it (python/spconv_c/pytorch/modules.py).
+ * PyTorch's CPU batch norm in eval mode is this map with scale = (1 / sqrt(var + eps)) * weight
+ * and shift = bias - mean * scale (one fused multiply-add), each rounded as its kernel rounds
+ * them, which is how the PyTorch binding uses it (python/spconv_c/csrc/ops.cpp,
+ * python/spconv_c/pytorch/modules.py).
  * CPU, f32 and f64 only: other devices and f16 / bf16 are SPCONV_ERR_NOT_SUPPORTED.
  */
 spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_rulebook *rb,

@@ -284,7 +284,7 @@ def indice_conv(rulebook, features, weight, bias=None):
 
 def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
     """``relu(bn(indice_conv(...)))`` for an ``nn.BatchNorm1d`` ``bn`` in eval mode, in one op,
-    below autograd: inference only (see modules._fused_blocks for when it is used)."""
+    below autograd: inference only (see modules._fold_length for when it is used)."""
     params, buffers = bn._parameters, bn._buffers
     with _below_autograd():
         return _ops.conv_forward_bn(rulebook, features, weight, bias, params.get("weight"),

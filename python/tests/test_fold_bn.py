@@ -138,6 +138,41 @@ def test_fold_only_where_nothing_can_tell(seed):
         assert folds.calls == 0
 
 
+def test_fold_in_other_settings(seed):
+    """inference_mode folds as no_grad does; an empty tensor, non-contiguous features, a forward
+    replaced on an instance, a batch norm of other channels: the same as unfolded."""
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, torch.float32)
+    net = block_net(gen, torch.float32)
+    run(net, feats, idx, True)  # the probe
+    if not modules._fold_agrees[torch.float32]:
+        pytest.skip("this PyTorch build's batch norm is not fma(x, scale, shift): no fold")
+    want = run(net, feats, idx, False)
+    with CountFolds() as folds:
+        with torch.inference_mode():
+            got = net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
+        assert folds.calls == 4 and modules._same_bits(got.clone(), want)
+        wide = torch.randn(feats.shape[0], 10, generator=gen)
+        wide[:, ::2] = feats
+        assert torch.equal(run(net, wide[:, ::2], idx, True), want)  # a strided view
+        assert folds.calls == 8
+        empty = run(net, feats[:0], idx[:0], True)
+        assert empty.shape == (0, 8) and torch.equal(empty, run(net, feats[:0], idx[:0], False))
+        # a forward replaced on one batch norm instance: that block runs its modules
+        bn = net[1][1]
+        bn.forward = lambda x: nn.BatchNorm1d.forward(bn, x) * 2
+        calls = folds.calls
+        doubled = run(net, feats, idx, True)
+        assert folds.calls == calls + 3 and not torch.equal(doubled, want)
+        assert torch.equal(doubled, run(net, feats, idx, False))
+        del bn.forward
+    # a batch norm of other channels than its conv's: PyTorch's own error, not the fold's
+    bad = spconv.SparseSequential(spconv.SubMConv3d(5, 4, 3, indice_key="b"),
+                                  nn.BatchNorm1d(6).eval())
+    with torch.no_grad(), pytest.raises(RuntimeError, match="running_mean should contain 4"):
+        bad(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+
+
 def test_the_probe_detects_another_formula(monkeypatch):
     """_probe_fold compares against torch's batch norm: an op computing anything else fails it."""
     real = ops._ops.conv_forward_bn

@@ -103,10 +103,11 @@ def _global_hooks():
 def _fold_length(conv, modules, i, input):
     """How many of ``modules[i:]`` the conv ``conv`` can take into its own op: 2 for an
     ``nn.BatchNorm1d`` in eval mode followed by an ``nn.ReLU``, 1 for the batch norm alone, else
-    0. Only in inference (no gradient recorded, nothing traced), for the torch classes themselves
-    (not subclasses), none of them with hooks, CPU float32 / float64 features with batch-norm
-    tensors of their dtype, and only where _probe_fold found the folded op bitwise equal to
-    PyTorch's own batch norm and ReLU. The result is then PyTorch's, with one op instead of three
+    0. Only in inference (no gradient recorded, nothing traced or compiled, no dispatch mode
+    watching), for the torch classes themselves (not subclasses) called as they are (no hooks,
+    no instance forward, not compiled on their own), a batch norm of the conv's channels, CPU
+    float32 / float64 features with batch-norm tensors of their dtype on the CPU, and only where
+    _probe_fold found the folded op bitwise equal to PyTorch's own batch norm and ReLU. The result is then PyTorch's, with one op instead of three
     and no pass of its own over the output for the batch norm or the ReLU."""
     if not FOLD_BN or i >= len(modules) or type(modules[i]) is not nn.BatchNorm1d:
         return 0
@@ -115,23 +116,40 @@ def _fold_length(conv, modules, i, input):
     buffers, params = bn._buffers, bn._parameters
     mean, var = buffers.get("running_mean"), buffers.get("running_var")
     if (bn.training or mean is None or var is None or not isinstance(input, SparseConvTensor)
-            or not ops._inference() or not getattr(conv, "_foldable", lambda: False)()):
+            or not ops._inference() or torch.jit.is_tracing() or _modes_active()
+            or not getattr(conv, "_foldable", lambda: False)()
+            or mean.numel() != getattr(conv, "out_channels", -1)):
         return 0
     feats = input.features
     dtype = feats.dtype
     weight, bias = params.get("weight"), params.get("bias")
+    tensors = [t for t in (mean, var, weight, bias) if t is not None]
     if (feats.device.type != "cpu" or dtype not in (torch.float32, torch.float64)
-            or mean.dtype != dtype or var.dtype != dtype
-            or (weight is not None and weight.dtype != dtype)
-            or (bias is not None and bias.dtype != dtype)
-            or not _no_hooks(conv) or not _no_hooks(bn) or _global_hooks()):
+            or any(t.dtype != dtype or t.device.type != "cpu" for t in tensors)
+            or not _plain(conv) or not _plain(bn) or _global_hooks()):
         return 0
     if dtype not in _fold_agrees:
         _fold_agrees[dtype] = _probe_fold(dtype)
     if not _fold_agrees[dtype]:
         return 0
-    relu = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU and _no_hooks(modules[i + 1])
+    relu = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU and _plain(modules[i + 1])
     return 2 if relu else 1
+
+
+def _plain(module):
+    """No hooks, no forward replaced on the instance, not compiled on its own
+    (``module.compile()``): calling the module is its class's forward and nothing else."""
+    return (_no_hooks(module) and "forward" not in module.__dict__
+            and getattr(module, "_compiled_call_impl", None) is None)
+
+
+def _modes_active():
+    """A dispatch or torch-function mode (FakeTensorMode, a FLOP counter, a profiler's mode) is
+    watching the ops: let it see PyTorch's own batch norm, not the folded op."""
+    dispatch = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    function = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+    return bool((dispatch is not None and dispatch() > 0)
+                or (function is not None and function()))
 
 
 def _same_bits(a, b):
@@ -151,26 +169,35 @@ def _probe_fold(dtype):
     kernel's multiply-add is fused depends on how PyTorch was compiled. Random convs, batch
     norms (with and without affine parameters, near-zero and large variances, negative scales)
     and channel counts across vector widths, with and without the ReLU, in a private generator."""
-    gen = torch.Generator().manual_seed(20261202)
+    try:
+        return _probe_fold_on_cpu(dtype)
+    except Exception:  # whatever the caller's state breaks here, the answer is "do not fold"
+        return False
+
+
+def _probe_fold_on_cpu(dtype):
+    cpu = torch.device("cpu")
+    gen = torch.Generator(device=cpu).manual_seed(20261202)
     shape = [7, 8, 9]
-    cells = torch.randperm(shape[0] * shape[1] * shape[2], generator=gen)[:150]
+    cells = torch.randperm(shape[0] * shape[1] * shape[2], generator=gen, device=cpu)[:150]
     idx = torch.stack([torch.zeros_like(cells), cells // (shape[1] * shape[2]),
                        cells // shape[2] % shape[1], cells % shape[2]], 1).int()
     rb = ops.build_rulebook(idx, shape, 1, ops.SUBM, 3)
     with torch.no_grad():
         for c_in, c_out in ((3, 1), (4, 3), (5, 8), (16, 13), (8, 16), (7, 33), (32, 64)):
-            x = torch.randn(idx.shape[0], c_in, generator=gen, dtype=dtype) * 3
-            w = torch.randn(27, c_in, c_out, generator=gen, dtype=dtype) / c_in
-            b = torch.randn(c_out, generator=gen, dtype=dtype)
+            x = torch.randn(idx.shape[0], c_in, generator=gen, dtype=dtype, device=cpu) * 3
+            w = torch.randn(27, c_in, c_out, generator=gen, dtype=dtype, device=cpu) / c_in
+            b = torch.randn(c_out, generator=gen, dtype=dtype, device=cpu)
             for affine in (True, False):
-                bn = nn.BatchNorm1d(c_out, eps=1e-3, affine=affine, dtype=dtype).eval()
-                bn.running_mean.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
-                var = torch.rand(c_out, generator=gen, dtype=dtype) * 4
+                bn = nn.BatchNorm1d(c_out, eps=1e-3, affine=affine, dtype=dtype,
+                                    device=cpu).eval()
+                bn.running_mean.copy_(torch.randn(c_out, generator=gen, dtype=dtype, device=cpu))
+                var = torch.rand(c_out, generator=gen, dtype=dtype, device=cpu) * 4
                 var[::3] = 1e-6
                 bn.running_var.copy_(var)
                 if affine:
-                    bn.weight.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
-                    bn.bias.copy_(torch.randn(c_out, generator=gen, dtype=dtype))
+                    bn.weight.copy_(torch.randn(c_out, generator=gen, dtype=dtype, device=cpu))
+                    bn.bias.copy_(torch.randn(c_out, generator=gen, dtype=dtype, device=cpu))
                 plain = bn(ops.indice_conv(rb, x, w, b))
                 for relu in (False, True):
                     want = torch.relu(plain) if relu else plain
