@@ -323,29 +323,47 @@ done:
     return st;
 }
 
-spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook *rb,
-                                      const spconv_tensor *features, const spconv_tensor *weight,
-                                      const spconv_tensor *bias,
-                                      const spconv__conv_options *options, spconv_tensor **out) {
-    static const char func[] = "spconv_conv_forward";
+/* What every forward entry point checks first, under its own name: the pointers and the
+ * operands (spconv__conv_check), whose sizes come back in @p dims. */
+static spconv_status check_entry(const char *func, const spconv_rulebook *rb,
+                                 const spconv_tensor *features, const spconv_tensor *weight,
+                                 const spconv_tensor *bias, spconv_tensor **out,
+                                 spconv__conv_dims *dims) {
     SPCONV_CHECK_NOT_NULL(func, out);
     *out = NULL;
     SPCONV_CHECK_NOT_NULL(func, rb);
     SPCONV_CHECK_NOT_NULL(func, features);
     SPCONV_CHECK_NOT_NULL(func, weight);
-    spconv__conv_dims dims;
-    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
-    /* spconv_conv_forward_affine checked these for its callers; internal ones get the same */
+    return spconv__conv_check(func, rb, features, weight, bias, NULL, dims);
+}
+
+/* The checked call to the backend of @p dims's device (16-bit features through f32). */
+static spconv_status dispatch_forward(const char *func, spconv_context *ctx,
+                                      const spconv_rulebook *rb, const spconv_tensor *features,
+                                      const spconv_tensor *weight, const spconv_tensor *bias,
+                                      const spconv__conv_options *options,
+                                      const spconv__conv_dims *dims, spconv_tensor **out) {
+    /* spconv_conv_forward_affine checks this for its callers; internal ones get the same */
     SPCONV_RETURN_ERROR_IF(options != NULL && options->epilogue != NULL &&
-                               (dims.device.type != SPCONV_DEVICE_CPU ||
-                                spconv__is_half_dtype(dims.dtype)),
+                               (dims->device.type != SPCONV_DEVICE_CPU ||
+                                spconv__is_half_dtype(dims->dtype)),
                            SPCONV_ERR_NOT_SUPPORTED,
                            "%s: the affine epilogue runs on f32 / f64 CPU features only", func);
     const spconv_backend *backend;
-    SPCONV_DISPATCH(func, dims.device, conv_forward, "sparse conv forward", &backend);
-    if (spconv__is_half_dtype(dims.dtype))
+    SPCONV_DISPATCH(func, dims->device, conv_forward, "sparse conv forward", &backend);
+    if (spconv__is_half_dtype(dims->dtype))
         return spconv__half_conv_forward(backend, ctx, rb, features, weight, bias, options, out);
     return backend->conv_forward(ctx, rb, features, weight, bias, options, out);
+}
+
+spconv_status spconv__conv_forward_ex(spconv_context *ctx, const spconv_rulebook *rb,
+                                      const spconv_tensor *features, const spconv_tensor *weight,
+                                      const spconv_tensor *bias,
+                                      const spconv__conv_options *options, spconv_tensor **out) {
+    static const char func[] = "spconv_conv_forward";
+    spconv__conv_dims dims;
+    SPCONV_FORWARD_IF_ERROR(check_entry(func, rb, features, weight, bias, out, &dims));
+    return dispatch_forward(func, ctx, rb, features, weight, bias, options, &dims, out);
 }
 
 /* @p t (may be NULL) is 1-d [c_out] of the features' dtype, on the CPU. */
@@ -371,13 +389,8 @@ spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_ruleb
                                          const spconv_tensor *scale, const spconv_tensor *shift,
                                          int relu, spconv_tensor **out) {
     static const char func[] = "spconv_conv_forward_affine";
-    SPCONV_CHECK_NOT_NULL(func, out);
-    *out = NULL;
-    SPCONV_CHECK_NOT_NULL(func, rb);
-    SPCONV_CHECK_NOT_NULL(func, features);
-    SPCONV_CHECK_NOT_NULL(func, weight);
     spconv__conv_dims dims;
-    SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &dims));
+    SPCONV_FORWARD_IF_ERROR(check_entry(func, rb, features, weight, bias, out, &dims));
     SPCONV_RETURN_ERROR_IF(dims.device.type != SPCONV_DEVICE_CPU, SPCONV_ERR_NOT_SUPPORTED,
                            "%s: runs on the CPU backend only; the features are on %s", func,
                            spconv__device_text(dims.device).text);
@@ -402,7 +415,7 @@ spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_ruleb
                                                 sh != NULL ? spconv_tensor_data(sh) : NULL,
                                                 relu != 0};
         const spconv__conv_options options = {SPCONV__GEMM_AUTO, NULL, &epilogue};
-        st = spconv__conv_forward_ex(ctx, rb, features, weight, bias, &options, out);
+        st = dispatch_forward(func, ctx, rb, features, weight, bias, &options, &dims, out);
     }
 done:
     spconv_tensor_release(sh);
