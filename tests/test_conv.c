@@ -318,10 +318,9 @@ static void test_pair_bounds(void **state) {
  * KRSC layout permuted to [K, C_in, C_out] (as the PyTorch binding passes it), a narrowed C_out,
  * and a narrowed kernel dim that does not flatten (copied). Forward, data and weight gradients
  * must be bitwise those of the contiguous weight, in f32 and f64. */
-static void test_weight_views(void **state) {
-    (void)state;
+static void weight_views_case(int64_t c_in, int64_t c_out) {
     conv_case c = conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 1, 1),
-                                 (int64_t[3]){9, 10, 11}, 2, 150, 7, 19);
+                                 (int64_t[3]){9, 10, 11}, 2, 150, c_in, c_out);
     conv_case_setup(&c, NULL);
     const int64_t kv = c.kernel_volume, ci = c.c_in, co = c.c_out;
     double *krsc = malloc((size_t)(co * kv * ci) * sizeof(double));
@@ -379,6 +378,15 @@ static void test_weight_views(void **state) {
     }
     free(krsc), free(wide), free(longer), free(dy);
     conv_case_free(&c);
+}
+
+/* Channels below one 8 x 8 block of the transposed pack (7 -> 19), and channels with full
+ * blocks and edges in both directions (19 -> 37): the KRSC view's forward and the contiguous
+ * weight's backward both pack W[k]^T. */
+static void test_weight_views(void **state) {
+    (void)state;
+    weight_views_case(7, 19);
+    weight_views_case(19, 37);
 }
 
 /* The fast path against the pair-loop reference on every kind, f32 and f64. */
