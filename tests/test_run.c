@@ -601,14 +601,40 @@ static int count_in_file(const char *path, const char *needle) {
     return count;
 }
 
+/* --peak-every-pass: every pass carries the peak measured beside it, and its wall / floor is its
+ * wall time over the pass's GFLOP at that peak (each number printed to 6 digits, hence 1e-4). */
+static void check_pass_floor(const char *path) {
+    size_t n = 0;
+    char *text = spconv_test_read_bytes(path, &n);
+    assert_non_null(text);
+    const char *forward = strstr(text, "\"passes\": {\"forward\": ");
+    assert_non_null(forward);
+    double gflop = 0.0, start = 0.0, wall = 0.0, peak = 0.0, ratio = 0.0;
+    const char *g = strstr(forward, "\"gflop\": ");
+    assert_non_null(g);
+    assert_int_equal(sscanf(g, "\"gflop\": %lf", &gflop), 1);
+    const char *first = strstr(forward, "\"per_pass\": [{\"rep\": 0, ");
+    assert_non_null(first);
+    assert_int_equal(sscanf(first, "\"per_pass\": [{\"rep\": 0, \"start_unix_ms\": %lf, "
+                                   "\"wall_ms\": %lf, \"peak_gflops\": %lf, \"wall_over_floor\": %lf",
+                            &start, &wall, &peak, &ratio), 4);
+    assert_true(gflop > 0.0 && wall > 0.0 && peak > 0.0);
+    const double expected = wall / (gflop * 1e3 / peak);
+    assert_true(fabs(ratio - expected) <= 1e-4 * expected);
+    assert_int_equal(count_in_file(path, "\"peak_gflops\": null"), 0);
+    free(text);
+}
+
 static void test_bench_json(void **state) {
     fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], json[PATH_CAP];
     small_scan(f, 5000, scan);
     expect_success(f, (const char *[]){"bench", "--net", "unet", "--input", scan, "--repeat", "2",
                                        "--warmup", "0", "--backward", "--peak-size", "128",
-                                       "--json", in_dir(f, "unet.json", json), NULL});
+                                       "--peak-every-pass", "--json", in_dir(f, "unet.json", json),
+                                       NULL});
     check_bench_json(json, zoo_layers("unet"), 1);
+    check_pass_floor(json);
     /* Every pass is there: 2 forwards and 2 backwards, each with its start and its phases; each
      * layer has 2 values per phase and direction. */
     assert_int_equal(count_in_file(json, "{\"rep\": "), 4);
@@ -618,9 +644,12 @@ static void test_bench_json(void **state) {
     expect_in_stdout(f, "forward (training)");
     expect_in_stdout(f, "backward: ");
     expect_in_stdout(f, "% of the sgemm peak");
+    expect_in_stdout(f, "sgemm peak beside each pass: ");
+    expect_in_stdout(f, ", each pass against its own peak");
     expect_success(f, (const char *[]){"bench", "--repeat", "1", "--warmup", "0", "--peak-size",
                                        "0", "--json", in_dir(f, "second.json", json), NULL});
     check_bench_json(json, zoo_layers("second"), 0);
+    assert_int_equal(count_in_file(json, "\"peak_gflops\": null, \"wall_over_floor\": null"), 1);
     expect_in_stdout(f, "sample_scan.bin");
     expect_in_stdout(f, "engine tensors at their most");
     assert_int_equal(spconv_test_count_entries(f->dir), 5); /* scan, 2 JSON, stdout, stderr */
@@ -656,6 +685,9 @@ static void test_bench_replicate_and_input_grad(void **state) {
     spconv_tool_expect_usage_error(
         f, (const char *[]){"bench", "--input-grad", NULL},
         "spconv bench: --input-grad needs --backward (the gradient comes from a backward)");
+    spconv_tool_expect_usage_error(
+        f, (const char *[]){"bench", "--peak-every-pass", "--peak-size", "0", NULL},
+        "spconv bench: --peak-every-pass needs a peak (--peak-size is 0)");
     spconv_tool_expect_usage_error(f, (const char *[]){"bench", "--replicate", "0", NULL},
                                    "--replicate");
 }

@@ -40,6 +40,8 @@ static void samples_free(bench_samples *s) {
 void bench_run_free(bench_run *run) {
     samples_free(&run->forward);
     samples_free(&run->backward);
+    free(run->pass_peak);
+    run->pass_peak = NULL;
     free(run->layers);
     run->layers = NULL;
     run->num_layers = 0;
@@ -111,6 +113,9 @@ typedef struct pass_summary {
     double gflops;      /* flops / median wall */
     double gemm_gflops; /* flops / median GEMM phase */
     double gemm_share;  /* gemm_gflops / sgemm peak; 0 without a peak */
+    double floor_ms;    /* flops / sgemm peak: no pass can be faster; 0 without a peak */
+    spread over_floor;  /* wall / floor per pass, against each pass's own peak where measured
+                         * (--peak-every-pass), else against the one peak; 0 without a peak */
 } pass_summary;
 
 /* A conv's backward computes d_features and d_weight (twice the forward's products), except
@@ -130,6 +135,18 @@ static const char *gemm_words(const char *gemm) {
 
 static double per_second(double flops, double ms) { return ms > 0.0 ? flops / ms * 1e-6 : 0.0; }
 
+/* The milliseconds @p flops take at @p gflops. */
+static double floor_ms(double flops, double gflops) {
+    return gflops > 0.0 ? flops / gflops * 1e-6 : 0.0;
+}
+
+/* Pass @p rep's wall time over its floor: against its own peak where one was measured beside it. */
+static double pass_over_floor(const bench_run *run, const bench_samples *s, int rep, double flops) {
+    const double peak = run->pass_peak != NULL ? run->pass_peak[rep] : run->peak_gflops;
+    const double least = floor_ms(flops, peak);
+    return least > 0.0 ? s->wall[rep] / least : 0.0;
+}
+
 static pass_summary summarize(bench_run *run, bench_samples *s, int backward) {
     pass_summary p = {.wall = wall_spread(s)};
     for (int k = 0; k < BENCH_PHASES; ++k) p.phases[k] = phase_spread(s, k);
@@ -137,6 +154,9 @@ static pass_summary summarize(bench_run *run, bench_samples *s, int backward) {
     p.gflops = per_second(p.flops, p.wall.median);
     p.gemm_gflops = per_second(p.flops, p.phases[PHASE_GEMM].median);
     p.gemm_share = run->peak_gflops > 0.0 ? p.gemm_gflops / run->peak_gflops : 0.0;
+    p.floor_ms = floor_ms(p.flops, run->peak_gflops);
+    for (int r = 0; r < s->repeat; ++r) s->scratch[r] = pass_over_floor(run, s, r, p.flops);
+    p.over_floor = scratch_spread(s);
     return p;
 }
 
@@ -188,6 +208,10 @@ static void print_pass(bench_run *run, bench_samples *s, const char *title, int 
             p.gemm_gflops);
     if (run->peak_gflops > 0.0) fprintf(out, " = %.1f%% of the sgemm peak", 100.0 * p.gemm_share);
     fputc('\n', out);
+    if (run->peak_gflops > 0.0)
+        fprintf(out, "%s: GEMM floor %.2f ms (GFLOP / sgemm peak); wall / floor %.3f median "
+                "[%.3f, %.3f]%s\n", title, p.floor_ms, p.over_floor.median, p.over_floor.min,
+                p.over_floor.max, run->pass_peak != NULL ? ", each pass against its own peak" : "");
     const spread mib = tensor_spread(s);
     fprintf(out, "%s: %.2f us per input site; engine tensors at their most %.1f MiB median "
             "[%.1f, %.1f] (%.2f KiB per input site)\n", title,
@@ -210,6 +234,12 @@ void bench_report_print(bench_run *run, FILE *out) {
                 "%.1f by the fused kernels)\n", run->peak_gflops, (long long)run->peak_size,
                 run->peak_blas_gflops, run->blas != NULL ? run->blas : "BLAS",
                 run->peak_fused_gflops);
+    if (run->pass_peak != NULL) {
+        memcpy(run->forward.scratch, run->pass_peak, (size_t)run->repeat * sizeof(double));
+        const spread beside = scratch_spread(&run->forward);
+        fprintf(out, "sgemm peak beside each pass: %.1f GFLOP/s median [%.1f, %.1f]\n",
+                beside.median, beside.min, beside.max);
+    }
     print_pass(run, &run->forward, run->with_backward ? "forward (training)" : "forward", 0, out);
     if (run->with_backward) print_pass(run, &run->backward, "backward", 1, out);
     if (run->rss_peak_mib > 0.0)
@@ -269,12 +299,18 @@ static void json_config(const bench_run *run, FILE *out) {
 
 /* Every timed pass in the order it ran: when it began, its wall time and its phases summed over
  * the layers, so that a script can compare runs pass by pass (or interleave two runs). */
-static void json_pass_samples(bench_samples *s, FILE *out) {
+static void json_pass_samples(const bench_run *run, bench_samples *s, double flops, FILE *out) {
     fputs(",\n      \"per_pass\": [", out);
     for (int r = 0; r < s->repeat; ++r) {
         fprintf(out, "%s{\"rep\": %d, \"start_unix_ms\": %.3f, \"wall_ms\": ",
                 r ? ",\n                   " : "", r, s->start[r]);
         json_number(out, s->wall[r]);
+        fputs(", \"peak_gflops\": ", out);
+        if (run->pass_peak != NULL) json_number(out, run->pass_peak[r]);
+        else fputs("null", out);
+        fputs(", \"wall_over_floor\": ", out);
+        if (run->peak_gflops > 0.0) json_number(out, pass_over_floor(run, s, r, flops));
+        else fputs("null", out);
         fputs(", \"tensor_mib\": ", out);
         json_number(out, s->tensor_mib[r]);
         fputs(", \"phases_ms\": {", out);
@@ -308,9 +344,15 @@ static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out)
     fputs(", \"gemm_share_of_peak\": ", out);
     if (run->peak_gflops > 0.0) json_number(out, p.gemm_share);
     else fputs("null", out);
+    fputs(", \"floor_ms\": ", out);
+    if (run->peak_gflops > 0.0) json_number(out, p.floor_ms);
+    else fputs("null", out);
+    fputs(", \"wall_over_floor\": ", out);
+    if (run->peak_gflops > 0.0) json_spread(out, p.over_floor);
+    else fputs("null", out);
     fputs(", \"tensor_mib\": ", out);
     json_spread(out, tensor_spread(s));
-    json_pass_samples(s, out);
+    json_pass_samples(run, s, p.flops, out);
     fputc('}', out);
 }
 

@@ -57,6 +57,10 @@ typedef struct bench_run {
     double peak_gflops; /* the higher of the two below; 0: not measured */
     double peak_blas_gflops, peak_fused_gflops; /* BLAS products, fused kernels (0: none) */
     const char *blas;   /* the BLAS's name and kernels, spconv__blas_name() */
+    /* [repeat], or NULL: with --peak-every-pass, the peak beside timed pass r (the higher of the
+     * measurements just before and just after it), so that a pass is set against the ceiling of
+     * its own minutes on a machine whose speed drifts. */
+    double *pass_peak;
     bench_samples forward, backward;
     bench_layer *layers;
     int num_layers;

@@ -38,6 +38,7 @@ typedef struct bench_args {
     int64_t threads;    /* 0: all cores */
     const char *device; /* --device; NULL: the CPU */
     int64_t peak_size;  /* 0: do not measure the sgemm peak */
+    int peak_every_pass; /* measure it again after every timed pass */
     int64_t seed;
     const char *json;
 } bench_args;
@@ -185,10 +186,13 @@ static int setup(bench_job *job) {
     memcpy(job->run.spatial_shape, job->input.spatial_shape, sizeof job->run.spatial_shape);
     const int layers = spconv_net_num_layers(job->net), reps = (int)a->repeat;
     if (bench_samples_init(&job->run.forward, reps, layers) != 0 ||
-        (a->backward && bench_samples_init(&job->run.backward, reps, layers) != 0))
+        (a->backward && bench_samples_init(&job->run.backward, reps, layers) != 0) ||
+        (a->peak_every_pass && (job->run.pass_peak = calloc((size_t)reps, sizeof(double))) == NULL))
         return cli_error(job->cmd, "out of memory for %d x %d timings", reps, layers);
     return 0;
 }
+
+static double higher(double a, double b) { return a > b ? a : b; }
 
 static int measure_peak(bench_job *job) {
     if (job->args.peak_size == 0) return 0;
@@ -196,9 +200,23 @@ static int measure_peak(bench_job *job) {
     spconv_status st = spconv__sgemm_peak_parts(run->threads, job->args.peak_size, PEAK_REPEAT,
                                                 &run->peak_blas_gflops, &run->peak_fused_gflops);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "measuring the sgemm peak");
-    run->peak_gflops = run->peak_blas_gflops > run->peak_fused_gflops ? run->peak_blas_gflops
-                                                                      : run->peak_fused_gflops;
+    run->peak_gflops = higher(run->peak_blas_gflops, run->peak_fused_gflops);
     run->blas = spconv__blas_name();
+    return 0;
+}
+
+/* --peak-every-pass: the peak again after timed pass @p rep; that pass is set against the higher
+ * of this one and the one before it (*before: the previous pass's, or the first measurement).
+ * The higher one, because a peak measured while something else ran is low and would flatter the
+ * pass. */
+static int measure_pass_peak(bench_job *job, int rep, double *before) {
+    double blas = 0.0, fused = 0.0;
+    spconv_status st = spconv__sgemm_peak_parts(job->run.threads, job->args.peak_size, PEAK_REPEAT,
+                                                &blas, &fused);
+    if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "measuring the sgemm peak");
+    const double after = higher(blas, fused);
+    job->run.pass_peak[rep] = higher(*before, after);
+    *before = after;
     return 0;
 }
 
@@ -213,7 +231,11 @@ static int bench_steps(bench_job *job) {
     int rc = setup(job);
     if (rc == 0) rc = measure_peak(job);
     for (int r = 0; rc == 0 && r < job->args.warmup; ++r) rc = one_pass(job, -1);
-    for (int r = 0; rc == 0 && r < job->args.repeat; ++r) rc = one_pass(job, r);
+    double before = job->run.peak_gflops;
+    for (int r = 0; rc == 0 && r < job->args.repeat; ++r) {
+        rc = one_pass(job, r);
+        if (rc == 0 && job->run.pass_peak != NULL) rc = measure_pass_peak(job, r, &before);
+    }
     if (rc != 0) return rc;
     job->run.rss_peak_mib = peak_resident_mib();
     if (bench_report_capture_layers(&job->run, job->net) != 0)
@@ -241,7 +263,9 @@ static const char bench_epilog[] =
     "random output gradient. Reports medians with [min, max] per layer and per phase\n"
     "(rulebook, gather, GEMM, scatter, other), GFLOP/s, and the GEMM phase's share of this\n"
     "machine's sgemm peak (a PEAK^3 float32 product run the way the conv executor runs its\n"
-    "products). --json FILE writes all of it; the schema is in docs/benchmarks.md.";
+    "products), with wall / floor (floor = GFLOP / peak). On a machine whose speed drifts,\n"
+    "--peak-every-pass measures the peak beside every pass and sets each pass against its own.\n"
+    "--json FILE writes all of it; the schema is in docs/benchmarks.md.";
 
 int spconv_cmd_bench(int argc, char **argv) {
     static const char cmd[] = "bench";
@@ -275,6 +299,9 @@ int spconv_cmd_bench(int argc, char **argv) {
         {.name = "--peak-size", .kind = CLI_INT, .value = &a->peak_size, .metavar = "PEAK",
          .min = 0, .max = 16384,
          .help = "sgemm size of the peak measurement (default 2048; 0: skip)"},
+        {.name = "--peak-every-pass", .kind = CLI_SWITCH, .value = &a->peak_every_pass,
+         .help = "measure the peak after every timed pass too, and set each pass against the "
+                 "peak beside it"},
         {.name = "--seed", .kind = CLI_INT, .value = &a->seed, .metavar = "S", .min = 0,
          .max = INT64_MAX, .help = "seed of the parameters and the gradient (default 1)"},
         {.name = "--json", .kind = CLI_PATH, .value = &a->json, .metavar = "FILE",
@@ -288,6 +315,8 @@ int spconv_cmd_bench(int argc, char **argv) {
     if (!cli_parse(&spec, argc, argv, &status)) return status;
     if (a->input_grad && !a->backward)
         return cli_error(cmd, "--input-grad needs --backward (the gradient comes from a backward)");
+    if (a->peak_every_pass && a->peak_size == 0)
+        return cli_error(cmd, "--peak-every-pass needs a peak (--peak-size is 0)");
     job.run.net_name = zoo[a->net];
     job.run.repeat = (int)a->repeat;
     job.run.warmup = (int)a->warmup;
