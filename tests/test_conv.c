@@ -471,6 +471,15 @@ static void test_determinism_threads(void **state) {
         conv_case c = many_blocks_case(i % 4, i >= 4);
         check_threads_agree(&c);
     }
+    /* Over 8192 input rows: the backward's joint mode (weight gradient inside the data
+     * gradient's blocks, conv_backward.c), 14 blocks in 7 segments and a tail that the two
+     * threads share. */
+    for (int i = 0; i < 2; ++i) {
+        conv_case c = conv_case_make(conv_params_iso(i == 0 ? SPCONV_CONV_SUBM : SPCONV_CONV_REGULAR,
+                                                     3, 1, i, 1),
+                                     (int64_t[3]){24, 24, 24}, 1, 10000, 64, 48);
+        check_threads_agree(&c);
+    }
 }
 
 /* The executors' three product paths agree: the default (the fused kernels where the machine has

@@ -137,6 +137,24 @@ static void test_backward_many_blocks(void **state) {
     }
 }
 
+/* Inputs of more than 8192 rows: with the fused kernels the weight gradient is computed inside
+ * the data gradient's blocks (joint mode, conv_backward.c), in up to 7 segments of blocks and a
+ * tail, summed in order (wider channels make shorter blocks, so more of them per segment);
+ * every kind, the subm centre offset and its mirrored pairs included. */
+static void test_backward_joint(void **state) {
+    (void)state;
+    const int64_t shape[3] = {24, 24, 24};
+    conv_case cases[5] = {
+        conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 1), shape, 1, 10000, 5, 6),
+        conv_case_make(conv_params_iso(SPCONV_CONV_SUBM, 3, 1, 0, 2), shape, 2, 6000, 40, 48),
+        conv_case_make(conv_params_iso(SPCONV_CONV_REGULAR, 3, 1, 1, 1), shape, 1, 9000, 24, 32),
+        conv_case_make(conv_params_iso(SPCONV_CONV_TRANSPOSED, 3, 2, 1, 1), shape, 1, 9000, 6, 3),
+        /* the inverse of a stride-1 conv: its input is that conv's output, ~13,000 rows */
+        conv_case_make(conv_params_iso(SPCONV_CONV_INVERSE, 3, 1, 1, 1), shape, 1, 6000, 32, 16),
+    };
+    for (int i = 0; i < 5; ++i) check_backward(&cases[i]);
+}
+
 /* L = sum(forward(x, w, b) * r) in f64 through the public forward. */
 static double loss(const conv_case *c, const double *x, const double *w, const double *b,
                    const double *r) {
@@ -346,6 +364,7 @@ int main(void) {
         cmocka_unit_test(test_backward_grid),
         cmocka_unit_test(test_backward_kinds),
         cmocka_unit_test(test_backward_many_blocks),
+        cmocka_unit_test(test_backward_joint),
         cmocka_unit_test(test_backward_finite_differences),
         cmocka_unit_test(test_backward_matches_reference),
         cmocka_unit_test(test_backward_contracts),

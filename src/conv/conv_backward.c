@@ -11,7 +11,18 @@
  *    number of pairs: a task sums its segment in pair order, chunk by chunk, into its own buffer
  *    (segment 0 straight into grad_weight[k]), and after a barrier each offset adds its other
  *    segments in order. Bounds depend on the sizes alone, so the sums do not depend on the thread
- *    count, and small layers with big kernels still keep every core busy. */
+ *    count, and small layers with big kernels still keep every core busy.
+ * Joint mode (fused kernels, both gradients, many input rows): the weight gradient is computed
+ * inside the data gradient's blocks, offset by offset right after the block's data-gradient
+ * product, from the same pairs: their grad_out rows have just been read and their feature rows
+ * are the block's own, still in cache for the next offset. Gathering those rows from memory was
+ * half of the separate weight gradient's gather. Blocks and segments (runs of consecutive blocks,
+ * one task each) are fixed by the sizes alone; a segment sums its blocks in order into its own
+ * buffers. The last eighth of the rows is not a segment but small tasks that any thread takes
+ * (its data-gradient blocks, and per offset the weight gradient of its pairs, read from memory),
+ * so that the threads finish the layer together rather than one waiting for the other's last
+ * segment. After a barrier the segments and the tail are added in order, so the sums still do
+ * not depend on the thread count. */
 #include <string.h>
 
 #include "conv/conv_check.h"
@@ -31,6 +42,13 @@
 #define SEGMENT_PAIRS 32768
 /* Fewest input rows per data-gradient block with the fused kernels (see the forward's). */
 #define FUSED_MIN_BLOCK_ROWS 64
+/* Joint mode: from this many input rows on, in JOINT_SEGMENTS segments and a tail of
+ * 1 / JOINT_TAIL of the blocks; the partial sums take at most JOINT_PARTIAL_BYTES (fewer
+ * segments otherwise). */
+#define JOINT_MIN_ROWS 8192
+#define JOINT_SEGMENTS 7
+#define JOINT_TAIL 8
+#define JOINT_PARTIAL_BYTES ((size_t)32 << 20)
 
 typedef struct backward_args {
     const spconv__conv_plan *plan;
@@ -46,10 +64,15 @@ typedef struct backward_args {
     char *grad_bias;          /* [C_out] or NULL */
     double *bias_partials;    /* [bias blocks, C_out] */
     int64_t block_rows, blocks;
+    int joint;                /* the weight gradient inside the data gradient's blocks */
+    /* joint: segment s < segments is blocks [s * segment_blocks, ...) below tail_block; the
+     * tail, blocks [tail_block, blocks), sums its weight gradient as segment `segments` */
+    int64_t segments, segment_blocks, tail_block;
     int64_t *task_first;      /* [num_active + 1]: offset j's weight tasks are
                                  [task_first[j], task_first[j + 1]) */
     int64_t num_tasks;
-    char *partials;           /* [num_tasks - num_active][C_in, C_out]: segments 1.. */
+    char *partials;           /* [num_tasks - num_active][C_in, C_out]: segments 1..; joint:
+                                 [segments][num_active][C_in, C_out], segments 1.. and tail */
     char *workspace; /* thread t owns [t * thread_bytes, (t + 1) * thread_bytes) */
     size_t thread_bytes;
     char *packed; /* fused data gradient: W[k]^T of active offset j packed at j * packed_bytes */
@@ -122,9 +145,39 @@ static void data_chunk(const backward_args *a, int64_t k, int64_t first, int64_t
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
 }
 
-/* In rows [r0, r1) of d_features: from zero through every offset in increasing k. */
-static void data_block(const backward_args *a, int64_t r0, int64_t r1, spconv__phase_clock *clock,
-                       char *buffer) {
+/* Joint mode: where segment @p segment sums active offset j's weight gradient. */
+static char *joint_sums(const backward_args *a, int64_t segment, int64_t j) {
+    const size_t sum_bytes = (size_t)(a->plan->c_in * a->plan->c_out) * a->plan->elem;
+    if (segment == 0) return a->grad_weight + (size_t)a->pairs.active[j] * sum_bytes;
+    return a->partials + (size_t)((segment - 1) * a->pairs.num_active + j) * sum_bytes;
+}
+
+/* Joint mode: sums += x[t_i]^T g[s_i] over @p count pairs (t_i = target[i], or t_base + i when
+ * @p target is NULL; s_i likewise), chunk by chunk in order. */
+static void joint_weight(const backward_args *a, int64_t count, const int32_t *target,
+                         int64_t t_base, const int32_t *source, int64_t s_base, char *sums,
+                         spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    for (int64_t i = 0; i < count; i += plan->chunk) {
+        const int64_t rows = count - i < plan->chunk ? count - i : plan->chunk;
+        double mark = spconv__clock_start(clock);
+        spconv__fused_weight_gather(plan->dtype, rows, a->features,
+                                    target != NULL ? target + i : NULL, t_base + i, a->grad_out,
+                                    source != NULL ? source + i : NULL, s_base + i, plan->c_in,
+                                    plan->c_out, buffer);
+        spconv__clock_lap(clock, &mark, &clock->gather_s);
+        spconv__fused_weight_product(plan->dtype, rows, a->features,
+                                     target != NULL ? target + i : NULL, t_base + i, plan->c_in,
+                                     plan->c_out, buffer, sums);
+        spconv__clock_lap(clock, &mark, &clock->gemm_s);
+    }
+}
+
+/* In rows [r0, r1) of d_features: from zero through every offset in increasing k; in joint mode
+ * (@p segment >= 0) each offset's weight gradient over the same pairs too, into the segment's
+ * sums. */
+static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t segment,
+                       spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
@@ -146,6 +199,9 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, spconv__p
                              a->weight + (size_t)k * in_row * (size_t)plan->c_out, plan->c_out, 1,
                              a->grad_in + (size_t)r0 * in_row, plan->c_in);
             spconv__clock_lap(clock, &mark, &clock->gemm_s);
+            if (segment >= 0)
+                joint_weight(a, r1 - r0, NULL, r0, NULL, r0, joint_sums(a, segment, j), clock,
+                             buffer);
             continue;
         }
         int64_t first, end;
@@ -156,6 +212,9 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, spconv__p
                                a->grad_in, a->pairs.target + first, 0, plan->c_out, plan->c_in,
                                packed);
             spconv__clock_lap(clock, &mark, &clock->gemm_s);
+            if (segment >= 0)
+                joint_weight(a, end - first, a->pairs.target + first, 0, a->pairs.source + first,
+                             0, joint_sums(a, segment, j), clock, buffer);
             continue;
         }
         for (; first < end; first += plan->chunk)
@@ -227,11 +286,11 @@ static int64_t task_offset(const backward_args *a, int64_t t) {
     return lo;
 }
 
-static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, char *buffer) {
+/* Offsets without pairs have no task: their gradient is zero (the others' tasks write all of
+ * theirs). The active offsets are in increasing order. */
+static void zero_inactive_offsets(const backward_args *a, spconv__phase_clock *clock) {
     const spconv__conv_plan *plan = a->plan;
     const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
-    /* Offsets without pairs have no task: their gradient is zero (the others' tasks write all of
-     * theirs). The active offsets are in increasing order. */
     if (a->pairs.num_active < plan->kernel_volume) {
         double zero_mark = spconv__clock_start(clock);
         SPCONV_OMP(omp for schedule(static) nowait)
@@ -249,6 +308,32 @@ static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, cha
         }
         spconv__clock_lap(clock, &zero_mark, &clock->scatter_s);
     }
+}
+
+/* Each active offset's partial sums 1.. (@p segments of them, partial s of offset j at
+ * @p partial(s, j)) added into grad_weight[k] in order, elements in parallel. */
+#define ADD_SEGMENTS(segments, partial)                                                            \
+    do {                                                                                           \
+        const int64_t n_ = plan->c_in * plan->c_out,                                               \
+                      blocks_ = (n_ + REDUCE_BLOCK - 1) / REDUCE_BLOCK;                            \
+        for (int64_t j = 0; j < a->pairs.num_active; ++j) {                                        \
+            if ((segments) <= 1) continue;                                                         \
+            char *total = a->grad_weight + (size_t)a->pairs.active[j] * sum_bytes;                 \
+            SPCONV_OMP(omp for schedule(static))                                                   \
+            for (int64_t blk = 0; blk < blocks_; ++blk) {                                          \
+                const int64_t start = blk * REDUCE_BLOCK,                                          \
+                              len = n_ - start < REDUCE_BLOCK ? n_ - start : REDUCE_BLOCK;         \
+                for (int64_t s = 1; s < (segments); ++s)                                           \
+                    add_into(plan->dtype, total + (size_t)start * plan->elem,                      \
+                             (partial) + (size_t)start * plan->elem, len);                         \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    zero_inactive_offsets(a, clock);
     SPCONV_OMP(omp for schedule(dynamic, 1))
     for (int64_t t = 0; t < a->num_tasks; ++t) {
         const int64_t j = task_offset(a, t), s = t - a->task_first[j];
@@ -260,23 +345,54 @@ static void weight_tasks(const backward_args *a, spconv__phase_clock *clock, cha
         weight_task(a, j, p0, p1, sums, clock, buffer);
     }
     /* Each offset's segments 1.. into segment 0, in order, elements in parallel. */
-    const int64_t n = plan->c_in * plan->c_out, blocks = (n + REDUCE_BLOCK - 1) / REDUCE_BLOCK;
     double mark = spconv__clock_start(clock);
-    for (int64_t j = 0; j < a->pairs.num_active; ++j) {
-        const int64_t segments = a->task_first[j + 1] - a->task_first[j];
-        if (segments <= 1) continue;
-        char *total = a->grad_weight + (size_t)a->pairs.active[j] * sum_bytes;
-        SPCONV_OMP(omp for schedule(static))
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-            const int64_t start = blk * REDUCE_BLOCK,
-                          len = n - start < REDUCE_BLOCK ? n - start : REDUCE_BLOCK;
-            for (int64_t s = 1; s < segments; ++s)
-                add_into(plan->dtype, total + (size_t)start * plan->elem,
-                         a->partials + (size_t)(a->task_first[j] + s - j - 1) * sum_bytes +
-                             (size_t)start * plan->elem,
-                         len);
+    ADD_SEGMENTS(a->task_first[j + 1] - a->task_first[j],
+                 a->partials + (size_t)(a->task_first[j] + s - j - 1) * sum_bytes);
+    spconv__clock_lap(clock, &mark, &clock->scatter_s);
+}
+
+/* Joint mode, one dynamic loop over: the segments (each its blocks in order, both gradients),
+ * then the tail's weight gradient, one task per active offset, then the tail's data-gradient
+ * blocks; after it the segments' and the tail's weight sums are added in order. */
+static void joint_segments(const backward_args *a, spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    const int64_t active = a->pairs.num_active, tail_row = a->tail_block * a->block_rows;
+    const int64_t tasks = a->segments + active + (a->blocks - a->tail_block);
+    zero_inactive_offsets(a, clock);
+    SPCONV_OMP(omp for schedule(dynamic, 1))
+    for (int64_t t = 0; t < tasks; ++t) {
+        double mark = spconv__clock_start(clock);
+        if (t < a->segments) {
+            for (int64_t j = 0; j < active; ++j) memset(joint_sums(a, t, j), 0, sum_bytes);
+            spconv__clock_lap(clock, &mark, &clock->scatter_s);
+            const int64_t b0 = t * a->segment_blocks,
+                          b1 = b0 + a->segment_blocks < a->tail_block ? b0 + a->segment_blocks
+                                                                      : a->tail_block;
+            for (int64_t b = b0; b < b1; ++b)
+                data_block(a, b * a->block_rows, (b + 1) * a->block_rows, t, clock, buffer);
+        } else if (t < a->segments + active) { /* the tail's pairs of one offset */
+            const int64_t j = t - a->segments;
+            char *sums = joint_sums(a, a->segments, j);
+            memset(sums, 0, sum_bytes);
+            spconv__clock_lap(clock, &mark, &clock->scatter_s);
+            if (a->pairs.active[j] == plan->identity_k) {
+                joint_weight(a, plan->num_in - tail_row, NULL, tail_row, NULL, tail_row, sums,
+                             clock, buffer);
+                continue;
+            }
+            int64_t first, end;
+            spconv__pairs_range(&a->pairs, j, tail_row, plan->num_in, &first, &end);
+            joint_weight(a, end - first, a->pairs.target + first, 0, a->pairs.source + first, 0,
+                         sums, clock, buffer);
+        } else {
+            const int64_t r0 = (a->tail_block + t - a->segments - active) * a->block_rows;
+            data_block(a, r0, r0 + a->block_rows < plan->num_in ? r0 + a->block_rows : plan->num_in,
+                       -1, clock, buffer);
         }
     }
+    double mark = spconv__clock_start(clock);
+    ADD_SEGMENTS(a->segments + 1, joint_sums(a, s, j));
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
 }
 
@@ -310,17 +426,22 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
                 }
                 spconv__clock_lap(&clock, &mark, &clock.gather_s);
             }
-            SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
-            for (int64_t b = 0; b < a->blocks; ++b) {
-                const int64_t r0 = b * a->block_rows;
-                data_block(a, r0, r0 + a->block_rows < plan->num_in ? r0 + a->block_rows
-                                                                    : plan->num_in,
-                           &clock, buffer);
+            if (a->joint) {
+                joint_segments(a, &clock, buffer);
+            } else {
+                SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
+                for (int64_t b = 0; b < a->blocks; ++b) {
+                    const int64_t r0 = b * a->block_rows;
+                    data_block(a, r0,
+                               r0 + a->block_rows < plan->num_in ? r0 + a->block_rows
+                                                                 : plan->num_in,
+                               -1, &clock, buffer);
+                }
             }
         }
         /* The weight tasks read only the operands, so they may start while blocks of the data
          * gradient are still running (nowait above). */
-        if (a->grad_weight != NULL) weight_tasks(a, &clock, buffer);
+        if (a->grad_weight != NULL && !a->joint) weight_tasks(a, &clock, buffer);
         if (timing != NULL) spconv__clock_merge(&clock, timing);
     }
     if (timing != NULL) timing->threads = threads;
@@ -338,8 +459,29 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
                                          int64_t num_pairs, int64_t num_active,
                                          const int64_t *starts) {
     const spconv__conv_plan *plan = a->plan;
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
     a->block_rows = spconv__block_rows(plan, plan->c_in);
-    if (plan->fused) {
+    /* Joint mode: blocks of at most a chunk of rows (so an offset's pairs in a block fit one
+     * weight chunk), segments by the sizes alone. */
+    a->joint = 0;
+    if (plan->fused && a->grad_in != NULL && a->grad_weight != NULL && num_active > 0 &&
+        sum_bytes > 0) {
+        /* partials: segments 1.. and the tail */
+        const size_t per_segment = (size_t)num_active * sum_bytes;
+        int64_t segments = JOINT_SEGMENTS;
+        if ((size_t)segments * per_segment > JOINT_PARTIAL_BYTES)
+            segments = (int64_t)(JOINT_PARTIAL_BYTES / per_segment);
+        if (plan->num_in >= JOINT_MIN_ROWS && segments >= 1) {
+            a->joint = 1;
+            a->block_rows = a->block_rows < plan->chunk ? a->block_rows : plan->chunk;
+            a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
+            const int64_t tail = a->blocks / JOINT_TAIL > 0 ? a->blocks / JOINT_TAIL : 1;
+            a->tail_block = a->blocks - tail;
+            a->segment_blocks = (a->tail_block + segments - 1) / segments;
+            a->segments = (a->tail_block + a->segment_blocks - 1) / a->segment_blocks;
+        }
+    }
+    if (plan->fused && !a->joint) {
         /* many blocks per thread, taken dynamically: little idle time at the end; one thread
          * needs no split (as forward) */
         const int64_t parts = threads > 1 ? 16 * (int64_t)threads : 1;
@@ -355,7 +497,6 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
         const int64_t count = starts[j + 1] - starts[j];
         a->num_tasks += count > 0 ? (count + SEGMENT_PAIRS - 1) / SEGMENT_PAIRS : 1;
     }
-    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
     const size_t data_bytes = plan->fused ? 0
@@ -377,10 +518,11 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
     l.partials_at = a->grad_bias == NULL
                         ? 0
                         : spconv__align_line((size_t)(bias_blocks * plan->c_out) * sizeof(double));
-    l.tasks_at = l.partials_at + (a->grad_weight == NULL
-                                      ? 0
-                                      : spconv__align_line((size_t)(a->num_tasks - num_active) *
-                                                           sum_bytes));
+    const size_t partial_bytes =
+        a->grad_weight == NULL ? 0
+        : a->joint             ? (size_t)a->segments * (size_t)num_active * sum_bytes
+                               : (size_t)(a->num_tasks - num_active) * sum_bytes;
+    l.tasks_at = l.partials_at + spconv__align_line(partial_bytes);
     l.threads_at =
         l.tasks_at + spconv__align_line((size_t)(num_active + 1) * sizeof(int64_t));
     l.packed_at = l.threads_at + (size_t)threads * a->thread_bytes;
