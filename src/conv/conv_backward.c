@@ -55,6 +55,7 @@
 #define JOINT_TAIL 8
 #define JOINT_PARTIAL_BYTES ((size_t)32 << 20)
 #define JOINT_MIN_GAIN 8
+#define JOINT_MIN_BLOCKS 64
 
 typedef struct backward_args {
     const spconv__conv_plan *plan;
@@ -483,7 +484,11 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
         if (plan->num_in >= JOINT_MIN_ROWS && segments >= 1 &&
             gathered >= JOINT_MIN_GAIN * partial) {
             a->joint = 1;
-            a->block_rows = a->block_rows < plan->chunk ? a->block_rows : plan->chunk;
+            /* and at least JOINT_MIN_BLOCKS blocks, so the tail is several */
+            int64_t rows = (plan->num_in + JOINT_MIN_BLOCKS - 1) / JOINT_MIN_BLOCKS;
+            if (rows < FUSED_MIN_BLOCK_ROWS) rows = FUSED_MIN_BLOCK_ROWS;
+            if (rows > plan->chunk) rows = plan->chunk;
+            if (a->block_rows > rows) a->block_rows = rows;
             a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
             const int64_t tail = a->blocks / JOINT_TAIL > 0 ? a->blocks / JOINT_TAIL : 1;
             a->tail_block = a->blocks - tail;
