@@ -472,7 +472,7 @@ static void test_determinism_threads(void **state) {
         check_threads_agree(&c);
     }
     /* Over 8192 input rows: the backward's joint mode (weight gradient inside the data
-     * gradient's blocks, conv_backward.c), 14 blocks in 7 segments and a tail that the two
+     * gradient's blocks, conv_backward.c), 64 blocks in 7 segments and a tail that the two
      * threads share. */
     for (int i = 0; i < 2; ++i) {
         conv_case c = conv_case_make(conv_params_iso(i == 0 ? SPCONV_CONV_SUBM : SPCONV_CONV_REGULAR,

@@ -9,7 +9,9 @@
 
 #include "common/conv_cases.h"
 #include "common/conv_helpers.h"
+#include "conv/conv_exec.h"
 #include "conv/conv_ref.h"
+#include "conv/fused.h"
 
 static double *alloc_doubles(int64_t n) {
     double *p = calloc((size_t)n + 1, sizeof(double));
@@ -29,10 +31,11 @@ static void run_backward(spconv_context *ctx, const conv_case *c, spconv_dtype d
     spconv_tensor_release(g);
 }
 
-/* Set up @p c, draw grad_out and hold the three gradients to the dense oracle, in f32 and f64. */
+/* Set up @p c (unless it is already), draw grad_out and hold the three gradients to the dense
+ * oracle, in f32 and f64. */
 static void check_backward(conv_case *c) {
     spconv_context *ctx = conv_context(1); /* threads: see test_conv.c check_forward */
-    conv_case_setup(c, ctx);
+    if (c->rb == NULL) conv_case_setup(c, ctx);
     double *dy = conv_random_values(c->n_out * c->c_out, -1.0, 1.0);
     double *want[3] = {alloc_doubles(c->n_in * c->c_in),
                        alloc_doubles(c->kernel_volume * c->c_in * c->c_out),
@@ -137,10 +140,42 @@ static void test_backward_many_blocks(void **state) {
     }
 }
 
+/* Each gradient asked for alone has the bits it has in the full call (f32 and f64, 2 threads). */
+static void check_alone_as_in_full(conv_case *c) {
+    spconv_context *ctx = conv_context(2);
+    conv_case_setup(c, ctx);
+    double *dy = conv_random_values(c->n_out * c->c_out, -1.0, 1.0);
+    for (int d = 0; d < 2; ++d) {
+        spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+        spconv_tensor *x = conv_case_features(c, dtype), *w = conv_case_weight(c, dtype);
+        spconv_tensor *g = conv_case_grad_out(c, dtype, dy), *full[3], *alone[3];
+        SPCONV_ASSERT_OK(spconv_conv_backward(ctx, c->rb, x, w, g, &full[0], &full[1], &full[2]));
+        SPCONV_ASSERT_OK(spconv_conv_backward(ctx, c->rb, x, w, g, &alone[0], NULL, NULL));
+        SPCONV_ASSERT_OK(spconv_conv_backward(ctx, c->rb, x, w, g, NULL, &alone[1], NULL));
+        SPCONV_ASSERT_OK(spconv_conv_backward(ctx, c->rb, x, w, g, NULL, NULL, &alone[2]));
+        char text[512];
+        for (int j = 0; j < 3; ++j) {
+            if (!conv_same_bits(alone[j], full[j]))
+                fail_msg("%s %s: gradient %d alone differs from the full call",
+                         conv_case_text(c, text, sizeof text), spconv_dtype_name(dtype), j);
+            spconv_tensor_release(alone[j]);
+            spconv_tensor_release(full[j]);
+        }
+        spconv_tensor_release(x);
+        spconv_tensor_release(w);
+        spconv_tensor_release(g);
+    }
+    free(dy);
+    conv_case_free(c);
+    spconv_context_destroy(ctx);
+}
+
 /* Inputs of more than 8192 rows: with the fused kernels the weight gradient is computed inside
  * the data gradient's blocks (joint mode, conv_backward.c), in up to 7 segments of blocks and a
  * tail, summed in order (wider channels make shorter blocks, so more of them per segment);
- * every kind, the subm centre offset and its mirrored pairs included. */
+ * every kind, the subm centre offset and its mirrored pairs included. The cases are checked to
+ * take that mode where the machine has the fused kernels; d_weight asked for alone takes it too
+ * and has the full call's bits. */
 static void test_backward_joint(void **state) {
     (void)state;
     const int64_t shape[3] = {24, 24, 24};
@@ -152,7 +187,23 @@ static void test_backward_joint(void **state) {
         /* the inverse of a stride-1 conv: its input is that conv's output, ~13,000 rows */
         conv_case_make(conv_params_iso(SPCONV_CONV_INVERSE, 3, 1, 1, 1), shape, 1, 6000, 32, 16),
     };
-    for (int i = 0; i < 5; ++i) check_backward(&cases[i]);
+    for (int i = 0; i < 5; ++i) {
+        if (spconv__fused_available()) {
+            conv_case_setup(&cases[i], NULL);
+            char text[512];
+            for (int d = 0; d < 2; ++d)
+                if (!spconv__conv_backward_joint(cases[i].rb, d ? SPCONV_F64 : SPCONV_F32,
+                                                 cases[i].c_in, cases[i].c_out))
+                    fail_msg("%s: not in joint mode", conv_case_text(&cases[i], text, sizeof text));
+        }
+        check_backward(&cases[i]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        conv_case c = conv_case_make(conv_params_iso(i ? SPCONV_CONV_REGULAR : SPCONV_CONV_SUBM, 3,
+                                                     1, i, 1),
+                                     shape, 1, 10000, 24, 32);
+        check_alone_as_in_full(&c);
+    }
 }
 
 /* L = sum(forward(x, w, b) * r) in f64 through the public forward. */

@@ -12,9 +12,10 @@
  *    (segment 0 straight into grad_weight[k]), and after a barrier each offset adds its other
  *    segments in order. Bounds depend on the sizes alone, so the sums do not depend on the thread
  *    count, and small layers with big kernels still keep every core busy.
- * Joint mode (fused kernels, both gradients, many input rows): the weight gradient is computed
+ * Joint mode (fused kernels, a weight gradient, many input rows): the weight gradient is computed
  * inside the data gradient's blocks, offset by offset right after the block's data-gradient
- * product, from the same pairs: their grad_out rows have just been read and their feature rows
+ * product, from the same pairs (the same blocks without the data gradient when only d_weight is
+ * asked for, so that its bits do not depend on whether d_features is computed beside it): their grad_out rows have just been read and their feature rows
  * are the block's own, still in cache for the next offset. Gathering those rows from memory was
  * half of the separate weight gradient's gather. Blocks and segments (runs of consecutive blocks,
  * one task each) are fixed by the sizes alone; a segment sums its blocks in order into its own
@@ -182,14 +183,15 @@ static void joint_weight(const backward_args *a, int64_t count, const int32_t *t
 
 /* In rows [r0, r1) of d_features: from zero through every offset in increasing k; in joint mode
  * (@p segment >= 0) each offset's weight gradient over the same pairs too, into the segment's
- * sums. */
+ * sums (and only that when no d_features is asked for). */
 static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t segment,
                        spconv__phase_clock *clock, char *buffer) {
     const spconv__conv_plan *plan = a->plan;
     const size_t in_row = (size_t)plan->c_in * plan->elem,
                  out_row = (size_t)plan->c_out * plan->elem;
+    const int data = a->grad_in != NULL;
     double mark = spconv__clock_start(clock);
-    memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
+    if (data) memset(a->grad_in + (size_t)r0 * in_row, 0, (size_t)(r1 - r0) * in_row);
     spconv__clock_lap(clock, &mark, &clock->scatter_s);
     /* Without channels on either side every product is empty: zeros are the answer. */
     for (int64_t j = 0; j < a->pairs.num_active && plan->c_in > 0 && plan->c_out > 0; ++j) {
@@ -197,7 +199,9 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t s
         const char *packed = a->packed + (size_t)j * a->packed_bytes;
         if (k == plan->identity_k) { /* the same rows of both: no gather or scatter */
             mark = spconv__clock_start(clock);
-            if (plan->fused)
+            if (!data)
+                ; /* joint mode, weight gradient only */
+            else if (plan->fused)
                 spconv__fused_rows(plan->dtype, r1 - r0, a->grad_out, NULL, r0, a->grad_in, NULL,
                                    r0, plan->c_out, plan->c_in, packed);
             else
@@ -215,9 +219,10 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t s
         spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
         if (plan->fused) {
             mark = spconv__clock_start(clock);
-            spconv__fused_rows(plan->dtype, end - first, a->grad_out, a->pairs.source + first, 0,
-                               a->grad_in, a->pairs.target + first, 0, plan->c_out, plan->c_in,
-                               packed);
+            if (data)
+                spconv__fused_rows(plan->dtype, end - first, a->grad_out,
+                                   a->pairs.source + first, 0, a->grad_in,
+                                   a->pairs.target + first, 0, plan->c_out, plan->c_in, packed);
             spconv__clock_lap(clock, &mark, &clock->gemm_s);
             if (segment >= 0)
                 joint_weight(a, end - first, a->pairs.target + first, 0, a->pairs.source + first,
@@ -365,7 +370,8 @@ static void joint_segments(const backward_args *a, spconv__phase_clock *clock, c
     const spconv__conv_plan *plan = a->plan;
     const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
     const int64_t active = a->pairs.num_active, tail_row = a->tail_block * a->block_rows;
-    const int64_t tasks = a->segments + active + (a->blocks - a->tail_block);
+    const int64_t tasks =
+        a->segments + active + (a->grad_in != NULL ? a->blocks - a->tail_block : 0);
     zero_inactive_offsets(a, clock);
     SPCONV_OMP(omp for schedule(dynamic, 1))
     for (int64_t t = 0; t < tasks; ++t) {
@@ -412,15 +418,15 @@ static void backward_run(const backward_args *a, int threads, spconv__conv_timin
         double mark = spconv__clock_start(&clock);
         if (a->grad_bias != NULL) bias_gradient(a);
         spconv__clock_lap(&clock, &mark, &clock.scatter_s);
-        if (a->grad_in != NULL) {
-            if (plan->fused || a->pairs.bounds != NULL) {
+        if (a->grad_in != NULL || a->joint) {
+            if ((plan->fused && a->grad_in != NULL) || a->pairs.bounds != NULL) {
                 /* per offset: W[k]^T packed (B: element (co, ci) at co * co_stride + ci *
                  * ci_stride), and where its pairs split at the blocks */
                 const spconv__weight_view *w = &a->w;
                 const int trans = w->ci_stride != 1; /* then co_stride is 1 */
                 SPCONV_OMP(omp for schedule(dynamic, 1))
                 for (int64_t j = 0; j < a->pairs.num_active; ++j) {
-                    if (plan->fused)
+                    if (plan->fused && a->grad_in != NULL)
                         spconv__fused_pack(
                             plan->dtype,
                             w->data + (size_t)(a->pairs.active[j] * w->k_stride) * plan->elem,
@@ -462,39 +468,45 @@ typedef struct backward_layout_t {
 /* Blocks and tasks of @p a, and the workspace: bias partials, segment buffers, the task table,
  * per-thread buffers, packed weights, the data gradient's bounds table and its scratch (when
  * a->bounds_entries), then (unless @p sorted) room to sort the pairs by in row. */
+/* Joint mode's segments for a weight gradient of @p plan's sizes, 0 where it does not apply: the
+ * sizes alone decide, not which gradients are asked for, so that d_weight has the same bits
+ * whether d_features is computed beside it or not. */
+static int64_t joint_segments_for(const spconv__conv_plan *plan, int64_t num_active,
+                                  int64_t num_pairs) {
+    const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
+    if (!plan->fused || num_active <= 0 || sum_bytes == 0 || plan->num_in < JOINT_MIN_ROWS)
+        return 0;
+    /* partials: segments 1.. and the tail */
+    const size_t per_segment = (size_t)num_active * sum_bytes;
+    int64_t segments = JOINT_SEGMENTS;
+    if ((size_t)segments * per_segment > JOINT_PARTIAL_BYTES)
+        segments = (int64_t)(JOINT_PARTIAL_BYTES / per_segment);
+    const double gathered = (double)num_pairs * (double)(plan->c_in + plan->c_out),
+                 partial =
+                     (double)segments * (double)num_active * (double)(plan->c_in * plan->c_out);
+    return segments >= 1 && gathered >= JOINT_MIN_GAIN * partial ? segments : 0;
+}
+
 static backward_layout_t backward_layout(backward_args *a, int threads, int sorted,
                                          int64_t num_pairs, int64_t num_active,
                                          const int64_t *starts) {
     const spconv__conv_plan *plan = a->plan;
     const size_t sum_bytes = (size_t)(plan->c_in * plan->c_out) * plan->elem;
     a->block_rows = spconv__block_rows(plan, plan->c_in);
-    /* Joint mode: blocks of at most a chunk of rows (so an offset's pairs in a block fit one
-     * weight chunk), segments by the sizes alone. */
-    a->joint = 0;
-    if (plan->fused && a->grad_in != NULL && a->grad_weight != NULL && num_active > 0 &&
-        sum_bytes > 0) {
-        /* partials: segments 1.. and the tail */
-        const size_t per_segment = (size_t)num_active * sum_bytes;
-        int64_t segments = JOINT_SEGMENTS;
-        if ((size_t)segments * per_segment > JOINT_PARTIAL_BYTES)
-            segments = (int64_t)(JOINT_PARTIAL_BYTES / per_segment);
-        const double gathered = (double)starts[num_active] * (double)(plan->c_in + plan->c_out),
-                     partial = (double)segments * (double)num_active *
-                               (double)(plan->c_in * plan->c_out);
-        if (plan->num_in >= JOINT_MIN_ROWS && segments >= 1 &&
-            gathered >= JOINT_MIN_GAIN * partial) {
-            a->joint = 1;
-            /* and at least JOINT_MIN_BLOCKS blocks, so the tail is several */
-            int64_t rows = (plan->num_in + JOINT_MIN_BLOCKS - 1) / JOINT_MIN_BLOCKS;
-            if (rows < FUSED_MIN_BLOCK_ROWS) rows = FUSED_MIN_BLOCK_ROWS;
-            if (rows > plan->chunk) rows = plan->chunk;
-            if (a->block_rows > rows) a->block_rows = rows;
-            a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
-            const int64_t tail = a->blocks / JOINT_TAIL > 0 ? a->blocks / JOINT_TAIL : 1;
-            a->tail_block = a->blocks - tail;
-            a->segment_blocks = (a->tail_block + segments - 1) / segments;
-            a->segments = (a->tail_block + a->segment_blocks - 1) / a->segment_blocks;
-        }
+    /* Joint mode (a->joint, set by backward_prepare): blocks of at most a chunk of rows (so an
+     * offset's pairs in a block fit one weight chunk) and at least JOINT_MIN_BLOCKS of them, so
+     * that the tail is several; segments by the sizes alone. */
+    if (a->joint) {
+        const int64_t segments = joint_segments_for(plan, num_active, starts[num_active]);
+        int64_t rows = (plan->num_in + JOINT_MIN_BLOCKS - 1) / JOINT_MIN_BLOCKS;
+        if (rows < FUSED_MIN_BLOCK_ROWS) rows = FUSED_MIN_BLOCK_ROWS;
+        if (rows > plan->chunk) rows = plan->chunk;
+        if (a->block_rows > rows) a->block_rows = rows;
+        a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
+        const int64_t tail = a->blocks / JOINT_TAIL > 0 ? a->blocks / JOINT_TAIL : 1;
+        a->tail_block = a->blocks - tail;
+        a->segment_blocks = (a->tail_block + segments - 1) / segments;
+        a->segments = (a->tail_block + a->segment_blocks - 1) / a->segment_blocks;
     }
     if (plan->fused && !a->joint) {
         /* many blocks per thread, taken dynamically: little idle time at the end; one thread
@@ -505,8 +517,9 @@ static backward_layout_t backward_layout(backward_args *a, int threads, int sort
         if (balanced < a->block_rows) a->block_rows = balanced;
     }
     a->blocks = (plan->num_in + a->block_rows - 1) / a->block_rows;
-    a->bounds_entries =
-        a->grad_in != NULL ? spconv__pair_bounds_entries(&a->pairs, a->block_rows, a->blocks) : 0;
+    a->bounds_entries = a->grad_in != NULL || a->joint
+                            ? spconv__pair_bounds_entries(&a->pairs, a->block_rows, a->blocks)
+                            : 0;
     a->num_tasks = 0;
     for (int64_t j = 0; j < num_active; ++j) {
         const int64_t count = starts[j + 1] - starts[j];
@@ -560,7 +573,9 @@ static spconv_status backward_prepare(spconv_context *ctx, const spconv_rulebook
     const int64_t active = spconv_rulebook_num_active_offsets(rb),
                   pairs = spconv_rulebook_num_pairs(rb);
     const int64_t *starts = spconv_rulebook_active_starts(rb);
-    const int need_pairs = a->grad_in != NULL;
+    a->joint = a->grad_weight != NULL &&
+               joint_segments_for(a->plan, active, spconv_rulebook_num_pairs(rb)) > 0;
+    const int need_pairs = a->grad_in != NULL || a->joint;
     const int mirrored = need_pairs && spconv_rulebook_params(rb)->kind == SPCONV_CONV_SUBM &&
                          spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads);
     const int sorted = !need_pairs || mirrored ||
@@ -673,6 +688,14 @@ done:
     spconv_tensor_release(f);
     spconv_context_destroy(temp);
     return st;
+}
+
+int spconv__conv_backward_joint(const spconv_rulebook *rb, spconv_dtype dtype, int64_t c_in,
+                                int64_t c_out) {
+    spconv__conv_plan plan;
+    spconv__conv_plan_init(&plan, rb, dtype, c_in, c_out, c_out + 2 * c_in, SPCONV__GEMM_AUTO);
+    return joint_segments_for(&plan, spconv_rulebook_num_active_offsets(rb),
+                              spconv_rulebook_num_pairs(rb)) > 0;
 }
 
 spconv_status spconv__conv_backward_ex(spconv_context *ctx, const spconv_rulebook *rb,

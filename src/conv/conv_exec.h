@@ -23,4 +23,10 @@ spconv_status spconv__conv_backward_ex(spconv_context *ctx, const spconv_ruleboo
                                        spconv_tensor **grad_features, spconv_tensor **grad_weight,
                                        spconv_tensor **grad_bias);
 
+/* 1 when the CPU backward's weight gradient of @p rb in @p dtype with these channels runs in
+ * joint mode (inside the data gradient's blocks, conv_backward.c), whichever gradients are asked
+ * for; for the tests that must reach that mode. */
+int spconv__conv_backward_joint(const spconv_rulebook *rb, spconv_dtype dtype, int64_t c_in,
+                                int64_t c_out);
+
 #endif /* SPCONV_CONV_EXEC_H */
