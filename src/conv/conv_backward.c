@@ -14,10 +14,11 @@
  *    count, and small layers with big kernels still keep every core busy.
  * Joint mode (fused kernels, a weight gradient, many input rows): the weight gradient is computed
  * inside the data gradient's blocks, offset by offset right after the block's data-gradient
- * product, from the same pairs (the same blocks without the data gradient when only d_weight is
- * asked for, so that its bits do not depend on whether d_features is computed beside it): their grad_out rows have just been read and their feature rows
+ * product, from the same pairs: their grad_out rows have just been read and their feature rows
  * are the block's own, still in cache for the next offset. Gathering those rows from memory was
- * half of the separate weight gradient's gather. Blocks and segments (runs of consecutive blocks,
+ * half of the separate weight gradient's gather. When only d_weight is asked for, the same
+ * blocks run without the data gradient, so that its bits do not depend on whether d_features is
+ * computed beside it. Blocks and segments (runs of consecutive blocks,
  * one task each) are fixed by the sizes alone; a segment sums its blocks in order into its own
  * buffers. The last eighth of the rows is not a segment but small tasks that any thread takes
  * (its data-gradient blocks, and per offset the weight gradient of its pairs, read from memory),
