@@ -231,12 +231,16 @@ static void test_pool_reference_and_threads(void **state) {
     (void)state;
     spconv_context *one = conv_context(1), *two = conv_context(2);
     /* Overlapping windows, then a pool of kernel == stride (one pair per input at most, so the
-     * reference's bits), whose gradient has zeros of both signs. */
-    for (int kind = 0; kind < 2; ++kind) {
+     * reference's bits), whose gradient has zeros of both signs; then the same pool with an
+     * output large enough (>= 4 MiB, POOL_STREAM_MIN_BYTES in src/conv/pool.c) to be streamed
+     * out of the blocks, at 161 channels, so that blocks start off the 16-byte grid. */
+    for (int kind = 0; kind < 3; ++kind) {
     conv_case c = conv_case_make(kind == 0 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1)
                                            : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
-                                 (int64_t[3]){19, 18, 17}, 2, 1500, 64, 0);
+                                 kind < 2 ? (int64_t[3]){19, 18, 17} : (int64_t[3]){40, 41, 42},
+                                 2, kind < 2 ? 1500 : 12000, kind < 2 ? 64 : 161, 0);
     conv_case_setup(&c, NULL);
+    if (kind == 2) assert_true(c.n_out * c.c_in * (int64_t)sizeof(float) >= INT64_C(4) << 20);
     int64_t x_sizes[2] = {c.n_in, c.c_in}, y_sizes[2] = {c.n_out, c.c_in};
     double *dy = conv_random_values(c.n_out * c.c_in, -1.0, 1.0);
     for (int64_t j = 0; j < c.n_out * c.c_in; j += 3) dy[j] = j % 2 ? -0.0 : 0.0;
@@ -255,7 +259,7 @@ static void test_pool_reference_and_threads(void **state) {
         SPCONV_ASSERT_OK(spconv_maxpool_backward(one, c.rb, a[0], g, &gx[0]));
         SPCONV_ASSERT_OK(spconv_maxpool_backward(two, c.rb, a[0], g, &gx[1]));
         assert_true(conv_same_bits(gx[0], gx[1]));
-        if (kind == 1) { /* one term per input: no order of summation, the reference's bits */
+        if (kind >= 1) { /* one term per input: no order of summation, the reference's bits */
             spconv_tensor *gx_ref = NULL;
             SPCONV_ASSERT_OK(spconv__maxpool_backward_ref(NULL, c.rb, a[0], g, &gx_ref));
             assert_true(conv_same_bits(gx[0], gx_ref));

@@ -3,13 +3,18 @@
  *   - rulebook building: subm 3x3x3, and regular 3x3x3 stride 2 padding 1;
  *   - forward and backward of subm 3x3x3 convs at 64->64 and 128->128 channels (random
  *     features, weights and output gradients of those widths), split into the executor's
- *     phases (gather, GEMM, scatter) through its internal timing hook.
+ *     phases (gather, GEMM, scatter) through its internal timing hook;
+ *   - max pooling 2x2x2 stride 2 at 64 channels (basic's first pool): its rulebook, and the
+ *     pool with and without argmax, set against the least bytes it must move (every input row
+ *     read once, every output row and argmax written once) at this machine's streaming
+ *     bandwidth, measured here as the time to read that many bytes and write that many.
  * Every figure is the median of --repeat runs after one warm-up. GFLOP/s counts 2 * pairs *
  * C_in * C_out per pass (forward one pass, backward two: d_features and d_weight) and is also
  * given as a share of this machine's sgemm peak, measured here with a 2048^3 sgemm run the way
  * the executor runs its products (row blocks of single-threaded BLAS, one per thread).
  *
- *   bench_layer [--repeat N] [--threads T] [DATA_DIR]
+ *   bench_layer [--repeat N] [--threads T] [--no-conv] [DATA_DIR]
+ * --no-conv skips the conv layers (the rulebooks and the pool take seconds, the convs a minute).
  * DATA_DIR defaults to $SPCONV_DATA_DIR, then ../shared/data. Without the data it says so and
  * exits 0. A benchmark, not a test: it asserts nothing about the timings. */
 #include <stdint.h>
@@ -28,6 +33,7 @@
 typedef struct bench_options {
     int repeat;
     int threads;
+    int no_conv;
     const char *data_dir;
 } bench_options;
 
@@ -72,6 +78,7 @@ static void *read_file(const char *dir, const char *name, size_t *bytes) {
 static void parse_args(int argc, char **argv, bench_options *o) {
     o->repeat = 5;
     o->threads = 0;
+    o->no_conv = 0;
     o->data_dir = getenv("SPCONV_DATA_DIR");
     if (o->data_dir == NULL || *o->data_dir == '\0') o->data_dir = "../shared/data";
     for (int i = 1; i < argc; ++i) {
@@ -79,10 +86,12 @@ static void parse_args(int argc, char **argv, bench_options *o) {
             o->repeat = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             o->threads = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--no-conv") == 0) {
+            o->no_conv = 1;
         } else if (argv[i][0] != '-') {
             o->data_dir = argv[i];
         } else {
-            fprintf(stderr, "usage: bench_layer [--repeat N] [--threads T] [DATA_DIR]\n");
+            fprintf(stderr, "usage: bench_layer [--repeat N] [--threads T] [--no-conv] [DATA_DIR]\n");
             exit(2);
         }
     }
@@ -169,6 +178,61 @@ static phase_medians run_conv(spconv_context *ctx, const spconv_rulebook *rb,
                        median(samples + 3 * (repeat + 1), repeat), best};
     free(samples);
     return m;
+}
+
+/* Median time of max pooling @p x over @p rb, with argmax or without. */
+static double bench_pool(spconv_context *ctx, const spconv_rulebook *rb, const spconv_tensor *x,
+                         int with_argmax, int repeat) {
+    double *times = malloc((size_t)(repeat + 1) * sizeof(double));
+    for (int r = 0; r <= repeat; ++r) {
+        spconv_tensor *out = NULL, *arg = NULL;
+        double t0 = spconv__now_s();
+        CHECK(spconv_maxpool_forward(ctx, rb, x, &out, with_argmax ? &arg : NULL));
+        times[r] = spconv__now_s() - t0;
+        spconv_tensor_release(out);
+        spconv_tensor_release(arg);
+    }
+    double seconds = median(times + 1, repeat);
+    free(times);
+    return seconds;
+}
+
+/* Streaming ceiling: the median time for @p threads threads to read @p read_bytes (summing
+ * them, so the loads cannot be dropped) and write @p write_bytes, both buffers resident (not
+ * freshly mapped), as a pass over memory that no cache holds. */
+static double bench_stream(int threads, size_t read_bytes, size_t write_bytes, int repeat) {
+    const int64_t nr = (int64_t)(read_bytes / sizeof(float)), nw = (int64_t)(write_bytes / sizeof(float));
+    float *src = malloc((size_t)nr * sizeof(float)), *dst = malloc((size_t)nw * sizeof(float));
+    if (src == NULL || dst == NULL) {
+        fprintf(stderr, "bench_layer: out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < nr; ++i) src[i] = (float)(i & 1023);
+    memset(dst, 0, (size_t)nw * sizeof(float));
+    double *times = malloc((size_t)(repeat + 1) * sizeof(double));
+    volatile float sink = 0.0f;
+    (void)threads; /* only the OpenMP pragmas read it */
+    for (int r = 0; r <= repeat; ++r) {
+        float total = 0.0f;
+        double t0 = spconv__now_s();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+        {
+            float lanes[16] = {0};
+#pragma omp for schedule(static) nowait
+            for (int64_t i = 0; i < nr / 16; ++i)
+                for (int l = 0; l < 16; ++l) lanes[l] += src[16 * i + l];
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < nw; ++i) dst[i] = 1.0f;
+            for (int l = 0; l < 16; ++l) total += lanes[l];
+        }
+        times[r] = spconv__now_s() - t0;
+        sink = sink + total + dst[nw / 2];
+    }
+    double seconds = median(times + 1, repeat);
+    free(times);
+    free(src);
+    free(dst);
+    return seconds;
 }
 
 /* Forward and backward medians of a subm 3x3x3 conv at @p channels -> @p channels. */
@@ -258,8 +322,24 @@ int main(int argc, char **argv) {
     double regular_s = bench_rulebook(ctx, indices, shape, &regular, o.repeat, &rb_s2);
     uint64_t state = 12345;
     phase_medians c64[2], c128[2];
-    bench_conv(ctx, rb, 64, o.repeat, &state, c64);
-    bench_conv(ctx, rb, 128, o.repeat, &state, c128);
+    if (!o.no_conv) {
+        bench_conv(ctx, rb, 64, o.repeat, &state, c64);
+        bench_conv(ctx, rb, 128, o.repeat, &state, c128);
+    }
+    spconv_conv_params pool = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int a = 0; a < 3; ++a) pool.kernel[a] = 2, pool.stride[a] = 2;
+    spconv_rulebook *rb_pool;
+    double pool_rb_s = bench_rulebook(ctx, indices, shape, &pool, o.repeat, &rb_pool);
+    const int64_t pool_channels = 64, pool_out = spconv_rulebook_num_out(rb_pool);
+    int64_t pool_sizes[2] = {n, pool_channels};
+    spconv_tensor *pool_x = random_tensor(2, pool_sizes, 1.0f, &state);
+    double pool_s = bench_pool(ctx, rb_pool, pool_x, 0, o.repeat);
+    double pool_arg_s = bench_pool(ctx, rb_pool, pool_x, 1, o.repeat);
+    const size_t pool_read = (size_t)(n * pool_channels) * sizeof(float);
+    const size_t pool_write = (size_t)(pool_out * pool_channels) * sizeof(float);
+    double stream_s = bench_stream(threads, pool_read, pool_write, o.repeat);
+    double stream_arg_s = bench_stream(threads, pool_read, 2 * pool_write, o.repeat);
+    spconv_tensor_release(pool_x);
     CHECK(spconv__sgemm_peak(threads, PEAK_SIZE, o.repeat, &peak_after));
     const double peak = peak_before > peak_after ? peak_before : peak_after;
 
@@ -274,11 +354,24 @@ int main(int argc, char **argv) {
            "regular 3x3x3 stride 2 pad 1", regular_s * 1e3,
            (long long)spconv_rulebook_num_pairs(rb_s2));
     const int64_t pairs = spconv_rulebook_num_pairs(rb);
-    for (int backward = 0; backward <= 1; ++backward)
+    for (int backward = 0; backward <= 1 && !o.no_conv; ++backward)
         print_conv(&c64[backward], 64, backward, pairs, peak);
-    for (int backward = 0; backward <= 1; ++backward)
+    for (int backward = 0; backward <= 1 && !o.no_conv; ++backward)
         print_conv(&c128[backward], 128, backward, pairs, peak);
 
+    printf("\nmax pool 2x2x2 stride 2, %lld channels: %lld -> %lld sites\n",
+           (long long)pool_channels, (long long)n, (long long)pool_out);
+    printf("  %-28s %9.2f ms %10lld pairs\n", "rulebook", pool_rb_s * 1e3,
+           (long long)spconv_rulebook_num_pairs(rb_pool));
+    printf("  %-28s %9.2f ms  streaming floor %.2f ms (%.1f MB at %.1f GB/s): %.2fx\n",
+           "pool (inference)", pool_s * 1e3, stream_s * 1e3, (pool_read + pool_write) * 1e-6,
+           (pool_read + pool_write) / stream_s * 1e-9, pool_s / stream_s);
+    printf("  %-28s %9.2f ms  streaming floor %.2f ms (%.1f MB at %.1f GB/s): %.2fx\n",
+           "pool with argmax", pool_arg_s * 1e3, stream_arg_s * 1e3,
+           (pool_read + 2 * pool_write) * 1e-6, (pool_read + 2 * pool_write) / stream_arg_s * 1e-9,
+           pool_arg_s / stream_arg_s);
+
+    spconv_rulebook_release(rb_pool);
     spconv_rulebook_release(rb_s2);
     spconv_rulebook_release(rb);
     spconv_tensor_release(indices);

@@ -4,14 +4,21 @@
  * Forward: every output starts at -inf with argmax -1; offsets run in increasing k; the first
  * pair of an output always takes it (so an output of -inf inputs still names one), later ones only
  * when strictly greater, so a tie keeps the smallest k. A NaN input beats any number (the first
- * NaN stays), so NaNs propagate as in PyTorch. Within an offset the pairs are split into fixed
- * chunks across threads (each out row appears once per offset); a barrier separates offsets.
+ * NaN stays), so NaNs propagate as in PyTorch. A rulebook whose pairs are sorted by out row (as
+ * every one built here is) is pooled in blocks of out rows, each in a thread's own buffer that
+ * stays in L1/L2 and is copied out once; otherwise, within an offset the pairs are split into
+ * fixed chunks across threads (each out row appears once per offset) and a barrier separates
+ * offsets.
  * Backward: grad_in[i, c] = the sum of grad_out[o, c] over the pairs (i, o) whose argmax[o, c] is
  * i, offsets in increasing k; threads take blocks of input rows, so every sum keeps that order
  * whatever the thread count. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "conv/conv_check.h"
 #include "conv/conv_cpu.h"
@@ -27,6 +34,11 @@
  * offset visits them, so each out row goes to memory once. */
 #define POOL_BLOCK_BYTES (32 * 1024)
 #define POOL_BLOCK_MIN 16
+/* Outputs of at least this many bytes (values and argmax) are copied out of the blocks by
+ * streaming stores: more than any L2 and a good part of an L3 slice, so by the time the next
+ * layer reads them they have mostly left the caches anyway. On the first pool of `basic` (17 MB)
+ * this saves the read of every output line before its write. */
+#define POOL_STREAM_MIN_BYTES ((size_t)4 << 20)
 
 /* Input rows read ahead of the pair that needs them: a pool's input rows follow no pattern the
  * hardware prefetcher can follow. */
@@ -43,37 +55,46 @@ typedef struct pool_args {
     int32_t *argmax;      /* [num_out, C] */
     int sorted;           /* 1: each offset's pairs are in increasing out row */
     const int64_t *active;
+    int64_t row0; /* out and argmax hold rows [row0, ...): 0, or a block's own rows */
 } pool_args;
 
+/* The pairs of ranges [first[j], end[j]), j < count, in that order. Input rows are prefetched
+ * POOL_AHEAD pairs ahead by a cursor that runs on across the ranges, so that an offset's first
+ * rows are on their way while the previous offset's last ones are pooled. */
+#define SPCONV_POOL_RANGES(...)                                                                    \
+    pool_cursor ahead = {0, count > 0 ? first[0] : 0};                                             \
+    for (int i = 0; i < POOL_AHEAD; ++i) pool_prefetch_next(a, first, end, count, &ahead);         \
+    for (int64_t j = 0; j < count; ++j)                                                            \
+        for (int64_t p = first[j]; p < end[j]; ++p) {                                              \
+            pool_prefetch_next(a, first, end, count, &ahead);                                      \
+            __VA_ARGS__                                                                            \
+        }
+
 #define SPCONV_POOL_PAIRS(T)                                                                       \
-    for (int64_t p = first; p < end; ++p) {                                                        \
-        if (p + POOL_AHEAD < end) prefetch_row(a, a->pairs_in[p + POOL_AHEAD]);                   \
+    SPCONV_POOL_RANGES(                                                                            \
         const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
-        T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
-        int32_t *restrict arg = a->argmax + (int64_t)a->pairs_out[p] * a->channels;                \
+        T *restrict y = (T *)a->out + ((int64_t)a->pairs_out[p] - a->row0) * a->channels;          \
+        int32_t *restrict arg = a->argmax + ((int64_t)a->pairs_out[p] - a->row0) * a->channels;    \
         const int32_t row = a->pairs_in[p];                                                        \
         for (int64_t c = 0; c < a->channels; ++c) { /* selects, no branch on data */               \
             const T v = x[c], m = y[c];                                                            \
             const int take = (arg[c] < 0) | (v > m) | ((v != v) & (m == m));                       \
             y[c] = take ? v : m;                                                                   \
             arg[c] = take ? row : arg[c];                                                          \
-        }                                                                                          \
-    }
+        })
 
 /* Without argmax (inference) only the values: from -inf, "take v when v > y or v is the first
  * NaN" gives the same bits as the rule above (its first pair's unconditional take only differs
  * when v is -inf, which leaves y at -inf too), and as a select it vectorises: no branch per
  * element on data. */
 #define SPCONV_POOL_VALUES(T)                                                                      \
-    for (int64_t p = first; p < end; ++p) {                                                        \
-        if (p + POOL_AHEAD < end) prefetch_row(a, a->pairs_in[p + POOL_AHEAD]);                   \
+    SPCONV_POOL_RANGES(                                                                            \
         const T *restrict x = (const T *)a->features + (int64_t)a->pairs_in[p] * a->channels;      \
-        T *restrict y = (T *)a->out + (int64_t)a->pairs_out[p] * a->channels;                      \
+        T *restrict y = (T *)a->out + ((int64_t)a->pairs_out[p] - a->row0) * a->channels;          \
         for (int64_t c = 0; c < a->channels; ++c) {                                                \
             const T v = x[c], m = y[c];                                                            \
             y[c] = (v > m || (v != v && m == m)) ? v : m;                                          \
-        }                                                                                          \
-    }
+        })
 
 static inline void prefetch_row(const pool_args *a, int32_t row) {
     const char *x = (const char *)a->features +
@@ -82,9 +103,24 @@ static inline void prefetch_row(const pool_args *a, int32_t row) {
     for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(x + b);
 }
 
+/* The next pair to prefetch: range j, pair p (j == count: none left). */
+typedef struct pool_cursor {
+    int64_t j, p;
+} pool_cursor;
+
+static inline void pool_prefetch_next(const pool_args *a, const int64_t *first, const int64_t *end,
+                                      int64_t count, pool_cursor *c) {
+    while (c->j < count && c->p >= end[c->j])
+        if (++c->j < count) c->p = first[c->j];
+    if (c->j == count) return;
+    prefetch_row(a, a->pairs_in[c->p]);
+    ++c->p;
+}
+
 /* Whole rows of selects: wide vectors pay off (SPCONV__VECTOR_CLONES, gemm.h). */
 SPCONV__VECTOR_CLONES
-static void pool_pairs(const pool_args *a, int64_t first, int64_t end) {
+static void pool_pairs(const pool_args *a, const int64_t *first, const int64_t *end,
+                       int64_t count) {
     if (a->argmax == NULL) {
         if (a->dtype == SPCONV_F32) {
             SPCONV_POOL_VALUES(float)
@@ -114,19 +150,67 @@ static void pool_init_range(const pool_args *a, int64_t begin, int64_t end) {
     }
 }
 
-/* Output-stationary: blocks of out rows, each initialised and then visited by every offset in
- * increasing k (its pairs found by binary search), so each out row sees its pairs in the same
- * order as the offset-by-offset loop below, and the same bits come out. */
-static void pool_run_blocks(const pool_args *a, int threads) {
+/* @p bytes from @p src to @p dst, by stores that bypass the caches when @p stream is set and the
+ * target has them (SSE2): a large output is not read again before it has left the caches, and
+ * such stores need not first read in the lines they fill. */
+static void copy_rows(int stream, void *dst, const void *src, size_t bytes) {
+#if defined(__SSE2__)
+    if (stream) {
+        char *d = dst;
+        const char *s = src;
+        size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+        if (head > bytes) head = bytes;
+        memcpy(d, s, head);
+        d += head, s += head, bytes -= head;
+        for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
+            _mm_stream_si128((__m128i *)(void *)d, _mm_loadu_si128((const __m128i *)(const void *)s));
+        memcpy(d, s, bytes);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(dst, src, bytes);
+}
+
+static size_t round_up_64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* Output-stationary: blocks of out rows, each pooled in a thread's own buffer (initialised, then
+ * visited by every offset in increasing k, its pairs found by binary search) and copied out once,
+ * so each out row sees its pairs in the same order as the offset-by-offset loop below, and the
+ * same bits come out. */
+static spconv_status pool_run_blocks(const pool_args *a, int threads) {
     spconv__pair_lists lists = {a->num_active, a->active, a->starts, a->pairs_in,
                                 a->pairs_out, 0, NULL, 0, 0};
-    const int64_t row_bytes = a->channels * (int64_t)spconv_dtype_size(a->dtype);
+    const size_t esize = spconv_dtype_size(a->dtype);
+    const int64_t row_bytes = a->channels * (int64_t)esize;
     int64_t rows = POOL_BLOCK_BYTES / (row_bytes > 0 ? row_bytes : 1);
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
+    if (rows > a->num_out) rows = a->num_out;
     const int64_t blocks = (a->num_out + rows - 1) / rows;
+    /* A thread's block of values, of argmax, and its ranges of the block's pairs per offset. */
+    const size_t value_bytes = round_up_64((size_t)(rows * a->channels) * esize);
+    const size_t arg_bytes =
+        a->argmax != NULL ? round_up_64((size_t)(rows * a->channels) * sizeof(int32_t)) : 0;
+    const size_t thread_bytes =
+        value_bytes + arg_bytes + round_up_64((size_t)(2 * a->num_active) * sizeof(int64_t));
+    char *work = aligned_alloc(64, (size_t)threads * thread_bytes);
+    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "spconv_maxpool_forward: out of host memory for %d blocks of %lld "
+                           "output rows",
+                           threads, (long long)rows);
+    const int stream =
+        (size_t)a->num_out * (size_t)a->channels * (esize + (a->argmax != NULL ? 4 : 0)) >=
+        POOL_STREAM_MIN_BYTES;
     void *table;
     int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, threads, &table);
     SPCONV_OMP(omp parallel num_threads(threads)) {
+        char *mine = work + (size_t)spconv__omp_thread() * thread_bytes;
+        pool_args block = *a;
+        block.out = mine;
+        block.argmax = a->argmax != NULL ? (int32_t *)(void *)(mine + value_bytes) : NULL;
+        int64_t *first = (int64_t *)(void *)(mine + value_bytes + arg_bytes);
+        int64_t *end = first + a->num_active;
         if (lists.bounds != NULL) { /* where each offset's pairs split at the blocks */
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t j = 0; j < a->num_active; ++j)
@@ -135,22 +219,29 @@ static void pool_run_blocks(const pool_args *a, int threads) {
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t b = 0; b < blocks; ++b) {
             const int64_t r0 = b * rows, r1 = r0 + rows < a->num_out ? r0 + rows : a->num_out;
-            pool_init_range(a, r0 * a->channels, r1 * a->channels);
-            for (int64_t j = 0; j < a->num_active; ++j) {
-                int64_t first, end;
-                spconv__pairs_range(&lists, j, r0, r1, &first, &end);
-                pool_pairs(a, first, end);
-            }
+            const int64_t elements = (r1 - r0) * a->channels;
+            block.row0 = r0;
+            pool_init_range(&block, 0, elements);
+            for (int64_t j = 0; j < a->num_active; ++j)
+                spconv__pairs_range(&lists, j, r0, r1, first + j, end + j);
+            pool_pairs(&block, first, end, a->num_active);
+            copy_rows(stream, (char *)a->out + (size_t)(r0 * a->channels) * esize, block.out,
+                      (size_t)elements * esize);
+            if (a->argmax != NULL)
+                copy_rows(stream, a->argmax + r0 * a->channels, block.argmax,
+                          (size_t)elements * sizeof(int32_t));
         }
+#if defined(__SSE2__)
+        if (stream) _mm_sfence(); /* the streamed rows are in memory before the region ends */
+#endif
     }
     free(table);
+    free(work);
+    return SPCONV_OK;
 }
 
-static void pool_run(const pool_args *a, int threads) {
-    if (a->sorted) {
-        pool_run_blocks(a, threads);
-        return;
-    }
+static spconv_status pool_run(const pool_args *a, int threads) {
+    if (a->sorted) return pool_run_blocks(a, threads);
     SPCONV_OMP(omp parallel num_threads(threads)) {
         const int64_t n = a->num_out * a->channels, pieces = (n + POOL_CHUNK - 1) / POOL_CHUNK;
         SPCONV_OMP(omp for schedule(static))
@@ -161,12 +252,14 @@ static void pool_run(const pool_args *a, int threads) {
             const int64_t chunks = (count + POOL_CHUNK - 1) / POOL_CHUNK;
             SPCONV_OMP(omp for schedule(dynamic, 1))
             for (int64_t i = 0; i < chunks; ++i) {
-                int64_t first = start + i * POOL_CHUNK;
-                pool_pairs(a, first,
-                           first + POOL_CHUNK < start + count ? first + POOL_CHUNK : start + count);
+                const int64_t first = start + i * POOL_CHUNK;
+                const int64_t end =
+                    first + POOL_CHUNK < start + count ? first + POOL_CHUNK : start + count;
+                pool_pairs(a, &first, &end, 1);
             }
         }
     }
+    return SPCONV_OK;
 }
 
 static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
@@ -184,7 +277,8 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
                    NULL,
                    NULL,
                    0,
-                   spconv_rulebook_active_offsets(rb)};
+                   spconv_rulebook_active_offsets(rb),
+                   0};
     spconv_tensor *f = NULL, *pairs_in = NULL, *pairs_out = NULL, *y = NULL, *arg = NULL;
     int64_t sizes[2] = {a.num_out, a.channels};
     spconv_status st;
@@ -208,7 +302,7 @@ static spconv_status maxpool_forward_cpu(spconv_context *ctx, const spconv_ruleb
     a.sorted = spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, a.pairs_out,
                                             spconv_context_num_threads(ctx));
     if (a.num_out > 0 && a.channels > 0) /* else the outputs have no elements (and no data) */
-        pool_run(&a, spconv_context_num_threads(ctx));
+        SPCONV_TRY_GOTO(st, pool_run(&a, spconv_context_num_threads(ctx)), done);
     *out = y, y = NULL;
     if (argmax != NULL) *argmax = arg, arg = NULL;
 done:
