@@ -613,6 +613,17 @@ static void test_dense_inputs_match_reference(void **state) {
         free(rows);
     }
     spconv_context_destroy(ctx);
+    /* Every site of a 16^3 block, on one thread: its 8 chunks of 512 output rows each hold far
+     * more than 255 rows with all 26 neighbours, past what one byte of the line build's pair
+     * counters holds before it is emptied (count_lines_chunk). */
+    const int64_t block[3] = {16, 16, 16};
+    int32_t *rows = spconv_test_random_sites(1, block, 16 * 16 * 16);
+    spconv_context *one = context_with_threads(1);
+    const spconv_conv_params subm = make_params(SPCONV_CONV_SUBM, 3, 1, 0, 1);
+    assert_true(spconv__site_lines_fit(16 * 16 * 16, 1, block));
+    check_against_reference(one, rows, 16 * 16 * 16, block, 1, &subm);
+    spconv_context_destroy(one);
+    free(rows);
 }
 
 static void test_transposed_grid_matches_reference(void **state) {

@@ -21,6 +21,8 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
+#include <omp.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -469,7 +471,11 @@ static spconv_status build_with_table(const spconv__build_input *in, spconv_rule
  * The walk goes line by line, whatever the order of the rows. For a line (b, z, y), the sites of
  * its neighbouring lines (one per (z, y) step of the kernel) are dropped into rows of cells
  * indexed by x; every site of the line then reads the cells its kernel covers, with no branch on
- * whether a site is there, and the cells are emptied again. On grids too wide for such rows, a
+ * whether a site is there. A row keeps its line while the walk goes on to the next lines: row
+ * (qz, ny mod KY * DY) holds the line at z step qz and y = ny, so the line (b, z, y + 1) finds
+ * its neighbours at y and y + 1 still in place and drops in only those at y + 2, and each line is
+ * dropped in about once per z step rather than once per (z, y) step. A row is emptied when
+ * another line needs it and at the end of the walk. On grids too wide for such rows, a
  * cursor per neighbouring line moves forward as the line's x increases instead. Either way each
  * site gets a mask of the offsets that reach it and its inputs in offset order (the walk meets
  * the offsets in increasing order: z step, y step, then x). The masks then give the pairs per
@@ -498,36 +504,76 @@ typedef struct lines_plan {
     int64_t *counts;     /* [num_chunks][KV]: pairs, then where the chunk's go */
 } lines_plan;
 
-/* The neighbouring lines of @p line that lie in the grid and hold sites, in kernel order: their
- * entries [at, stop) and the offset of their x = 0 step; returns how many. */
-static int64_t neighbour_lines(const lines_plan *plan, int64_t line, int64_t *at, int64_t *stop,
-                               int64_t *k_line) {
+/* Where the walk is: line (b, z, y), and y mod KY * DY (see cells_rows), kept as the walk steps
+ * from line to line rather than divided out of the line number each time. */
+typedef struct line_at {
+    int64_t line, b, z, y, y_mod;
+} line_at;
+
+static void line_at_start(const lines_plan *plan, int64_t line, line_at *at) {
+    const spconv__site_lines *lines = plan->lines;
+    at->line = line;
+    at->b = line / lines->lines_per_batch;
+    at->z = line % lines->lines_per_batch / lines->height;
+    at->y = line % lines->height;
+    at->y_mod = at->y % (plan->kernel[1] * plan->dilation[1]);
+}
+
+static void line_at_next(const lines_plan *plan, line_at *at) {
+    ++at->line;
+    if (++at->y_mod == plan->kernel[1] * plan->dilation[1]) at->y_mod = 0;
+    if (++at->y < plan->lines->height) return;
+    at->y = at->y_mod = 0;
+    if (++at->z < plan->shape[0]) return;
+    at->z = 0;
+    ++at->b;
+}
+
+/* The neighbouring lines of the line at @p here that lie in the grid and hold sites, in kernel
+ * order: the line, its entries [at, stop), the offset of its x = 0 step and its row of cells (see
+ * cells_rows); *own gets the index of the line itself among them. Returns how many. */
+static int64_t neighbour_lines(const lines_plan *plan, const line_at *here, int64_t *which,
+                               int64_t *at, int64_t *stop, int64_t *k_line, int64_t *slot,
+                               int64_t *own) {
     const spconv__site_lines *lines = plan->lines;
     const int64_t *shape = plan->shape, *kernel = plan->kernel, *dil = plan->dilation;
-    const int64_t b = line / lines->lines_per_batch;
-    const int64_t z = line % lines->lines_per_batch / lines->height, y = line % lines->height;
+    const int64_t ky = kernel[1], period = ky * dil[1], y_reach = ky / 2 * dil[1];
+    /* The row of the y step 0 line: (y - y_reach) mod period, y_reach < period. */
+    const int64_t row0 = here->y_mod >= y_reach ? here->y_mod - y_reach
+                                                : here->y_mod - y_reach + period;
     int64_t used = 0;
-    for (int64_t q = 0; q < kernel[0] * kernel[1]; ++q) {
-        const int64_t nz = z + (q / kernel[1] - kernel[0] / 2) * dil[0];
-        const int64_t ny = y + (q % kernel[1] - kernel[1] / 2) * dil[1];
-        if (nz < 0 || nz >= shape[0] || ny < 0 || ny >= shape[1]) continue;
-        const int64_t other = b * lines->lines_per_batch + nz * lines->height + ny;
-        if (lines->starts[other] == lines->starts[other + 1]) continue;
-        at[used] = lines->starts[other];
-        stop[used] = lines->starts[other + 1];
-        k_line[used] = q * kernel[2];
-        ++used;
+    for (int64_t qz = 0; qz < kernel[0]; ++qz) {
+        const int64_t nz = here->z + (qz - kernel[0] / 2) * dil[0];
+        if (nz < 0 || nz >= shape[0]) continue;
+        for (int64_t qy = 0, row = row0; qy < ky; ++qy) {
+            const int64_t ny = here->y + qy * dil[1] - y_reach;
+            const int64_t cells_row = qz * period + row;
+            row = row + dil[1] < period ? row + dil[1] : row + dil[1] - period;
+            if (ny < 0 || ny >= shape[1]) continue;
+            const int64_t other = here->b * lines->lines_per_batch + nz * lines->height + ny;
+            if (lines->starts[other] == lines->starts[other + 1]) continue;
+            if (other == here->line) *own = used;
+            which[used] = other;
+            at[used] = lines->starts[other];
+            stop[used] = lines->starts[other + 1];
+            k_line[used] = (qz * ky + qy) * kernel[2];
+            slot[used] = cells_row;
+            ++used;
+        }
     }
     return used;
 }
 
-/* Sites [begin, end) of a line against rows of cells of @p width (x - reach at cell x), kx cells a
- * row step cells apart: inlined with constants for the common 3-wide undilated kernel. */
+/* Sites [begin, end) of a line against its neighbours' rows of cells (x - reach at cell x), kx
+ * cells a row step cells apart, @p own the line's own row: inlined with constants for the common
+ * 3-wide undilated kernel. Nothing here branches on the data: a site's own cell is emptied while
+ * it reads, so the centre offset finds nothing, and offset k > centre takes mask bit k - 1 (the
+ * centre's bit, k itself, only ever receives a 0). */
 static inline __attribute__((always_inline)) int64_t
 read_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used, const int64_t *k_line,
-           const int32_t *cells, int64_t width, int64_t pos, int64_t kx, int64_t step) {
+           const int32_t *const *rows, int32_t *own, int64_t pos, int64_t kx, int64_t step) {
     const uint64_t *entries = plan->lines->entries;
-    const int64_t centre = plan->kernel_volume / 2;
+    const int64_t centre = plan->kernel_volume / 2, reach = kx / 2 * step;
     int32_t *found = plan->found;
     uint64_t *masks = plan->masks;
     int64_t *where = plan->where;
@@ -535,40 +581,56 @@ read_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used, con
         const int64_t x = (int64_t)(entries[e] >> 32), o = (int64_t)(entries[e] & UINT32_MAX);
         uint64_t mask = 0;
         where[o] = pos;
+        own[x + reach] = -1; /* a site is not its own neighbour */
         for (int64_t u = 0; u < used; ++u) {
-            const int32_t *row = cells + u * width + x;
+            const int32_t *row = rows[u] + x;
             const int64_t k0 = k_line[u];
             for (int64_t q = 0; q < kx; ++q) {
                 const int64_t k = k0 + q;
-                if (k == centre) continue; /* the site itself */
                 const int32_t v = row[q * step];
                 const uint64_t hit = v >= 0;
                 found[pos] = v; /* stored either way, kept only on a hit */
                 pos += (int64_t)hit;
-                mask |= hit << (k < centre ? k : k - 1);
+                mask |= hit << (k - (k > centre));
             }
         }
+        own[x + reach] = (int32_t)o;
         masks[o] = mask;
     }
     return pos;
 }
 
-/* One line's sites through rows of cells of @p width, x + reach at cell x (-1: no site). */
-static void walk_line_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used,
-                            const int64_t *at, const int64_t *stop, const int64_t *k_line,
-                            int32_t *cells, int64_t width, int64_t *written) {
+/* Line @p line's entries into (value: its rows; -1: out again) the row of cells @p cells. */
+static void line_cells(const lines_plan *plan, int64_t line, int32_t *cells, int fill) {
     const uint64_t *entries = plan->lines->entries;
-    const int64_t kx = plan->kernel[2], step = plan->dilation[2], reach = kx / 2 * step;
-    for (int64_t u = 0; u < used; ++u)
-        for (int64_t e = at[u]; e < stop[u]; ++e)
-            cells[u * width + (int64_t)(entries[e] >> 32) + reach] = (int32_t)(entries[e] & UINT32_MAX);
+    const int64_t reach = plan->kernel[2] / 2 * plan->dilation[2];
+    for (int64_t e = plan->lines->starts[line]; e < plan->lines->starts[line + 1]; ++e)
+        cells[(int64_t)(entries[e] >> 32) + reach] = fill ? (int32_t)(entries[e] & UINT32_MAX) : -1;
+}
+
+/* One line's sites through rows of cells of @p width, x + reach at cell x (-1: no site); held[r]
+ * is the line that row r of @p cells holds (-1: none; lines number below INT32_MAX,
+ * spconv__site_lines_fit), updated here. */
+static void walk_line_cells(const lines_plan *plan, int64_t begin, int64_t end, int64_t used,
+                            const int64_t *which, const int64_t *k_line, const int64_t *slot,
+                            int64_t own, int32_t *cells, int64_t width, int32_t *held,
+                            int64_t *written) {
+    const int64_t kx = plan->kernel[2], step = plan->dilation[2];
+    const int32_t *rows[LINES_MAX_OFFSETS + 1];
+    for (int64_t u = 0; u < used; ++u) {
+        int32_t *row = cells + slot[u] * width;
+        if (held[slot[u]] != which[u]) {
+            if (held[slot[u]] >= 0) line_cells(plan, held[slot[u]], row, 0);
+            line_cells(plan, which[u], row, 1);
+            held[slot[u]] = (int32_t)which[u];
+        }
+        rows[u] = row;
+    }
+    int32_t *own_row = cells + slot[own] * width;
     if (kx == 3 && step == 1)
-        *written = read_cells(plan, begin, end, used, k_line, cells, width, *written, 3, 1);
+        *written = read_cells(plan, begin, end, used, k_line, rows, own_row, *written, 3, 1);
     else
-        *written = read_cells(plan, begin, end, used, k_line, cells, width, *written, kx, step);
-    for (int64_t u = 0; u < used; ++u)
-        for (int64_t e = at[u]; e < stop[u]; ++e)
-            cells[u * width + (int64_t)(entries[e] >> 32) + reach] = -1;
+        *written = read_cells(plan, begin, end, used, k_line, rows, own_row, *written, kx, step);
 }
 
 /* One line's sites with a cursor per neighbouring line, for grids too wide for rows of cells. */
@@ -601,49 +663,86 @@ static void walk_line_cursors(const lines_plan *plan, int64_t begin, int64_t end
     *written = pos;
 }
 
-/* Cells in a thread's rows: one row of width cells per (z, y) step of the kernel. */
+/* Cells in a row: the x axis and the kernel's reach on either side. */
 static int64_t cells_width(const lines_plan *plan) {
     return plan->shape[2] + 2 * (plan->kernel[2] / 2 * plan->dilation[2]);
 }
 
+/* A thread's rows of cells: KZ x KY * DY, row (qz, ny mod KY * DY) for the neighbouring line at
+ * z step qz and y = ny (the KY lines of one z step differ by multiples of DY below KY * DY, so
+ * they never share a row). */
+static int64_t cells_rows(const lines_plan *plan) {
+    return plan->kernel[0] * plan->kernel[1] * plan->dilation[1];
+}
+
 /* A thread's rows of cells, all empty (-1), or NULL where the walk uses cursors: a grid wider
  * than DENSE_MAX_WIDTH, rows of more than DENSE_MAX_CELLS cells in all (a kernel of many (z, y)
- * steps), or no memory for them. Walks leave them empty again, so one set serves a thread's
- * walks. */
+ * steps, or a large y dilation), or no memory for them. Walks leave them empty again, so one set
+ * serves a thread's walks. */
 static int32_t *cells_alloc(const lines_plan *plan) {
-    const int64_t cells = plan->kernel[0] * plan->kernel[1] * cells_width(plan);
-    if (plan->shape[2] > DENSE_MAX_WIDTH || cells > DENSE_MAX_CELLS) return NULL;
-    int32_t *rows = malloc((size_t)cells * sizeof *rows);
-    if (rows != NULL) memset(rows, 0xff, (size_t)cells * sizeof *rows);
+    /* Each factor is checked first: with dilations up to INT32_MAX their product could wrap. */
+    if (plan->shape[2] > DENSE_MAX_WIDTH || cells_rows(plan) > DENSE_MAX_CELLS ||
+        cells_width(plan) > DENSE_MAX_CELLS)
+        return NULL;
+    const int64_t cells = cells_rows(plan) * cells_width(plan);
+    if (cells > DENSE_MAX_CELLS) return NULL;
+    /* After the cells, the line each row holds (-1: none), all -1 between walks too. */
+    const size_t bytes = (size_t)(cells + cells_rows(plan)) * sizeof(int32_t);
+    int32_t *rows = malloc(bytes);
+    if (rows != NULL) memset(rows, 0xff, bytes);
     return rows;
 }
 
 static void walk_lines(const lines_plan *plan, int64_t walk, int32_t *cells) {
     const spconv__site_lines *lines = plan->lines;
-    const int64_t width = cells_width(plan);
+    const int64_t width = cells_width(plan), num_rows = cells_rows(plan);
     const int64_t first = plan->walk_lines[walk], last = plan->walk_lines[walk + 1];
     int64_t written = (int64_t)lines->starts[first] * plan->kernel_volume;
-    int64_t at[LINES_MAX_OFFSETS + 1], stop[LINES_MAX_OFFSETS + 1], k_line[LINES_MAX_OFFSETS + 1];
-    for (int64_t line = first; line < last; ++line) {
-        const int64_t begin = lines->starts[line], end = lines->starts[line + 1];
+    int64_t which[LINES_MAX_OFFSETS + 1], at[LINES_MAX_OFFSETS + 1], stop[LINES_MAX_OFFSETS + 1];
+    int64_t k_line[LINES_MAX_OFFSETS + 1], slot[LINES_MAX_OFFSETS + 1];
+    int32_t *held = cells != NULL ? cells + num_rows * width : NULL; /* see cells_alloc */
+    line_at here;
+    for (line_at_start(plan, first, &here); here.line < last; line_at_next(plan, &here)) {
+        const int64_t begin = lines->starts[here.line], end = lines->starts[here.line + 1];
         if (begin == end) continue;
-        const int64_t used = neighbour_lines(plan, line, at, stop, k_line);
+        int64_t own = 0;
+        const int64_t used = neighbour_lines(plan, &here, which, at, stop, k_line, slot, &own);
         if (cells != NULL)
-            walk_line_cells(plan, begin, end, used, at, stop, k_line, cells, width, &written);
+            walk_line_cells(plan, begin, end, used, which, k_line, slot, own, cells, width, held,
+                            &written);
         else
             walk_line_cursors(plan, begin, end, used, at, stop, k_line, &written);
     }
+    if (cells == NULL) return;
+    for (int64_t r = 0; r < num_rows; ++r) /* the rows empty again for the thread's next walk */
+        if (held[r] >= 0) {
+            line_cells(plan, held[r], cells + r * width, 0);
+            held[r] = -1;
+        }
 }
 
-/* Pairs per offset of output rows [begin, end), from their masks. */
+/* Byte i of the result is bit i of @p byte: the byte copied into all eight, each copy keeping its
+ * own bit, then each nonzero byte made 1 (adding 0x7f sets its top bit, and no byte carries). */
+static inline uint64_t spread_bits(uint64_t byte) {
+    const uint64_t kept = (byte * UINT64_C(0x0101010101010101)) & UINT64_C(0x8040201008040201);
+    return ((kept + UINT64_C(0x7f7f7f7f7f7f7f7f)) >> 7) & UINT64_C(0x0101010101010101);
+}
+
+/* Pairs per offset of output rows [begin, end), from their masks: each mask adds its bits to
+ * byte counters, eight bits to a word (no branch per bit), emptied into counts every 255 rows. */
 static void count_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end, int64_t *counts) {
-    const int64_t kv = plan->kernel_volume, centre = kv / 2;
+    const int64_t kv = plan->kernel_volume, centre = kv / 2, groups = (kv - 1 + 7) / 8;
     for (int64_t k = 0; k < kv; ++k) counts[k] = 0;
-    for (int64_t o = begin; o < end; ++o)
-        for (uint64_t mask = plan->masks[o]; mask != 0; mask &= mask - 1) {
-            const int64_t j = __builtin_ctzll(mask);
-            ++counts[j < centre ? j : j + 1];
+    for (int64_t o = begin; o < end;) {
+        uint64_t bytes[LINES_MAX_OFFSETS / 8] = {0};
+        const int64_t stop = end - o > 255 ? o + 255 : end;
+        for (; o < stop; ++o) {
+            const uint64_t mask = plan->masks[o];
+            for (int64_t g = 0; g < groups; ++g) bytes[g] += spread_bits(mask >> 8 * g & 0xff);
         }
+        for (int64_t j = 0; j < kv - 1; ++j)
+            counts[j < centre ? j : j + 1] += (int64_t)(bytes[j / 8] >> 8 * (j % 8) & 0xff);
+    }
 }
 
 /* Write the pairs of output rows [begin, end) at the chunk's cursors @p next (one per offset). */
@@ -702,12 +801,15 @@ static spconv_status build_by_lines(const spconv__build_input *in,
                          "%s: out of host memory for the neighbours of %" PRId64 " sites", func,
                          n);
     plan_walks(&plan);
+    double T0 = omp_get_wtime(), T1 = 0, T2, T3, T4;
     SPCONV_OMP(omp parallel num_threads(num_threads))
     {
         int32_t *cells = cells_alloc(&plan);
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t w = 0; w < num_walks; ++w) walk_lines(&plan, w, cells);
         free(cells);
+        SPCONV_OMP(omp master)
+        T1 = omp_get_wtime();
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t c = 0; c < num_chunks; ++c) {
             const int64_t begin = c * plan.chunk_len;
@@ -715,6 +817,7 @@ static spconv_status build_by_lines(const spconv__build_input *in,
             count_lines_chunk(&plan, begin, end, plan.counts + c * kv);
         }
     }
+    T2 = omp_get_wtime();
     /* Offset k's pairs chunk after chunk, so in increasing output row; the centre's are (r, r). */
     int64_t running = 0;
     for (int64_t k = 0; k < kv; ++k) {
@@ -732,6 +835,7 @@ static spconv_status build_by_lines(const spconv__build_input *in,
     offsets[kv] = running;
     SPCONV_TRY_GOTO(st, spconv__rulebook_set_offsets(func, rb, kv, NULL, offsets), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+    T3 = omp_get_wtime();
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
     int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
@@ -741,6 +845,8 @@ static spconv_status build_by_lines(const spconv__build_input *in,
         emit_lines_chunk(&plan, begin, end, plan.counts + c * kv, pairs_in, pairs_out);
     }
     fill_center(rb, offsets[centre]);
+    T4 = omp_get_wtime();
+    if (getenv("SUBM_T")) fprintf(stderr, "walk %.2f count %.2f alloc %.2f emit %.2f\n", (T1-T0)*1e3, (T2-T1)*1e3, (T3-T2)*1e3, (T4-T3)*1e3);
 done:
     free(offsets);
     free(plan.walk_lines);

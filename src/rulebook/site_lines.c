@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -15,8 +16,11 @@
 #define LINES_MIN (INT64_C(1) << 17)
 /* Lines up to this long are sorted by insertion; longer ones by qsort (never quadratic). */
 #define INSERTION_MAX 32
-/* Fewest sites whose lines are sorted by a team of threads. */
+/* Fewest sites whose lines are counted, placed and sorted by a team of threads. */
 #define LINES_PARALLEL_MIN 16384
+/* Most line counters per site that the threads' own counts may take (4 bytes each, one set per
+ * thread): beyond, one thread counts and places the rows. */
+#define LINES_PARALLEL_CELLS_PER_SITE 32
 
 int spconv__site_lines_fit(int64_t num_sites, int64_t batch_size, const int64_t shape[3]) {
     const int64_t limit = num_sites * LINES_PER_SITE > LINES_MIN ? num_sites * LINES_PER_SITE
@@ -64,6 +68,72 @@ static void sort_line_checked(uint64_t *e, int64_t n, int64_t *first_repeat, int
     }
 }
 
+static int64_t line_of(const spconv__site_lines *lines, const int32_t *row) {
+    return row[0] * lines->lines_per_batch + row[1] * lines->height + row[2];
+}
+
+/* The counting sort by line with a team of threads: each counts the lines of its own block of
+ * rows, the counts give every (line, thread) its place, and each thread places its rows there in
+ * increasing row. A line's rows thus come block after block, each block in increasing row: the
+ * same order as one thread's. Returns 0, having done nothing, when one thread should do it (few
+ * sites, one thread, fewer lines than threads, counters beyond LINES_PARALLEL_CELLS_PER_SITE or
+ * no memory for them). */
+static int place_rows_parallel(int num_threads, const int32_t *rows, int64_t num_sites,
+                               spconv__site_lines *lines) {
+    const int64_t num_lines = lines->num_lines;
+    if (num_threads < 2 || num_sites < LINES_PARALLEL_MIN || num_lines < num_threads ||
+        num_lines > LINES_PARALLEL_CELLS_PER_SITE * num_sites / num_threads)
+        return 0;
+    int32_t *counts = malloc((size_t)num_threads * (size_t)num_lines * sizeof *counts);
+    if (counts == NULL) return 0;
+    int32_t *starts = lines->starts;
+    SPCONV_OMP(omp parallel num_threads(num_threads))
+    {
+        int t = 0, team = 1;
+#if SPCONV_HAVE_OPENMP
+        t = omp_get_thread_num();
+        team = omp_get_num_threads();
+#endif
+        /* Blocks follow the team actually given (it may be smaller than asked for). */
+        const int64_t begin = num_sites * t / team, end = num_sites * (t + 1) / team;
+        int32_t *mine = counts + (size_t)t * (size_t)num_lines;
+        memset(mine, 0, (size_t)num_lines * sizeof *mine);
+        for (int64_t r = begin; r < end; ++r) ++mine[line_of(lines, rows + 4 * r)];
+        SPCONV_OMP(omp barrier)
+        /* Each thread takes a range of lines: line l's place for thread t is where the line
+         * starts plus the rows of blocks before t. The lines' starts themselves need the counts
+         * of every earlier line, so the ranges first sum their own lines, then add what the
+         * earlier ranges hold. */
+        const int64_t l0 = num_lines * t / team, l1 = num_lines * (t + 1) / team;
+        int64_t total = 0;
+        for (int64_t l = l0; l < l1; ++l)
+            for (int u = 0; u < team; ++u) total += counts[(size_t)u * (size_t)num_lines + l];
+        starts[l1] = (int32_t)total; /* this range's rows, for the ranges after it */
+        SPCONV_OMP(omp barrier)
+        int64_t running = 0;
+        for (int u = 0; u < t; ++u) running += starts[num_lines * (u + 1) / team];
+        SPCONV_OMP(omp barrier)
+        for (int64_t l = l0; l < l1; ++l) {
+            starts[l] = (int32_t)running;
+            for (int u = 0; u < team; ++u) {
+                int32_t *c = counts + (size_t)u * (size_t)num_lines + l;
+                const int32_t rows_here = *c;
+                *c = (int32_t)running;
+                running += rows_here;
+            }
+        }
+        if (t == team - 1) starts[num_lines] = (int32_t)running;
+        SPCONV_OMP(omp barrier)
+        for (int64_t r = begin; r < end; ++r) {
+            const int32_t *row = rows + 4 * r;
+            lines->entries[mine[line_of(lines, row)]++] =
+                (uint64_t)(uint32_t)row[3] << 32 | (uint64_t)r;
+        }
+    }
+    free(counts);
+    return 1;
+}
+
 spconv_status spconv__site_lines_build(const char *func, int num_threads, const int32_t *rows,
                                        int64_t num_sites, int64_t batch_size,
                                        const int64_t shape[3], spconv__site_lines *lines) {
@@ -86,21 +156,22 @@ spconv_status spconv__site_lines_build(const char *func, int num_threads, const 
                             "%s: out of host memory for a line index of %" PRId64 " sites",
                             func, num_sites);
     }
-    /* Counting sort by line: counts in starts[l + 1], prefix sums, then each row at its line's
-     * cursor (starts[l], advanced as rows arrive and shifted back by one line afterwards). */
     int32_t *starts = lines->starts;
-    for (int64_t r = 0; r < num_sites; ++r) {
-        const int32_t *row = rows + 4 * r;
-        ++starts[row[0] * lines->lines_per_batch + row[1] * lines->height + row[2] + 1];
+    if (!place_rows_parallel(num_threads, rows, num_sites, lines)) {
+        /* Counting sort by line: counts in starts[l + 1], prefix sums, then each row at its
+         * line's cursor (starts[l], advanced as rows arrive and shifted back by one line
+         * afterwards). */
+        for (int64_t r = 0; r < num_sites; ++r)
+            ++starts[line_of(lines, rows + 4 * r) + 1];
+        for (int64_t l = 0; l < lines->num_lines; ++l) starts[l + 1] += starts[l];
+        for (int64_t r = 0; r < num_sites; ++r) {
+            const int32_t *row = rows + 4 * r;
+            lines->entries[starts[line_of(lines, row)]++] =
+                (uint64_t)(uint32_t)row[3] << 32 | (uint64_t)r;
+        }
+        for (int64_t l = lines->num_lines; l > 0; --l) starts[l] = starts[l - 1];
+        starts[0] = 0;
     }
-    for (int64_t l = 0; l < lines->num_lines; ++l) starts[l + 1] += starts[l];
-    for (int64_t r = 0; r < num_sites; ++r) {
-        const int32_t *row = rows + 4 * r;
-        const int64_t l = row[0] * lines->lines_per_batch + row[1] * lines->height + row[2];
-        lines->entries[starts[l]++] = (uint64_t)(uint32_t)row[3] << 32 | (uint64_t)r;
-    }
-    for (int64_t l = lines->num_lines; l > 0; --l) starts[l] = starts[l - 1];
-    starts[0] = 0;
     /* Lines sort independently; each thread keeps the smallest repeat it met, and the smallest
      * of those is the first repeat whatever the thread count. */
     int64_t first_repeat = num_sites, owner = -1;
