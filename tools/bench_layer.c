@@ -26,6 +26,7 @@
 #include "io/pointcloud_file.h"
 #include "conv/conv_exec.h"
 #include "conv/gemm_peak.h"
+#include "core/parallel.h"
 #include "spconv/spconv.h"
 
 #define PEAK_SIZE 2048
@@ -215,13 +216,13 @@ static double bench_stream(int threads, size_t read_bytes, size_t write_bytes, i
     for (int r = 0; r <= repeat; ++r) {
         float total = 0.0f;
         double t0 = spconv__now_s();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
+        SPCONV_OMP(omp parallel num_threads(threads) reduction(+ : total))
         {
             float lanes[16] = {0};
-#pragma omp for schedule(static) nowait
+            SPCONV_OMP(omp for schedule(static) nowait)
             for (int64_t i = 0; i < nr / 16; ++i)
                 for (int l = 0; l < 16; ++l) lanes[l] += src[16 * i + l];
-#pragma omp for schedule(static)
+            SPCONV_OMP(omp for schedule(static))
             for (int64_t i = 0; i < nw; ++i) dst[i] = 1.0f;
             for (int l = 0; l < 16; ++l) total += lanes[l];
         }

@@ -59,14 +59,23 @@ static int axis_single_target(const axis_rule *rule, int64_t c, int64_t *k, int6
     return *k < rule->kernel && *o < rule->out_size;
 }
 
+/* axis_single_target from the axis table where there is one: three loads instead of a
+ * division (some 40 cycles for 64 bits), which was most of a pool's candidate generation. */
+static int axis_single_lookup(const axis_rule *rule, int64_t c, int64_t *k, int64_t *o) {
+    if (rule->count == NULL) return axis_single_target(rule, c, k, o);
+    *k = rule->ks[c * rule->room];
+    *o = rule->os[c * rule->room];
+    return rule->count[c];
+}
+
 /* row_candidates for a plan with `single`: the row's one candidate, or none. */
 static int64_t row_candidate_single(const strided_plan *plan, int64_t r, uint64_t *key,
                                     uint64_t *value) {
     const int32_t *row = plan->in->rows + 4 * r;
     int64_t k[3], o[3];
-    if (!(axis_single_target(&plan->axes[0], row[1], &k[0], &o[0]) &
-          axis_single_target(&plan->axes[1], row[2], &k[1], &o[1]) &
-          axis_single_target(&plan->axes[2], row[3], &k[2], &o[2])))
+    if (!(axis_single_lookup(&plan->axes[0], row[1], &k[0], &o[0]) &
+          axis_single_lookup(&plan->axes[1], row[2], &k[1], &o[1]) &
+          axis_single_lookup(&plan->axes[2], row[3], &k[2], &o[2])))
         return 0;
     if (key != NULL) {
         *key = spconv__key_pack(&plan->out_layout, row[0], o[0], o[1], o[2]);
@@ -428,9 +437,10 @@ static spconv_status axis_table(const char *func, int64_t size, axis_rule *rule)
     if (size <= 0 || rule->room <= 0 || rule->room > AXIS_TABLE_ROOM ||
         size > AXIS_TABLE_MAX / rule->room)
         return SPCONV_OK;
+    /* Zeroed: a coordinate of no target still has defined (unused) first entries. */
     rule->count = malloc((size_t)size * sizeof *rule->count);
-    rule->ks = malloc((size_t)(size * rule->room) * sizeof *rule->ks);
-    rule->os = malloc((size_t)(size * rule->room) * sizeof *rule->os);
+    rule->ks = calloc((size_t)(size * rule->room), sizeof *rule->ks);
+    rule->os = calloc((size_t)(size * rule->room), sizeof *rule->os);
     SPCONV_RETURN_ERROR_IF(rule->count == NULL || rule->ks == NULL || rule->os == NULL,
                            SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for an axis table of %" PRId64 " coordinates",
