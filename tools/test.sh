@@ -7,6 +7,8 @@
 #                             cuda/*.cu compiled by g++, every CUDA test runs its kernels on the CPU
 #   tools/test.sh --emulate-cuda --sanitize
 #                             the same under ASan+UBSan in build-emu-asan/ (kernels included)
+#   tools/test.sh --no-openmp the CPU library built without OpenMP in build-noomp/ (every parallel
+#                             loop a plain loop, as core/parallel.h promises), all C tests
 #   tools/test.sh --fuzz      libFuzzer targets (clang) in build-fuzz/: every seed and regression
 #                             input of tests/fuzz/corpus/, then a short mutation run per target
 #                             (FUZZ_SECONDS each, default 20) into a scratch corpus
@@ -14,12 +16,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sanitize=0 emulate=0 fuzz=0
+sanitize=0 emulate=0 fuzz=0 noomp=0
 while [ $# -gt 0 ]; do
   case $1 in
     --sanitize) sanitize=1 ;;
     --emulate-cuda) emulate=1 ;;
     --fuzz) fuzz=1 ;;
+    --no-openmp) noomp=1 ;;
     *) break ;;
   esac
   shift
@@ -61,6 +64,11 @@ if [ $emulate = 1 ]; then
   # The emulation is this build's CUDA backend: nvcc is not asked for even where it exists.
   build=build-emu
   configure+=(-DSPCONV_CUDA=OFF -DSPCONV_CUDA_EMULATION=ON)
+elif [ $noomp = 1 ]; then
+  # OpenMP is optional: without it the library, the tools and the tests must still build
+  # warning-free and pass (a stray omp_* call outside core/parallel.h fails here).
+  build=build-noomp
+  configure+=(-DSPCONV_CUDA=OFF -DCMAKE_DISABLE_FIND_PACKAGE_OpenMP=ON)
 else
   build=build
 fi
@@ -81,6 +89,6 @@ cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
 # The PyTorch binding's tests (pytest in .venv/, tools/test-python.sh) after the C tests of the
 # release build (SPCONV_C_SKIP_PYTHON=1: not now).
-if [ $sanitize = 0 ] && [ $emulate = 0 ] && [ "${SPCONV_C_SKIP_PYTHON:-0}" != 1 ]; then
+if [ $sanitize = 0 ] && [ $emulate = 0 ] && [ $noomp = 0 ] && [ "${SPCONV_C_SKIP_PYTHON:-0}" != 1 ]; then
   tools/test-python.sh
 fi

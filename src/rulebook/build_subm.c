@@ -21,8 +21,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
-#include <omp.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -801,15 +799,12 @@ static spconv_status build_by_lines(const spconv__build_input *in,
                          "%s: out of host memory for the neighbours of %" PRId64 " sites", func,
                          n);
     plan_walks(&plan);
-    double T0 = omp_get_wtime(), T1 = 0, T2, T3, T4;
     SPCONV_OMP(omp parallel num_threads(num_threads))
     {
         int32_t *cells = cells_alloc(&plan);
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t w = 0; w < num_walks; ++w) walk_lines(&plan, w, cells);
         free(cells);
-        SPCONV_OMP(omp master)
-        T1 = omp_get_wtime();
         SPCONV_OMP(omp for schedule(dynamic, 1))
         for (int64_t c = 0; c < num_chunks; ++c) {
             const int64_t begin = c * plan.chunk_len;
@@ -817,7 +812,6 @@ static spconv_status build_by_lines(const spconv__build_input *in,
             count_lines_chunk(&plan, begin, end, plan.counts + c * kv);
         }
     }
-    T2 = omp_get_wtime();
     /* Offset k's pairs chunk after chunk, so in increasing output row; the centre's are (r, r). */
     int64_t running = 0;
     for (int64_t k = 0; k < kv; ++k) {
@@ -835,7 +829,6 @@ static spconv_status build_by_lines(const spconv__build_input *in,
     offsets[kv] = running;
     SPCONV_TRY_GOTO(st, spconv__rulebook_set_offsets(func, rb, kv, NULL, offsets), done);
     SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
-    T3 = omp_get_wtime();
     int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
     int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
     SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
@@ -845,8 +838,6 @@ static spconv_status build_by_lines(const spconv__build_input *in,
         emit_lines_chunk(&plan, begin, end, plan.counts + c * kv, pairs_in, pairs_out);
     }
     fill_center(rb, offsets[centre]);
-    T4 = omp_get_wtime();
-    if (getenv("SUBM_T")) fprintf(stderr, "walk %.2f count %.2f alloc %.2f emit %.2f\n", (T1-T0)*1e3, (T2-T1)*1e3, (T3-T2)*1e3, (T4-T3)*1e3);
 done:
     free(offsets);
     free(plan.walk_lines);

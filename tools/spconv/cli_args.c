@@ -590,7 +590,7 @@ int cli_outdir_write_error(const cli_outdir *od, const char *path, spconv_status
 
 int cli_outdir_write_npy(cli_outdir *od, spconv_context *ctx, const char *name,
                          const spconv_tensor *t) {
-    const char *path;
+    const char *path = NULL;
     int rc = cli_outdir_path(od, name, &path);
     if (rc != 0) return rc;
     spconv_status st = spconv_npy_write(ctx, path, t);
