@@ -65,7 +65,7 @@ static int axis_single_lookup(const axis_rule *rule, int64_t c, int64_t *k, int6
     if (rule->count == NULL) return axis_single_target(rule, c, k, o);
     *k = rule->ks[c * rule->room];
     *o = rule->os[c * rule->room];
-    return rule->count[c];
+    return rule->count[c] != 0;
 }
 
 /* row_candidates for a plan with `single`: the row's one candidate, or none. */
