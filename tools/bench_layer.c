@@ -4,10 +4,12 @@
  *   - forward and backward of subm 3x3x3 convs at 64->64 and 128->128 channels (random
  *     features, weights and output gradients of those widths), split into the executor's
  *     phases (gather, GEMM, scatter) through its internal timing hook;
- *   - max pooling 2x2x2 stride 2 at 64 channels (basic's first pool): its rulebook, and the
- *     pool with and without argmax, set against the least bytes it must move (every input row
- *     read once, every output row and argmax written once) at this machine's streaming
- *     bandwidth, measured here as the time to read that many bytes and write that many.
+ *   - max pooling 2x2x2 stride 2 at 64 channels (basic's first pool): its rulebook, the pool
+ *     with and without argmax and its backward, each set against the least bytes it must move
+ *     (forward: every input row read once, every output row and argmax written once; backward:
+ *     every output gradient and argmax row read once, every input gradient row written once) at
+ *     this machine's streaming bandwidth, measured here as the time to read that many bytes and
+ *     write that many.
  * Every figure is the median of --repeat runs after one warm-up. GFLOP/s counts 2 * pairs *
  * C_in * C_out per pass (forward one pass, backward two: d_features and d_weight) and is also
  * given as a share of this machine's sgemm peak, measured here with a 2048^3 sgemm run the way
@@ -198,6 +200,22 @@ static double bench_pool(spconv_context *ctx, const spconv_rulebook *rb, const s
     return seconds;
 }
 
+/* Median time of the pool's backward from @p argmax and a gradient @p g of its output. */
+static double bench_pool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                  const spconv_tensor *argmax, const spconv_tensor *g, int repeat) {
+    double *times = malloc((size_t)(repeat + 1) * sizeof(double));
+    for (int r = 0; r <= repeat; ++r) {
+        spconv_tensor *gx = NULL;
+        double t0 = spconv__now_s();
+        CHECK(spconv_maxpool_backward(ctx, rb, argmax, g, &gx));
+        times[r] = spconv__now_s() - t0;
+        spconv_tensor_release(gx);
+    }
+    double seconds = median(times + 1, repeat);
+    free(times);
+    return seconds;
+}
+
 /* Streaming ceiling: the median time for @p threads threads to read @p read_bytes (summing
  * them, so the loads cannot be dropped) and write @p write_bytes, both buffers resident (not
  * freshly mapped), as a pass over memory that no cache holds. */
@@ -336,10 +354,19 @@ int main(int argc, char **argv) {
     spconv_tensor *pool_x = random_tensor(2, pool_sizes, 1.0f, &state);
     double pool_s = bench_pool(ctx, rb_pool, pool_x, 0, o.repeat);
     double pool_arg_s = bench_pool(ctx, rb_pool, pool_x, 1, o.repeat);
+    spconv_tensor *pool_y = NULL, *pool_argmax = NULL;
+    CHECK(spconv_maxpool_forward(ctx, rb_pool, pool_x, &pool_y, &pool_argmax));
+    int64_t pool_g_sizes[2] = {pool_out, pool_channels};
+    spconv_tensor *pool_g = random_tensor(2, pool_g_sizes, 1.0f, &state);
+    double pool_back_s = bench_pool_backward(ctx, rb_pool, pool_argmax, pool_g, o.repeat);
+    spconv_tensor_release(pool_g);
+    spconv_tensor_release(pool_argmax);
+    spconv_tensor_release(pool_y);
     const size_t pool_read = (size_t)(n * pool_channels) * sizeof(float);
     const size_t pool_write = (size_t)(pool_out * pool_channels) * sizeof(float);
     double stream_s = bench_stream(threads, pool_read, pool_write, o.repeat);
     double stream_arg_s = bench_stream(threads, pool_read, 2 * pool_write, o.repeat);
+    double stream_back_s = bench_stream(threads, 2 * pool_write, pool_read, o.repeat);
     spconv_tensor_release(pool_x);
     CHECK(spconv__sgemm_peak(threads, PEAK_SIZE, o.repeat, &peak_after));
     const double peak = peak_before > peak_after ? peak_before : peak_after;
@@ -371,6 +398,10 @@ int main(int argc, char **argv) {
            "pool with argmax", pool_arg_s * 1e3, stream_arg_s * 1e3,
            (pool_read + 2 * pool_write) * 1e-6, (pool_read + 2 * pool_write) / stream_arg_s * 1e-9,
            pool_arg_s / stream_arg_s);
+    printf("  %-28s %9.2f ms  streaming floor %.2f ms (%.1f MB at %.1f GB/s): %.2fx\n",
+           "pool backward", pool_back_s * 1e3, stream_back_s * 1e3,
+           (pool_read + 2 * pool_write) * 1e-6, (pool_read + 2 * pool_write) / stream_back_s * 1e-9,
+           pool_back_s / stream_back_s);
 
     spconv_rulebook_release(rb_pool);
     spconv_rulebook_release(rb_s2);
