@@ -11,7 +11,9 @@
  * offsets.
  * Backward: grad_in[i, c] = the sum of grad_out[o, c] over the pairs (i, o) whose argmax[o, c] is
  * i, offsets in increasing k; threads take blocks of input rows, so every sum keeps that order
- * whatever the thread count. */
+ * whatever the thread count. Where the windows are disjoint (no input row in two pairs: 2x2x2
+ * stride 2 and the like) each sum has one term, and the backward runs output-stationary as the
+ * forward does, writing each input row once. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -346,7 +348,7 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
  * grad_out[o, c] where argmax[o, c] is i, as a select, so a block's rows are written in cache
  * and once to memory, and no zero-fill pass goes first. Each (i, c) gets its terms in offset
  * order whatever the thread count. */
-#define SPCONV_POOL_GRAD_ROWS(T)                                                                   \
+#define SPCONV_POOL_GRAD_ROWS(T, U)                                                                \
     for (int64_t p = first; p < end; ++p) {                                                        \
         if (p + POOL_AHEAD < end) {                                                                \
             const int64_t ahead = lists->source[p + POOL_AHEAD] * channels;                        \
@@ -360,7 +362,14 @@ spconv_status spconv__cpu_maxpool_forward(spconv_context *ctx, const spconv_rule
         const int32_t *restrict arg = argmax + o * channels;                                       \
         const T *restrict g = (const T *)grad_out + o * channels;                                  \
         T *restrict gi = (T *)grad_in + (int64_t)i * channels;                                     \
-        for (int64_t c = 0; c < channels; ++c) gi[c] += arg[c] == i ? g[c] : (T)0;                 \
+        for (int64_t c = 0; c < channels; ++c) { /* += g or +0, by a mask: it vectorises */       \
+            U bits;                                                                                \
+            memcpy(&bits, g + c, sizeof bits);                                                     \
+            bits &= (U)0 - (U)(arg[c] == i);                                                       \
+            T term;                                                                                \
+            memcpy(&term, &bits, sizeof term);                                                     \
+            gi[c] += term;                                                                         \
+        }                                                                                          \
     }
 
 SPCONV__VECTOR_CLONES
@@ -388,15 +397,122 @@ static void pool_grad_blocks(spconv_dtype dtype, int64_t num_in, int64_t channel
                 int64_t first, end;
                 spconv__pairs_range(lists, j, r0, r1, &first, &end);
                 if (dtype == SPCONV_F32) {
-                    SPCONV_POOL_GRAD_ROWS(float)
+                    SPCONV_POOL_GRAD_ROWS(float, uint32_t)
                 } else {
-                    SPCONV_POOL_GRAD_ROWS(double)
+                    SPCONV_POOL_GRAD_ROWS(double, uint64_t)
                 }
             }
         }
     }
     lists->bounds = NULL;
     free(table);
+}
+
+/* Disjoint windows (every input row in at most one pair, as with 2x2x2 stride 2): output-
+ * stationary like the forward, each input row written once, whole, from its one pair:
+ * grad_in[i, c] = argmax[o, c] == i ? grad_out[o, c] + 0 : +0, the bits the blocks above give a
+ * row with one pair (0 + g there, g + 0 here: both turn -0 into +0), and rows with no pair are
+ * zeroed. A block of out rows stays in cache while its offsets visit it, so grad_out
+ * and argmax are read once and grad_in written once, with no zero-fill first; a large grad_in
+ * goes out by streaming stores, which do not read its lines in before writing them. */
+#define SPCONV_POOL_GRAD_DISJOINT(T, U)                                                            \
+    for (int64_t j = 0; j < lists->num_active; ++j)                                                \
+        for (int64_t p = first[j]; p < end[j]; ++p) {                                              \
+            const int32_t i = lists->source[p];                                                    \
+            const int64_t o = lists->target[p];                                                    \
+            const int32_t *restrict arg = argmax + o * channels;                                   \
+            const T *restrict g = (const T *)grad_out + o * channels;                              \
+            T *restrict gi = stream ? (T *)row_buffer : (T *)grad_in + (int64_t)i * channels;      \
+            for (int64_t c = 0; c < channels; ++c) { /* a mask, not a select: it vectorises */   \
+                const T v = g[c] + (T)0;                                                           \
+                U bits;                                                                            \
+                memcpy(&bits, &v, sizeof bits);                                                    \
+                bits &= (U)0 - (U)(arg[c] == i);                                                   \
+                memcpy(gi + c, &bits, sizeof bits);                                                \
+            }                                                                                      \
+            if (stream)                                                                            \
+                copy_rows(1, (T *)grad_in + (int64_t)i * channels, row_buffer, (size_t)row_bytes); \
+        }
+
+SPCONV__VECTOR_CLONES
+static void pool_grad_disjoint_rows(spconv_dtype dtype, int64_t channels, int64_t row_bytes,
+                                    const spconv__pair_lists *lists, const int64_t *first,
+                                    const int64_t *end, const int32_t *argmax,
+                                    const void *grad_out, void *grad_in, int stream,
+                                    void *row_buffer) {
+    if (dtype == SPCONV_F32) {
+        SPCONV_POOL_GRAD_DISJOINT(float, uint32_t)
+    } else {
+        SPCONV_POOL_GRAD_DISJOINT(double, uint64_t)
+    }
+}
+
+/* Whether every input row has at most one pair; then @p covered[i] says whether row i has one. */
+static int pairs_disjoint(const int32_t *pairs_in, int64_t pairs, uint8_t *covered) {
+    for (int64_t p = 0; p < pairs; ++p) {
+        if (covered[pairs_in[p]]) return 0;
+        covered[pairs_in[p]] = 1;
+    }
+    return 1;
+}
+
+/* The disjoint case (see SPCONV_POOL_GRAD_DISJOINT): out rows sorted within each offset, and
+ * @p covered from pairs_disjoint. */
+static spconv_status pool_grad_disjoint(spconv_dtype dtype, int64_t num_in, int64_t num_out,
+                                        int64_t channels, const spconv_rulebook *rb,
+                                        const int32_t *pairs_in, const int32_t *pairs_out,
+                                        const uint8_t *covered, const int32_t *argmax,
+                                        const void *grad_out, void *grad_in, int threads) {
+    spconv__pair_lists lists = {spconv_rulebook_num_active_offsets(rb),
+                                spconv_rulebook_active_offsets(rb),
+                                spconv_rulebook_active_starts(rb),
+                                pairs_in,
+                                pairs_out,
+                                0,
+                                NULL,
+                                0,
+                                0};
+    const int64_t row_bytes = channels * (int64_t)spconv_dtype_size(dtype);
+    int64_t rows = POOL_BLOCK_BYTES / row_bytes;
+    if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
+    if (rows > num_out) rows = num_out > 0 ? num_out : 1;
+    const int64_t blocks = (num_out + rows - 1) / rows;
+    const int stream = (size_t)(num_in * row_bytes) >= POOL_STREAM_MIN_BYTES;
+    const size_t ranges_bytes = round_up_64((size_t)(2 * lists.num_active) * sizeof(int64_t)),
+                 thread_bytes = ranges_bytes + round_up_64((size_t)row_bytes);
+    char *work = aligned_alloc(64, (size_t)threads * thread_bytes);
+    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
+                           "spconv_maxpool_backward: out of host memory for %d threads' "
+                           "buffers of %lld bytes",
+                           threads, (long long)thread_bytes);
+    void *table;
+    int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, threads, &table);
+    SPCONV_OMP(omp parallel num_threads(threads)) {
+        char *mine = work + (size_t)spconv__omp_thread() * thread_bytes;
+        int64_t *first = (int64_t *)(void *)mine, *end = first + lists.num_active;
+        if (lists.bounds != NULL) {
+            SPCONV_OMP(omp for schedule(dynamic, 1))
+            for (int64_t j = 0; j < lists.num_active; ++j)
+                spconv__pair_bounds(&lists, j, scratch + spconv__omp_thread() * (blocks + 1));
+        }
+        SPCONV_OMP(omp for schedule(dynamic, 1) nowait)
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t r0 = b * rows, r1 = r0 + rows < num_out ? r0 + rows : num_out;
+            for (int64_t j = 0; j < lists.num_active; ++j)
+                spconv__pairs_range(&lists, j, r0, r1, first + j, end + j);
+            pool_grad_disjoint_rows(dtype, channels, row_bytes, &lists, first, end, argmax,
+                                    grad_out, grad_in, stream, mine + ranges_bytes);
+        }
+        SPCONV_OMP(omp for schedule(static, 4096))
+        for (int64_t i = 0; i < num_in; ++i)
+            if (!covered[i]) memset((char *)grad_in + (size_t)(i * row_bytes), 0, (size_t)row_bytes);
+#if defined(__SSE2__)
+        if (stream) _mm_sfence();
+#endif
+    }
+    free(table);
+    free(work);
+    return SPCONV_OK;
 }
 
 /* The rulebook's pairs as lists sorted by in row within each offset (source = out rows): its own
@@ -446,6 +562,28 @@ static spconv_status maxpool_backward_cpu(spconv_context *ctx, const spconv_rule
         st, spconv__tensor_empty_in(func, ctx, spconv_cpu(), spconv_tensor_dtype(grad_out), 2,
                                     sizes, &gx),
         done);
+    const int threads = spconv_context_num_threads(ctx);
+    const int32_t *in_rows = spconv_tensor_data(pairs_in), *out_rows = spconv_tensor_data(pairs_out);
+    if (sizes[0] > 0 && channels > 0 &&
+        spconv__rulebook_rows_sorted(rb, SPCONV__SIDE_OUT, out_rows, threads)) {
+        uint8_t *covered = calloc((size_t)sizes[0], 1);
+        SPCONV_TRY_GOTO(st,
+                        covered != NULL ? SPCONV_OK
+                                        : spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                                                        "%s: out of host memory for %lld row "
+                                                        "flags",
+                                                        func, (long long)sizes[0]),
+                        done);
+        if (pairs_disjoint(in_rows, spconv_rulebook_num_pairs(rb), covered)) {
+            st = pool_grad_disjoint(spconv_tensor_dtype(grad_out), sizes[0], num_out, channels, rb,
+                                    in_rows, out_rows, covered, spconv_tensor_data(arg),
+                                    spconv_tensor_data(g), spconv_tensor_data(gx), threads);
+            free(covered);
+            if (st == SPCONV_OK) *grad_features = gx, gx = NULL;
+            goto done;
+        }
+        free(covered);
+    }
     spconv__pair_lists lists;
     SPCONV_TRY_GOTO(st,
                     pairs_by_in_row(ctx, rb, spconv_tensor_data(pairs_in),
