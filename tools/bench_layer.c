@@ -3,7 +3,8 @@
  *   - rulebook building: subm 3x3x3, and regular 3x3x3 stride 2 padding 1;
  *   - forward and backward of subm 3x3x3 convs at 64->64 and 128->128 channels (random
  *     features, weights and output gradients of those widths), split into the executor's
- *     phases (gather, GEMM, scatter) through its internal timing hook;
+ *     phases (gather, GEMM, scatter) through its internal timing hook; the backward also with
+ *     only d_features and only d_weight asked for, so that the two products are timed apart;
  *   - max pooling 2x2x2 stride 2 at 64 channels (basic's first pool): its rulebook, the pool
  *     with and without argmax and its backward, each set against the least bytes it must move
  *     (forward: every input row read once, every output row and argmax written once; backward:
@@ -11,9 +12,10 @@
  *     this machine's streaming bandwidth, measured here as the time to read that many bytes and
  *     write that many.
  * Every figure is the median of --repeat runs after one warm-up. GFLOP/s counts 2 * pairs *
- * C_in * C_out per pass (forward one pass, backward two: d_features and d_weight) and is also
- * given as a share of this machine's sgemm peak, measured here with a 2048^3 sgemm run the way
- * the executor runs its products (row blocks of single-threaded BLAS, one per thread).
+ * C_in * C_out per pass (forward one pass, backward two: d_features and d_weight, each alone
+ * one) and is also given as a share of this machine's sgemm peak, measured here with a 2048^3
+ * sgemm run the way the executor runs its products (row blocks of single-threaded BLAS, one per
+ * thread).
  *
  *   bench_layer [--repeat N] [--threads T] [--no-conv] [DATA_DIR]
  * --no-conv skips the conv layers (the rulebooks and the pool take seconds, the convs a minute).
@@ -151,17 +153,24 @@ typedef struct phase_medians {
     double best_s; /* the fastest run: what the code does when nothing else holds the cores */
 } phase_medians;
 
+/* What run_conv times: the forward, the whole backward, or one of its two products. */
+enum { RUN_FORWARD, RUN_BACKWARD, RUN_DATA_GRAD, RUN_WEIGHT_GRAD, RUN_KINDS };
+
 static phase_medians run_conv(spconv_context *ctx, const spconv_rulebook *rb,
                               const spconv_tensor *x, const spconv_tensor *w,
-                              const spconv_tensor *g, int backward, int repeat) {
+                              const spconv_tensor *g, int kind, int repeat) {
     double *samples = malloc((size_t)(4 * (repeat + 1)) * sizeof(double));
     for (int r = 0; r <= repeat; ++r) {
         spconv__conv_timing timing = {0.0, 0.0, 0.0, 0};
         spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
         spconv_tensor *o1 = NULL, *o2 = NULL, *o3 = NULL;
         double t0 = spconv__now_s();
-        if (backward)
+        if (kind == RUN_BACKWARD)
             CHECK(spconv__conv_backward_ex(ctx, rb, x, w, g, &options, &o1, &o2, &o3));
+        else if (kind == RUN_DATA_GRAD)
+            CHECK(spconv__conv_backward_ex(ctx, rb, x, w, g, &options, &o1, NULL, NULL));
+        else if (kind == RUN_WEIGHT_GRAD)
+            CHECK(spconv__conv_backward_ex(ctx, rb, x, w, g, &options, NULL, &o2, NULL));
         else
             CHECK(spconv__conv_forward_ex(ctx, rb, x, w, NULL, &options, &o1));
         double wall = spconv__now_s() - t0;
@@ -254,16 +263,16 @@ static double bench_stream(int threads, size_t read_bytes, size_t write_bytes, i
     return seconds;
 }
 
-/* Forward and backward medians of a subm 3x3x3 conv at @p channels -> @p channels. */
+/* Medians of every RUN_ kind of a subm 3x3x3 conv at @p channels -> @p channels. */
 static void bench_conv(spconv_context *ctx, const spconv_rulebook *rb, int64_t channels, int repeat,
-                       uint64_t *state, phase_medians result[2]) {
+                       uint64_t *state, phase_medians result[RUN_KINDS]) {
     const int64_t n = spconv_rulebook_num_in(rb);
     int64_t x_sizes[2] = {n, channels}, w_sizes[3] = {27, channels, channels};
     spconv_tensor *x = random_tensor(2, x_sizes, 1.0f, state);
     spconv_tensor *w = random_tensor(3, w_sizes, 0.1f, state);
     spconv_tensor *g = random_tensor(2, x_sizes, 1.0f, state);
-    for (int backward = 0; backward <= 1; ++backward)
-        result[backward] = run_conv(ctx, rb, x, w, g, backward, repeat);
+    for (int kind = 0; kind < RUN_KINDS; ++kind)
+        result[kind] = run_conv(ctx, rb, x, w, g, kind, repeat);
     spconv_tensor_release(x);
     spconv_tensor_release(w);
     spconv_tensor_release(g);
@@ -278,13 +287,15 @@ static void print_phase(const char *name, double seconds, int64_t pairs, double 
         printf("  %-10s %9.2f ms %10lld pairs\n", name, seconds * 1e3, (long long)pairs);
 }
 
-static void print_conv(const phase_medians *m, int64_t channels, int backward, int64_t pairs,
+static void print_conv(const phase_medians *m, int64_t channels, int kind, int64_t pairs,
                        double peak) {
-    const double gflop =
-        (backward ? 4.0 : 2.0) * (double)pairs * (double)channels * (double)channels * 1e-9;
+    static const char *const names[RUN_KINDS] = {"forward", "backward", "backward, d_features only",
+                                                 "backward, d_weight only"};
+    const double gflop = (kind == RUN_BACKWARD ? 4.0 : 2.0) * (double)pairs * (double)channels *
+                         (double)channels * 1e-9;
     printf("\nsubm 3x3x3 %lld->%lld %s: %.1f GFLOP (phases: thread averages; other: wall time "
            "outside them)\n",
-           (long long)channels, (long long)channels, backward ? "backward" : "forward", gflop);
+           (long long)channels, (long long)channels, names[kind], gflop);
     print_phase("gather", m->gather_s, pairs, 0.0, peak);
     print_phase("GEMM", m->gemm_s, pairs, gflop, peak);
     print_phase("scatter", m->scatter_s, pairs, 0.0, peak);
@@ -340,7 +351,7 @@ int main(int argc, char **argv) {
     double subm_s = bench_rulebook(ctx, indices, shape, &subm, o.repeat, &rb);
     double regular_s = bench_rulebook(ctx, indices, shape, &regular, o.repeat, &rb_s2);
     uint64_t state = 12345;
-    phase_medians c64[2], c128[2];
+    phase_medians c64[RUN_KINDS], c128[RUN_KINDS];
     if (!o.no_conv) {
         bench_conv(ctx, rb, 64, o.repeat, &state, c64);
         bench_conv(ctx, rb, 128, o.repeat, &state, c128);
@@ -382,10 +393,10 @@ int main(int argc, char **argv) {
            "regular 3x3x3 stride 2 pad 1", regular_s * 1e3,
            (long long)spconv_rulebook_num_pairs(rb_s2));
     const int64_t pairs = spconv_rulebook_num_pairs(rb);
-    for (int backward = 0; backward <= 1 && !o.no_conv; ++backward)
-        print_conv(&c64[backward], 64, backward, pairs, peak);
-    for (int backward = 0; backward <= 1 && !o.no_conv; ++backward)
-        print_conv(&c128[backward], 128, backward, pairs, peak);
+    for (int kind = 0; kind < RUN_KINDS && !o.no_conv; ++kind)
+        print_conv(&c64[kind], 64, kind, pairs, peak);
+    for (int kind = 0; kind < RUN_KINDS && !o.no_conv; ++kind)
+        print_conv(&c128[kind], 128, kind, pairs, peak);
 
     printf("\nmax pool 2x2x2 stride 2, %lld channels: %lld -> %lld sites\n",
            (long long)pool_channels, (long long)n, (long long)pool_out);
