@@ -62,7 +62,7 @@ void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, co
  * @p count pairs) and prefetches its x rows; the product multiplies them by the kernels above
  * with k = count, its rows being the c_in columns of the x rows, read where they lie. Each
  * element's count terms are summed by fused multiply-adds in increasing i from zero and then
- * added once into sums. */
+ * added once into sums. Only valid when spconv__fused_available() (both are AVX2 code). */
 size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
                                           int64_t c_out);
 void spconv__fused_weight_gather(spconv_dtype dtype, int64_t count, const void *x,
