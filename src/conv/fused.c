@@ -328,8 +328,12 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
 /* The AVX-512 kernels: the same arithmetic (each element's k terms by fused multiply-adds in
  * increasing p from zero, then one add into y, NaN stored as the default NaN), so their results
  * are bitwise those of the AVX2 kernels above; only the register blocking differs. A tile of the
- * packed B is one 512-bit vector, and a block is up to 12 rows x 2 tiles (24 accumulators, which
- * is what keeps both FMA ports busy through the FMA latency), then 4 rows, then single rows. */
+ * packed B is one 512-bit vector. Rows go 12 at a time, then 4, then single rows. Of 12 rows,
+ * each run of 4 tiles is done as 6 rows x 4 tiles twice, and the tiles left as 12 rows x 2 (or
+ * 1) tiles: 24 accumulators, which keep both FMA ports busy through the FMA latency, and 6 x 4
+ * reads each x row once per 4 tiles and loads 10 operands per 24 FMAs, where 12 x 2 reads it
+ * twice and loads 14 (a 64-channel subm layer's products 2% faster in the network). Fewer rows
+ * take 4 tiles at a time too, which keeps more accumulators in flight. */
 #define FUSED512_TARGET __attribute__((target("avx512f,fma")))
 #define FUSED512_INLINE FUSED512_TARGET __attribute__((always_inline)) static inline
 
@@ -345,18 +349,17 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
     FUSED512_INLINE void NAME##_block(const int R, const int NT, const T *const *a, T *const *yo, \
                                       const T *w, int64_t k, int64_t j, M m_last, int set,        \
                                       const T *bias, int64_t es, const int32_t *kx) {              \
-        V c[12][2];                                                                                \
+        V c[12][4];                                                                                \
         for (int r = 0; r < R; ++r)                                                                \
             for (int u = 0; u < NT; ++u) c[r][u] = ZERO();                                         \
-        const T *w1 = w + k * L;                                                                   \
         for (int64_t p = 0; p < k; ++p) {                                                          \
-            const V w0v = LOAD(w + p * L), w1v = NT > 1 ? LOAD(w1 + p * L) : ZERO();               \
+            V wv[4];                                                                               \
+            for (int u = 0; u < NT; ++u) wv[u] = LOAD(w + (u * k + p) * L);                        \
             for (int r = 0; r < R; ++r) {                                                          \
                 const V v = SET1(kx != NULL ? a[0][(int64_t)kx[p] * es + r]                        \
                                  : es == 1  ? a[r][p]                                              \
                                             : a[0][p * es + r]);                                   \
-                c[r][0] = FMA(v, w0v, c[r][0]);                                                    \
-                if (NT > 1) c[r][1] = FMA(v, w1v, c[r][1]);                                        \
+                for (int u = 0; u < NT; ++u) c[r][u] = FMA(v, wv[u], c[r][u]);                     \
             }                                                                                      \
         }                                                                                          \
         for (int r = 0; r < R; ++r)                                                                \
@@ -377,6 +380,15 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
             yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;                \
         }                                                                                          \
         int64_t t = 0;                                                                             \
+        if (R == 12) /* 4 tiles: two blocks of 6 rows, which read each x row once */              \
+            for (; t + 4 <= tiles; t += 4)                                                         \
+                for (int h = 0; h < 12; h += 6)                                                    \
+                    NAME##_block(6, 4, a + h, yo + h, packed + t * k * L, k, t * L,                \
+                                 t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);           \
+        else                                                                                       \
+            for (; t + 4 <= tiles; t += 4)                                                         \
+                NAME##_block(R, 4, a, yo, packed + t * k * L, k, t * L,                            \
+                             t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);               \
         for (; t + 2 <= tiles; t += 2)                                                             \
             NAME##_block(R, 2, a, yo, packed + t * k * L, k, t * L,                                \
                          t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);                   \
