@@ -344,8 +344,8 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
         const V s = ADD(b, c);                                                                     \
         MSTORE(yr, m, MMOV(s, CMPU(s, s, _CMP_UNORD_Q), QNAN));                                    \
     }                                                                                              \
-    /* Rows a[0..R) times tiles t, t + 1 (NT of them, w the first) into columns j.. of yo[0..R);  \
-     * @p m_last masks the last of the NT tiles. */                                               \
+    /* Rows a[0..R) times NT (1-4) consecutive tiles, w the first, into columns j.. of          \
+     * yo[0..R); @p m_last masks the last of the NT tiles. */                                     \
     FUSED512_INLINE void NAME##_block(const int R, const int NT, const T *const *a, T *const *yo, \
                                       const T *w, int64_t k, int64_t j, M m_last, int set,        \
                                       const T *bias, int64_t es, const int32_t *kx) {              \

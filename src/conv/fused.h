@@ -5,7 +5,8 @@
  * B (k x n) is packed once per call into column tiles: tile t holds columns [t*TW, t*TW + TW) of
  * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it. The
  * micro-kernel keeps a block of products in registers (6 rows x TW columns, TW = 16 floats or 8
- * doubles, two AVX2 vectors; with AVX-512, up to 12 rows x 2 TW, a tile per vector) and adds the k terms of each element in increasing order with fused
+ * doubles, two AVX2 vectors; with AVX-512, a tile per vector, 6 rows x 4 tiles or 12 rows x 2)
+ * and adds the k terms of each element in increasing order with fused
  * multiply-adds, starting from zero, before one add into y. An element's value therefore depends
  * only on its own row of x and column of B, never on how rows are grouped or which thread runs
  * them: results are bitwise identical for every thread count, block size and batch composition.
