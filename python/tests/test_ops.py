@@ -232,6 +232,65 @@ def test_unknown_indice_key():
         spconv.SparseInverseConv3d(2, 2, 3, indice_key="nope")(x)
 
 
+def test_subm_key_reused_on_other_sites():
+    """A subm indice_key is reused only on the sites it was built on, row for row: the same
+    count of other sites (here the same sites in another order) is refused, not multiplied with
+    the cached pairs; equal sites in another tensor still reuse it."""
+    _, feats, idx = small_input(9)
+    layer = spconv.SubMConv3d(2, 3, 3, indice_key="s").double()
+    y = layer(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+    again = layer(spconv.SparseConvTensor(feats, idx.clone(), SHAPE, 2, indice_dict=y.indice_dict))
+    assert torch.equal(again.features, y.features)
+    perm = torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(9))
+    moved = spconv.SparseConvTensor(feats[perm], idx[perm].contiguous(), SHAPE, 2,
+                                    indice_dict=y.indice_dict)
+    with pytest.raises(ValueError, match="indice_key 's' holds a rulebook of another geometry "
+                                         "or other sites"):
+        layer(moved)
+
+
+def test_inverse_on_other_sites():
+    """The inverse conv takes the output sites of the conv under its key, row for row."""
+    _, feats, idx = small_input(10)
+    down = spconv.SparseConv3d(2, 2, 3, 2, 1, indice_key="d").double()
+    up = spconv.SparseInverseConv3d(2, 2, 3, indice_key="d").double()
+    y = down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+    assert up(y).features.shape[0] == idx.shape[0]
+    perm = torch.randperm(y.indices.shape[0], generator=torch.Generator().manual_seed(10))
+    moved = spconv.SparseConvTensor(y.features[perm], y.indices[perm].contiguous(),
+                                    y.spatial_shape, 2, indice_dict=y.indice_dict)
+    with pytest.raises(ValueError, match="not the output sites of the conv under indice_key 'd'"):
+        up(moved)
+    bigger = spconv.SparseConvTensor(y.features, y.indices, [s * 4 for s in y.spatial_shape], 2,
+                                     indice_dict=y.indice_dict)
+    with pytest.raises(ValueError, match="not the output sites"):
+        up(bigger)
+
+
+def test_1x1_rows_must_match_sites():
+    _, feats, idx = small_input(11)
+    x = spconv.SparseConvTensor(feats[:-1], idx, SHAPE, 2)
+    with pytest.raises(ValueError, match=r"feature rows for \d+ sites"):
+        spconv.SubMConv3d(2, 3, 1).double()(x)
+
+
+def test_bad_layer_and_voxelizer_arguments():
+    with pytest.raises(ValueError, match="kernel_size must be >= 1"):
+        spconv.SubMConv3d(3, 3, 0)
+    with pytest.raises(ValueError, match="kernel_size must be >= 1"):
+        spconv.SparseConv3d(3, 3, (3, -1, 3))
+    with pytest.raises(ValueError, match="channel counts must be >= 0"):
+        spconv.SubMConv3d(-1, 3, 3)
+    # no input channels: a layer (of zero weights) all the same, as nn.Conv3d
+    assert spconv.SubMConv3d(0, 3, 3).weight.shape == (3, 3, 3, 3, 0)
+    with pytest.raises(ValueError, match="voxel size x = 0.0"):
+        spconv.PointToVoxel([0, 1, 1], [0, 0, 0, 4, 4, 4], 4, 10, 5)
+    with pytest.raises(ValueError, match="voxel size y = nan"):
+        spconv.PointToVoxel([1, float("nan"), 1], [0, 0, 0, 4, 4, 4], 4, 10, 5)
+    with pytest.raises(ValueError, match=r"range z = \[4.0, 4.0\]"):
+        spconv.PointToVoxel([1, 1, 1], [0, 0, 4, 4, 4, 4], 4, 10, 5)
+
+
 def test_rulebook_pickles_by_rebuilding(seed):
     import copy
     _, feats, idx = small_input(seed)

@@ -43,6 +43,14 @@ class _KeyMismatch(ValueError):
     pass
 
 
+def _same_sites(cached, indices):
+    """Whether ``indices`` are the sites a cached rulebook was built on, row for row: the same
+    tensor (the layers of a sequence pass it on, so this is the usual answer), else equal
+    values (a pass over the rows)."""
+    return cached is indices or (cached.shape == indices.shape and cached.dtype == indices.dtype
+                                 and torch.equal(cached, indices))
+
+
 def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key):
     """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
     out_indices, out_spatial_shape).
@@ -67,13 +75,20 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
             raise ValueError(f"spconv_c: inverse conv: the input has {input.indices.shape[0]} "
                              f"sites, the conv under indice_key {indice_key!r} produced "
                              f"{entry.out_indices.shape[0]}")
+        if (list(entry.out_spatial_shape) != list(input.spatial_shape)
+                or not _same_sites(entry.out_indices, input.indices)):
+            raise ValueError(f"spconv_c: inverse conv: the input's sites (spatial shape "
+                             f"{list(input.spatial_shape)}) are not the output sites of the conv "
+                             f"under indice_key {indice_key!r} (spatial shape "
+                             f"{list(entry.out_spatial_shape)}), row for row")
         return entry, entry.inverse(), entry.indices, entry.spatial_shape
     if kind == ops.SUBM and indice_key is not None and indice_key in cache:
         entry = cache[indice_key]
         same = (entry.is_subm and list(entry.ksize) == list(ksize)
                 and list(entry.dilation) == list(dilation)
                 and entry.spatial_shape == input.spatial_shape
-                and entry.indices.shape[0] == input.indices.shape[0])
+                and entry.indices.shape[0] == input.indices.shape[0]
+                and _same_sites(entry.indices, input.indices))
         if not same:
             raise _KeyMismatch(f"spconv_c: indice_key {indice_key!r} holds a rulebook of another "
                                f"geometry or other sites (kernel {entry.ksize}, dilation "
@@ -120,6 +135,12 @@ class SparseConvolution(SparseModule):
         self.record_voxel_count = record_voxel_count
         self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
         self.large_kernel_fast_algo = large_kernel_fast_algo
+        if in_channels < 0 or out_channels < 0:
+            raise ValueError(f"spconv_c: channel counts must be >= 0, got in_channels="
+                             f"{in_channels}, out_channels={out_channels}")
+        if any(k < 1 for k in self.kernel_size):
+            raise ValueError(f"spconv_c: kernel_size must be >= 1 on every axis, got "
+                             f"{self.kernel_size}")
         kv = math.prod(self.kernel_size)
         # spconv's 1x1 fast path: kernel volume 1 and (subm or stride 1).
         self.conv1x1 = kv == 1 and (subm or math.prod(self.stride) == 1)
@@ -139,12 +160,14 @@ class SparseConvolution(SparseModule):
 
     def reset_parameters(self):
         # Kaiming-uniform with a = sqrt(5) over fan_in = C_in * KV, as nn.Conv3d and spconv do.
+        # Without input channels there is no fan-in and nothing to scale: bounds 0, as nn.Conv3d.
+        fan_in = self._fan_in()
         gain = math.sqrt(2.0 / (1 + 5))
-        bound = gain * math.sqrt(3.0 / self._fan_in())
+        bound = gain * math.sqrt(3.0 / fan_in) if fan_in > 0 else 0.0
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
         if self.bias is not None:
-            b = 1 / math.sqrt(self._fan_in())
+            b = 1 / math.sqrt(fan_in) if fan_in > 0 else 0.0
             init.uniform_(self.bias, -b, b)
 
     def extra_repr(self):
@@ -201,6 +224,9 @@ class SparseConvolution(SparseModule):
             bias = bias.to(feats.dtype)
         if self.conv1x1 and not self.inverse:
             # No rulebook: every site maps to itself.
+            if feats.shape[0] != input.indices.shape[0]:
+                raise ValueError(f"spconv_c: {type(self).__name__}: {feats.shape[0]} feature "
+                                 f"rows for {input.indices.shape[0]} sites (indices rows)")
             if self.legacy_1x1:
                 w = weight.reshape(self.in_channels, self.out_channels)
             else:

@@ -1,5 +1,7 @@
 """PointToVoxel in the spirit of spconv's: points [P, F] (x, y, z first) to voxels on the CPU."""
 
+import math
+
 import torch
 
 from .. import ops
@@ -24,6 +26,17 @@ class PointToVoxel:
         self.max_num_voxels = max_num_voxels
         self.max_num_points_per_voxel = max_num_points_per_voxel
         self.device = torch.device(device)
+        if len(self.vsize) != 3 or len(self.coors_range) != 6:
+            raise ValueError(f"spconv_c: PointToVoxel needs 3 voxel sizes (x, y, z) and 6 range "
+                             f"values (min xyz, max xyz), got {self.vsize} and {self.coors_range}")
+        for i, axis in enumerate("xyz"):
+            size, lo, hi = self.vsize[i], self.coors_range[i], self.coors_range[i + 3]
+            if not (math.isfinite(size) and size > 0):
+                raise ValueError(f"spconv_c: PointToVoxel: voxel size {axis} = {size} (must be "
+                                 f"finite and > 0)")
+            if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+                raise ValueError(f"spconv_c: PointToVoxel: range {axis} = [{lo}, {hi}] (must "
+                                 f"be finite, max > min)")
         self.grid_size = [round((self.coors_range[i + 3] - self.coors_range[i]) / self.vsize[i])
                           for i in range(3)]
 
