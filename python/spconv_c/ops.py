@@ -65,18 +65,32 @@ class FakeRulebook:
 # break); the conv and pool ops that consume a rulebook trace through FakeRulebook.
 
 
+def _one_device(op, *tensors):
+    """The fake (meta) kernels run too when an eager call mixes in a meta tensor; without this
+    they would hand back an uninitialised tensor of the first argument's device."""
+    devices = sorted({str(t.device) for t in tensors if t is not None})
+    if len(devices) > 1:
+        raise RuntimeError(f"spconv_c.{op}: the tensors are on {', '.join(devices)}; "
+                           f"all must be on one device")
+
+
 @torch.library.register_fake("spconv_c::conv_forward")
 def _(rulebook, features, weight, bias):
+    _one_device("conv_forward", features, weight, bias)
     return features.new_empty(rulebook.num_out(), weight.shape[-1])
 
 
 @torch.library.register_fake("spconv_c::conv_forward_bn")
 def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, running_var, eps, relu):
+    _one_device("conv_forward_bn", features, weight, bias, bn_weight, bn_bias, running_mean,
+                running_var)
     return features.new_empty(rulebook.num_out(), weight.shape[-1])
 
 
 @torch.library.register_fake("spconv_c::conv_backward")
 def _(rulebook, features, weight, grad_out, output_mask):
+    _one_device("conv_backward", features, weight, grad_out)
+
     def maybe(flag, like, shape):
         return like.new_empty(shape) if flag else like.new_empty(0)
     return (maybe(output_mask[0], features, features.shape),
@@ -92,11 +106,13 @@ def _(rulebook, features):
 
 @torch.library.register_fake("spconv_c::maxpool_backward")
 def _(rulebook, argmax, grad_out):
+    _one_device("maxpool_backward", argmax, grad_out)
     return grad_out.new_empty(rulebook.num_in(), grad_out.shape[1])
 
 
 @torch.library.register_fake("spconv_c::sparse_to_dense")
 def _(features, indices, spatial_shape, batch_size):
+    _one_device("sparse_to_dense", features, indices)
     return features.new_empty(batch_size, features.shape[1], *spatial_shape)
 
 

@@ -291,6 +291,17 @@ def test_bad_layer_and_voxelizer_arguments():
         spconv.PointToVoxel([1, 1, 1], [0, 0, 4, 4, 4, 4], 4, 10, 5)
 
 
+def test_meta_tensor_mixed_in():
+    """A meta tensor among CPU ones sends the call to the fake kernels: an error, not an
+    uninitialised output."""
+    _, feats, idx = small_input(12)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    with pytest.raises(RuntimeError, match="on cpu, meta; all must be on one device"):
+        ops.indice_conv(rb, feats, torch.ones(27, 2, 3, dtype=feats.dtype, device="meta"))
+    with pytest.raises(RuntimeError, match="sparse_to_dense: the tensors are on cpu, meta"):
+        ops.sparse_to_dense(feats, idx.to("meta"), SHAPE, 2)
+
+
 def test_rulebook_pickles_by_rebuilding(seed):
     import copy
     _, feats, idx = small_input(seed)
