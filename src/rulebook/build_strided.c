@@ -11,6 +11,7 @@
  * rows alone, hence the rulebook is the same for any thread count. */
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -298,11 +299,11 @@ static void count_sorted_chunk(const uint64_t *keys, const uint64_t *values, int
     *heads = count;
 }
 
-/* heads[c] becomes the number of outputs before chunk c, next[c][slot] the position of chunk c's
- * first pair of that slot, starts[slot] the slot's first pair (starts[num_slots]: all pairs);
- * fills rb->num_out. */
-static void place_pairs(int64_t num_chunks, int64_t num_slots, int64_t *heads, int64_t *next,
-                        int64_t *starts, spconv_rulebook *rb) {
+/* heads[c] becomes the number of outputs before chunk c, next[c * row + slot] the position of
+ * chunk c's first pair of that slot, starts[slot] the slot's first pair (starts[num_slots]: all
+ * pairs); fills rb->num_out. */
+static void place_pairs(int64_t num_chunks, int64_t num_slots, int64_t row, int64_t *heads,
+                        int64_t *next, int64_t *starts, spconv_rulebook *rb) {
     int64_t outputs = 0;
     for (int64_t c = 0; c < num_chunks; ++c) {
         const int64_t count = heads[c];
@@ -314,8 +315,8 @@ static void place_pairs(int64_t num_chunks, int64_t num_slots, int64_t *heads, i
     for (int64_t k = 0; k < num_slots; ++k) {
         starts[k] = running;
         for (int64_t c = 0; c < num_chunks; ++c) {
-            const int64_t count = next[c * num_slots + k];
-            next[c * num_slots + k] = running;
+            const int64_t count = next[c * row + k];
+            next[c * row + k] = running;
             running += count;
         }
     }
@@ -393,8 +394,14 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     int64_t num_chunks = plan->num_chunks;
     const int64_t per_slot = num_slots > 0 ? n / num_slots : 1;
     if (num_chunks > per_slot) num_chunks = per_slot > 1 ? per_slot : 1;
+    /* Each chunk's counters on cache lines of their own: two threads counting into one line
+     * (the 8 counters of a pool's 2x2x2 kernel span two lines where they fall) pass it back and
+     * forth on every pair. */
+    const int64_t row = (num_slots + 7) / 8 * 8;
+    const size_t next_bytes = ((size_t)(num_chunks * row) + 1) * sizeof *next;
     heads = malloc((size_t)num_chunks * sizeof *heads);
-    next = calloc((size_t)(num_chunks * num_slots) + 1, sizeof *next);
+    next = aligned_alloc(64, (next_bytes + 63) & ~(size_t)63);
+    if (next != NULL) memset(next, 0, next_bytes);
     starts = malloc((size_t)(num_slots + 1) * sizeof *starts);
     if (heads == NULL || next == NULL || starts == NULL)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
@@ -403,9 +410,9 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        count_sorted_chunk(keys, values, begin, end, heads + c, next + c * num_slots);
+        count_sorted_chunk(keys, values, begin, end, heads + c, next + c * row);
     }
-    place_pairs(num_chunks, num_slots, heads, next, starts, rb);
+    place_pairs(num_chunks, num_slots, row, heads, next, starts, rb);
     if (rb->num_out > INT32_MAX)
         SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OVERFLOW,
                          "%s: %" PRId64 " output sites exceed int32 row numbers", func,
@@ -420,7 +427,7 @@ static spconv_status emit_rulebook(const strided_plan *plan, const uint64_t *key
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        write_sorted_chunk(plan, keys, values, begin, end, heads[c], next + c * num_slots, rb);
+        write_sorted_chunk(plan, keys, values, begin, end, heads[c], next + c * row, rb);
     }
 done:
     free(slot_offsets);

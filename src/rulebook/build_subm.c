@@ -743,10 +743,14 @@ static void count_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end
     }
 }
 
-/* Write the pairs of output rows [begin, end) at the chunk's cursors @p next (one per offset). */
-static void emit_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end, int64_t *next,
-                             int32_t *pairs_in, int32_t *pairs_out) {
+/* Write the pairs of output rows [begin, end) at the chunk's cursors @p cursors (one per offset).
+ * They advance in a copy of the thread's own: the chunks' cursors lie side by side, and two
+ * threads advancing cursors on one cache line would pass it back and forth on every pair. */
+static void emit_lines_chunk(const lines_plan *plan, int64_t begin, int64_t end,
+                             const int64_t *cursors, int32_t *pairs_in, int32_t *pairs_out) {
     const int64_t centre = plan->kernel_volume / 2;
+    int64_t next[LINES_MAX_OFFSETS + 1];
+    for (int64_t k = 0; k < plan->kernel_volume; ++k) next[k] = cursors[k];
     for (int64_t o = begin; o < end; ++o) {
         if (o + 8 < end) __builtin_prefetch(plan->found + plan->where[o + 8]);
         const int32_t *found = plan->found + plan->where[o];
