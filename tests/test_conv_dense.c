@@ -8,6 +8,7 @@
 
 #include "common/conv_helpers.h"
 #include "common/conv_oracle.h"
+#include "core/cpu_kernels.h"
 
 /* Element [b, c, z, y, x] of a contiguous dense grid read back as doubles. */
 static double dense_at(const double *d, const int64_t s[5], int64_t b, int64_t c,
@@ -298,10 +299,59 @@ static void test_weight_layout_errors(void **state) {
     spconv_tensor_release(w5);
 }
 
+/* The scatter itself into a poisoned map: rows in random order (the tiles list their rows
+ * themselves), cells that end inside a tile, channel counts below, at and past a block of 16,
+ * every element size, 1 and 2 threads, large enough to run in parallel. Every element is the
+ * site's value or zero bytes. */
+static void test_scatter_channels_tiles(void **state) {
+    (void)state;
+    const int64_t cells = 3 * 4096 + 5, batch = 2;
+    const int64_t channels_cases[4] = {1, 16, 17, 40};
+    const size_t elems[4] = {1, 2, 4, 8};
+    for (int ci = 0; ci < 4; ++ci)
+        for (int e = 0; e < 4; ++e)
+            for (int threads = 1; threads <= 2; ++threads) {
+                const int64_t channels = channels_cases[ci];
+                const size_t elem = elems[e];
+                const int64_t n = spconv_test_rand_int(0, 3000);
+                /* distinct sites: a random sample of the batch x cells grid, shuffled */
+                int64_t *site = malloc((size_t)(batch * cells) * sizeof *site);
+                int64_t *at = malloc((size_t)(n > 0 ? n : 1) * sizeof *at);
+                unsigned char *src = malloc((size_t)(n * channels) * elem + 1);
+                const size_t bytes = (size_t)(batch * channels * cells) * elem;
+                unsigned char *dst = malloc(bytes), *want = calloc(bytes, 1);
+                assert_true(site && at && src && dst && want);
+                for (int64_t i = 0; i < batch * cells; ++i) site[i] = i;
+                for (int64_t i = 0; i < n; ++i) {
+                    const int64_t j = i + spconv_test_rand_int(0, (int)(batch * cells - 1 - i));
+                    const int64_t t = site[i];
+                    site[i] = site[j];
+                    site[j] = t;
+                    at[i] = site[i] / cells * channels * cells + site[i] % cells;
+                }
+                for (int64_t i = 0; i < n * channels * (int64_t)elem; ++i)
+                    src[i] = (unsigned char)spconv_test_rand_int(1, 255);
+                memset(dst, 0xab, bytes);
+                for (int64_t i = 0; i < n; ++i)
+                    for (int64_t c = 0; c < channels; ++c)
+                        memcpy(want + (size_t)(at[i] + c * cells) * elem,
+                               src + (size_t)(i * channels + c) * elem, elem);
+                spconv__cpu_scatter_channels(threads, elem, src, n, channels, at, cells, batch,
+                                             dst);
+                assert_memory_equal(dst, want, bytes);
+                free(site);
+                free(at);
+                free(src);
+                free(dst);
+                free(want);
+            }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sparse_to_dense_definition),
         cmocka_unit_test(test_sparse_to_dense_all_sizes_in_parallel),
+        cmocka_unit_test(test_scatter_channels_tiles),
         cmocka_unit_test(test_dense_to_sparse_rules),
         cmocka_unit_test(test_dense_errors),
         cmocka_unit_test(test_weight_layouts),

@@ -65,9 +65,42 @@ static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
     return SPCONV_OK;
 }
 
-/* Channel by channel: each channel's [cells] blocks (one per batch entry) are zeroed and then
- * take that channel's values while still in cache, so the map goes out to memory once and the
- * writes of a channel stay inside its blocks. Elements are moved as bits of their size. */
+/* The map is written tile by tile: a work item is DENSE_TILE_CELLS cells of one batch entry's
+ * planes for DENSE_CHANNEL_BLOCK channels. It zeroes those parts of the planes (16 KiB each for
+ * float32) and then puts the values of the tile's sites into them while they are in cache; each
+ * site's channels of the block are one cache line of its feature row (float32). So the map goes
+ * out to memory once and every feature row is read once per block. Channel by channel instead,
+ * each channel read one element of every feature row: the whole feature matrix passed through
+ * the cache once per channel (128 times for SECOND's 4,236 x 128 to-dense, 1.8 ms of its 2.8). */
+#define DENSE_TILE_CELLS 4096
+#define DENSE_CHANNEL_BLOCK 16
+
+#define SCATTER_TILES(T)                                                                           \
+    do {                                                                                           \
+        const T *from = (const T *)src;                                                            \
+        T *to = (T *)dst;                                                                          \
+        SPCONV_OMP(omp parallel for num_threads(threads) schedule(dynamic, 1)                      \
+                            if(batch_size * channels * cells > (1 << 20)))                          \
+        for (int64_t w = 0; w < items; ++w) {                                                      \
+            const int64_t bt = w / blocks, b = bt / tiles;                                         \
+            const int64_t c0 = w % blocks * DENSE_CHANNEL_BLOCK;                                   \
+            const int64_t c1 = c0 + DENSE_CHANNEL_BLOCK < channels ? c0 + DENSE_CHANNEL_BLOCK      \
+                                                                   : channels;                     \
+            const int64_t lo = bt % tiles * DENSE_TILE_CELLS;                                      \
+            const int64_t len = cells - lo < DENSE_TILE_CELLS ? cells - lo : DENSE_TILE_CELLS;     \
+            for (int64_t c = c0; c < c1; ++c)                                                      \
+                memset(to + (b * channels + c) * cells + lo, 0, (size_t)len * sizeof(T));          \
+            for (int64_t j = starts[bt]; j < starts[bt + 1]; ++j) {                                \
+                const int64_t i = order[j];                                                        \
+                const T *row = from + i * channels;                                                \
+                T *site = to + at[i];                                                              \
+                for (int64_t c = c0; c < c1; ++c) site[c * cells] = row[c];                        \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* The same map channel by channel, when there is no memory for the tiles' site lists: each
+ * channel's [cells] blocks are zeroed and then take that channel's values. */
 #define SCATTER_CHANNELS(T)                                                                        \
     do {                                                                                           \
         const T *from = (const T *)src;                                                            \
@@ -81,17 +114,61 @@ static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
         }                                                                                          \
     } while (0)
 
+/* starts[bt] .. starts[bt + 1]: where the rows of tile bt = b * tiles + cell / DENSE_TILE_CELLS
+ * lie in order (increasing row within a tile); NULL for no memory. */
+static int64_t *tile_rows(int64_t n, int64_t channels, const int64_t *at, int64_t cells,
+                          int64_t batch_size, int64_t tiles, int64_t **order) {
+    const int64_t num_tiles = batch_size * tiles;
+    int64_t *starts = calloc((size_t)num_tiles + 2, sizeof *starts);
+    *order = malloc((size_t)(n > 0 ? n : 1) * sizeof **order);
+    if (starts == NULL || *order == NULL) {
+        free(starts);
+        free(*order);
+        *order = NULL;
+        return NULL;
+    }
+    const int64_t per_batch = channels * cells;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = at[i] / per_batch, cell = at[i] % per_batch;
+        ++starts[b * tiles + cell / DENSE_TILE_CELLS + 2];
+    }
+    for (int64_t t = 2; t <= num_tiles + 1; ++t) starts[t] += starts[t - 1];
+    for (int64_t i = 0; i < n; ++i) { /* starts[bt + 1] is tile bt's cursor, then its end */
+        const int64_t b = at[i] / per_batch, cell = at[i] % per_batch;
+        (*order)[starts[b * tiles + cell / DENSE_TILE_CELLS + 1]++] = i;
+    }
+    return starts;
+}
+
 void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int64_t n,
                                   int64_t channels, const int64_t *at, int64_t cells,
                                   int64_t batch_size, void *dst) {
     (void)threads; /* only the OpenMP pragmas read it */
-    switch (elem) {
-    case 1: SCATTER_CHANNELS(uint8_t); break;
-    case 2: SCATTER_CHANNELS(uint16_t); break;
-    case 4: SCATTER_CHANNELS(uint32_t); break;
-    default: SCATTER_CHANNELS(uint64_t); break;
+    if (channels <= 0 || cells <= 0 || batch_size <= 0) return; /* an empty map */
+    const int64_t tiles = (cells + DENSE_TILE_CELLS - 1) / DENSE_TILE_CELLS;
+    const int64_t blocks = (channels + DENSE_CHANNEL_BLOCK - 1) / DENSE_CHANNEL_BLOCK;
+    const int64_t items = batch_size * tiles * blocks;
+    int64_t *order = NULL;
+    int64_t *starts = tile_rows(n, channels, at, cells, batch_size, tiles, &order);
+    if (starts != NULL) {
+        switch (elem) {
+        case 1: SCATTER_TILES(uint8_t); break;
+        case 2: SCATTER_TILES(uint16_t); break;
+        case 4: SCATTER_TILES(uint32_t); break;
+        default: SCATTER_TILES(uint64_t); break;
+        }
+    } else {
+        switch (elem) {
+        case 1: SCATTER_CHANNELS(uint8_t); break;
+        case 2: SCATTER_CHANNELS(uint16_t); break;
+        case 4: SCATTER_CHANNELS(uint32_t); break;
+        default: SCATTER_CHANNELS(uint64_t); break;
+        }
     }
+    free(starts);
+    free(order);
 }
+#undef SCATTER_TILES
 #undef SCATTER_CHANNELS
 
 static spconv_status sparse_to_dense_cpu(spconv_context *ctx, const spconv_tensor *features,

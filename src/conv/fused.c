@@ -20,6 +20,8 @@
 /* Rows of the register block; its columns are one tile (two vectors). */
 #define FUSED_ROWS 6
 
+/* A tile row: 16 floats or 8 doubles (the kernels take f32 and f64 only). */
+#define TILE_BYTES 64
 static int64_t tile_width(spconv_dtype dtype) { return dtype == SPCONV_F32 ? 16 : 8; }
 
 int spconv__fused_available(void) {
@@ -56,6 +58,9 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n) {
                     const T *col = src + (t * tw + j) * ldb;                                       \
                     for (int64_t p = 0; p < k; ++p) dst[p * tw + j] = col[p];                      \
                 }                                                                                  \
+            } else if (w == tw) { /* a constant size: vector moves, not a library call a row */ \
+                for (int64_t p = 0; p < k; ++p)                                                    \
+                    memcpy(dst + p * tw, src + p * ldb + t * tw, TILE_BYTES);                      \
             } else {                                                                               \
                 for (int64_t p = 0; p < k; ++p)                                                    \
                     memcpy(dst + p * tw, src + p * ldb + t * tw, (size_t)w * sizeof(T));           \

@@ -69,8 +69,8 @@ spconv_status spconv__cpu_relu_backward(spconv_context *ctx, const spconv_tensor
 spconv_status spconv__cpu_axpy(spconv_context *ctx, double alpha, const spconv_tensor *x,
                                spconv_tensor *y);
 /* src/conv/dense.c: rows [n, channels] of @p elem-byte elements into a zeroed [B, channels, cells]
- * map (every element of @p dst written), row i at at[i] = b * channels * cells + cell; zeroes and
- * fills channel by channel on @p threads, moving elements as bits. */
+ * map (every element of @p dst written), row i at at[i] = b * channels * cells + cell (distinct
+ * cells); zeroes and fills tile by tile on @p threads, moving elements as bits. */
 void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int64_t n,
                                   int64_t channels, const int64_t *at, int64_t cells,
                                   int64_t batch_size, void *dst);
