@@ -224,15 +224,19 @@ FUSED_REFERENCE(double, fma)
         spconv__fused_pack(DTYPE, b, ldb, trans, k, n, packed);                                    \
         fused_reference_##T(count, x, src, want, dst, k, n, b, ldb, trans, set, use_bias);         \
         const int32_t *s_rows = identity ? NULL : src, *d_rows = identity ? NULL : dst;            \
+        /* direct: B read where it lies (row p at b + p * ldb), not packed */                      \
+        const int direct = !trans && spconv__fused_reads_b(DTYPE, n) && read_b;                    \
+        const void *use_b = direct ? (const void *)b : packed;                                     \
         if (set)                                                                                   \
-            spconv__fused_rows_set(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, packed,         \
-                                   use_bias);                                                      \
+            spconv__fused_rows_set(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, use_b,          \
+                                   direct ? ldb : 0, use_bias);                                    \
         else                                                                                       \
-            spconv__fused_rows(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, packed);            \
+            spconv__fused_rows(DTYPE, count, x, s_rows, 0, y, d_rows, 0, k, n, use_b,              \
+                               direct ? ldb : 0);                                                  \
         if (memcmp(y, want, (size_t)(rows * n) * sizeof(T)) != 0)                                  \
             fail_msg("fused %s rows differ: count %lld k %lld n %lld trans %d identity %d set %d " \
-                     "bias %d", #T, (long long)count, (long long)k, (long long)n, trans, identity, \
-                     set, with_bias);                                                              \
+                     "bias %d direct %d", #T, (long long)count, (long long)k, (long long)n, trans, \
+                     identity, set, with_bias, direct);                                            \
         free(x), free(b), free(y), free(want), free(packed), free(bias);                           \
     }
 
@@ -263,8 +267,12 @@ static void fused_rows_cases(void) {
     for (int iter = 0; iter < 400; ++iter) {
         const int64_t rows = spconv_test_rand_int(1, 60);
         const int64_t count = spconv_test_rand_int(0, rows);
-        const int64_t k = spconv_test_rand_int(0, 70), n = spconv_test_rand_int(1, 70);
         const int trans = (int)spconv_test_rand_int(0, 1), identity = (int)spconv_test_rand_int(0, 3) == 0;
+        /* half the cases whole tiles (16 floats, 8 doubles), which B may be read in place for */
+        const int64_t tile = iter % 2 == 0 ? 16 : 8;
+        const int whole = (int)spconv_test_rand_int(0, 1), read_b = (int)spconv_test_rand_int(0, 2) > 0;
+        const int64_t k = spconv_test_rand_int(0, 70);
+        const int64_t n = whole ? tile * spconv_test_rand_int(1, 5) : spconv_test_rand_int(1, 70);
         const int set = (int)spconv_test_rand_int(0, 2) == 0, with_bias = (int)spconv_test_rand_int(0, 1);
         const int special = (int)spconv_test_rand_int(0, 4) == 0;
         const int64_t ldb = (trans ? k : n) + spconv_test_rand_int(0, 2);

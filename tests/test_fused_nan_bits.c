@@ -37,7 +37,7 @@ static void test_fused_block_and_tail_agree_on_nan(void **state) {
     }
     assert_true(spconv__fused_packed_bytes(SPCONV_F32, k, n) <= sizeof packed);
     spconv__fused_pack(SPCONV_F32, w, n, 0, k, n, packed);
-    spconv__fused_rows(SPCONV_F32, rows, x, NULL, 0, y, NULL, 0, k, n, packed);
+    spconv__fused_rows(SPCONV_F32, rows, x, NULL, 0, y, NULL, 0, k, n, packed, 0);
     uint32_t block, tail;
     memcpy(&block, &y[0], sizeof block);
     memcpy(&tail, &y[6], sizeof tail);

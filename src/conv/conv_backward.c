@@ -204,7 +204,7 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t s
                 ; /* joint mode, weight gradient only */
             else if (plan->fused)
                 spconv__fused_rows(plan->dtype, r1 - r0, a->grad_out, NULL, r0, a->grad_in, NULL,
-                                   r0, plan->c_out, plan->c_in, packed);
+                                   r0, plan->c_out, plan->c_in, packed, 0);
             else
                 spconv__gemm(plan->dtype, plan->gemm, 0, 1, r1 - r0, plan->c_in, plan->c_out,
                              a->grad_out + (size_t)r0 * out_row, plan->c_out,
@@ -223,7 +223,7 @@ static void data_block(const backward_args *a, int64_t r0, int64_t r1, int64_t s
             if (data)
                 spconv__fused_rows(plan->dtype, end - first, a->grad_out,
                                    a->pairs.source + first, 0, a->grad_in,
-                                   a->pairs.target + first, 0, plan->c_out, plan->c_in, packed);
+                                   a->pairs.target + first, 0, plan->c_out, plan->c_in, packed, 0);
             spconv__clock_lap(clock, &mark, &clock->gemm_s);
             if (segment >= 0)
                 joint_weight(a, end - first, a->pairs.target + first, 0, a->pairs.source + first,

@@ -37,6 +37,10 @@ int spconv__fused_available(void) {
 #endif
 }
 
+int spconv__fused_reads_b(spconv_dtype dtype, int64_t n) {
+    return n > 0 && n % tile_width(dtype) == 0;
+}
+
 size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n) {
     const int64_t tw = tile_width(dtype), tiles = (n + tw - 1) / tw;
     return (size_t)(tiles * tw * k) * spconv_dtype_size(dtype);
@@ -134,18 +138,24 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
 
 #if SPCONV__FUSED_X86
 
-/* A kernel's three ways of reading x's rows (see fused_rows), each its own inlined copy of the
- * body so that the strides are constants in the common one. */
-#define FUSED_MODES(NAME)                                                                          \
-    if (lda == 0)                                                                                  \
+/* A kernel's three ways of reading x's rows (see fused_rows), and for contiguous x rows two ways of
+ * reading B: packed (tile t's row p at packed + t * k * TW + p * TW) or where it lies (ldb > 0:
+ * at packed + t * TW + p * ldb). Each is its own inlined copy of the body, so that the strides
+ * are constants where they can be. Both give a tile row's TW elements contiguous, the same
+ * values in the same order: the same bits. */
+#define FUSED_MODES(NAME, TWV)                                                                     \
+    if (lda == 0 && ldb > 0)                                                                       \
         NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,      \
-                    NULL);                                                                         \
+                    NULL, TWV, ldb);                                                               \
+    else if (lda == 0)                                                                             \
+        NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, k, 1,      \
+                    NULL, k * (TWV), TWV);                                                         \
     else if (kx == NULL)                                                                           \
         NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1, lda,    \
-                    NULL);                                                                         \
+                    NULL, k * (TWV), TWV);                                                         \
     else                                                                                           \
         NAME##_body(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, 1, lda,    \
-                    kx);
+                    kx, k * (TWV), TWV);
 
 /* One kernel body for both element types. V is the vector type, L its lanes (TW = 2 L); the
  * ops are the AVX2 intrinsics of that type; MASK(j) is the load/store mask of the lanes of a
@@ -180,8 +190,8 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
     FUSED_TARGET __attribute__((always_inline)) static inline void NAME##_few(                     \
         const int R, int64_t i, const T *x, const int32_t *src, int64_t src_base, T *y,            \
         const int32_t *dst, int64_t dst_base, int64_t k, int64_t n, const T *packed, int set,      \
-        const T *bias, int64_t rs, int64_t es, const int32_t *kx, int64_t tiles, int64_t last,     \
-        __m256i m0, __m256i m1) {                                                                  \
+        const T *bias, int64_t rs, int64_t es, const int32_t *kx, int64_t bts, int64_t bps,        \
+        int64_t tiles, int64_t last, __m256i m0, __m256i m1) {                                     \
         const T *a[FUSED_ROWS];                                                                    \
         T *yo[FUSED_ROWS];                                                                         \
         for (int r = 0; r < R; ++r) {                                                              \
@@ -189,10 +199,10 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
             yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;                \
         }                                                                                          \
         for (int64_t t = 0; t < tiles; ++t) {                                                      \
-            const T *w = packed + t * k * 2 * L;                                                   \
+            const T *w = packed + t * bts;                                                         \
             V c0[FUSED_ROWS], c1[FUSED_ROWS];                                                      \
             for (int r = 0; r < R; ++r) c0[r] = ZERO(), c1[r] = ZERO();                            \
-            for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                          \
+            for (int64_t p = 0; p < k; ++p, w += bps) {                                            \
                 const V w0 = LOAD(w), w1 = LOAD(w + L);                                            \
                 for (int r = 0; r < R; ++r) {                                                      \
                     const V v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + r                  \
@@ -212,7 +222,7 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
     FUSED_TARGET __attribute__((always_inline)) static inline void NAME##_body(                    \
         int64_t count, const T *x, const int32_t *src, int64_t src_base, T *y, const int32_t *dst, \
         int64_t dst_base, int64_t k, int64_t n, const T *packed, int set, const T *bias,           \
-        int64_t rs, int64_t es, const int32_t *kx) {                                               \
+        int64_t rs, int64_t es, const int32_t *kx, int64_t bts, int64_t bps) {                     \
         const int64_t tiles = (n + 2 * L - 1) / (2 * L), last = (tiles - 1) * 2 * L;               \
         __m256i m0, m1;                                                                            \
         MASKS(n - last, m0, m1);                                                                   \
@@ -225,11 +235,11 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
                 yo[r] = y + (dst != NULL ? (int64_t)dst[i + r] : dst_base + i + r) * n;            \
             }                                                                                      \
             for (int64_t t = 0; t < tiles; ++t) {                                                  \
-                const T *w = packed + t * k * 2 * L;                                               \
+                const T *w = packed + t * bts;                                                     \
                 V c00 = ZERO(), c01 = ZERO(), c10 = ZERO(), c11 = ZERO(), c20 = ZERO(),            \
                   c21 = ZERO(), c30 = ZERO(), c31 = ZERO(), c40 = ZERO(), c41 = ZERO(),            \
                   c50 = ZERO(), c51 = ZERO();                                                      \
-                for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
+                for (int64_t p = 0; p < k; ++p, w += bps) {                                        \
                     const V w0 = LOAD(w), w1 = LOAD(w + L);                                        \
                     V v = BCAST(kx != NULL ? a[0] + (int64_t)kx[p] * es + 0 : es == 1 ? a[0] + p : a[0] + p * es + 0);                                                         \
                     c00 = FMA(v, w0, c00);                                                         \
@@ -263,21 +273,21 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
         }                                                                                          \
         if (i + 4 <= count) {                                                                      \
             NAME##_few(4, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs, es,  \
-                       kx, tiles, last, m0, m1);                                                   \
+                       kx, bts, bps, tiles, last, m0, m1);                                         \
             i += 4;                                                                                \
         }                                                                                          \
         if (i + 2 <= count) {                                                                      \
             NAME##_few(2, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs, es,  \
-                       kx, tiles, last, m0, m1);                                                   \
+                       kx, bts, bps, tiles, last, m0, m1);                                         \
             i += 2;                                                                                \
         }                                                                                          \
         for (; i < count; ++i) { /* the last row, in the same order of terms */                    \
             const T *a0 = x + (src != NULL ? (int64_t)src[i] : src_base + i) * rs;                 \
             T *y0 = y + (dst != NULL ? (int64_t)dst[i] : dst_base + i) * n;                        \
             for (int64_t t = 0; t < tiles; ++t) {                                                  \
-                const T *w = packed + t * k * 2 * L;                                               \
+                const T *w = packed + t * bts;                                                     \
                 V c00 = ZERO(), c01 = ZERO();                                                      \
-                for (int64_t p = 0; p < k; ++p, w += 2 * L) {                                      \
+                for (int64_t p = 0; p < k; ++p, w += bps) {                                        \
                     const V v = BCAST(kx != NULL ? a0 + (int64_t)kx[p] * es : a0 + p * es);                                                \
                     c00 = FMA(v, LOAD(w), c00);                                                    \
                     c01 = FMA(v, LOAD(w + L), c01);                                                \
@@ -290,8 +300,8 @@ void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int tran
     FUSED_TARGET static void NAME(int64_t count, const T *x, const int32_t *src, int64_t src_base, \
                                   T *y, const int32_t *dst, int64_t dst_base, int64_t k,           \
                                   int64_t n, const T *packed, int set, const T *bias,              \
-                                  int64_t lda, const int32_t *kx) {                                \
-        FUSED_MODES(NAME)                                                                          \
+                                  int64_t lda, const int32_t *kx, int64_t ldb) {                   \
+        FUSED_MODES(NAME, 2 * L)                                                                   \
     }
 
 /* Masks of the last tile, whose first @p width (1..TW) columns lie below n. */
@@ -353,13 +363,14 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
      * yo[0..R); @p m_last masks the last of the NT tiles. */                                     \
     FUSED512_INLINE void NAME##_block(const int R, const int NT, const T *const *a, T *const *yo, \
                                       const T *w, int64_t k, int64_t j, M m_last, int set,        \
-                                      const T *bias, int64_t es, const int32_t *kx) {              \
+                                      const T *bias, int64_t es, const int32_t *kx, int64_t bts,  \
+                                      int64_t bps) {                                               \
         V c[12][4];                                                                                \
         for (int r = 0; r < R; ++r)                                                                \
             for (int u = 0; u < NT; ++u) c[r][u] = ZERO();                                         \
         for (int64_t p = 0; p < k; ++p) {                                                          \
             V wv[4];                                                                               \
-            for (int u = 0; u < NT; ++u) wv[u] = LOAD(w + (u * k + p) * L);                        \
+            for (int u = 0; u < NT; ++u) wv[u] = LOAD(w + u * bts + p * bps);                      \
             for (int r = 0; r < R; ++r) {                                                          \
                 const V v = SET1(kx != NULL ? a[0][(int64_t)kx[p] * es + r]                        \
                                  : es == 1  ? a[r][p]                                              \
@@ -375,7 +386,8 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
     FUSED512_INLINE void NAME##_rows(const int R, int64_t i, const T *x, const int32_t *src,      \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx) {                      \
+                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx,    \
+                                     int64_t bts, int64_t bps) {                                   \
         const int64_t tiles = (n + L - 1) / L, width = n - (tiles - 1) * L;                       \
         const M m_last = width >= L ? (M)~(M)0 : (M)((1u << width) - 1u);                        \
         const T *a[12];                                                                            \
@@ -388,38 +400,40 @@ FUSED_KERNEL(rows_f64, double, __m256d, 4, _mm256_setzero_pd, _mm256_loadu_pd, _
         if (R == 12) /* 4 tiles: two blocks of 6 rows, which read each x row once */              \
             for (; t + 4 <= tiles; t += 4)                                                         \
                 for (int h = 0; h < 12; h += 6)                                                    \
-                    NAME##_block(6, 4, a + h, yo + h, packed + t * k * L, k, t * L,                \
-                                 t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);           \
+                    NAME##_block(6, 4, a + h, yo + h, packed + t * bts, k, t * L,                  \
+                                 t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx, bts, bps); \
         else                                                                                       \
             for (; t + 4 <= tiles; t += 4)                                                         \
-                NAME##_block(R, 4, a, yo, packed + t * k * L, k, t * L,                            \
-                             t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);               \
+                NAME##_block(R, 4, a, yo, packed + t * bts, k, t * L,                              \
+                             t + 4 == tiles ? m_last : (M)~(M)0, set, bias, es, kx, bts, bps);     \
         for (; t + 2 <= tiles; t += 2)                                                             \
-            NAME##_block(R, 2, a, yo, packed + t * k * L, k, t * L,                                \
-                         t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es, kx);                   \
+            NAME##_block(R, 2, a, yo, packed + t * bts, k, t * L,                                  \
+                         t + 2 == tiles ? m_last : (M)~(M)0, set, bias, es, kx, bts, bps);         \
         if (t < tiles)                                                                             \
-            NAME##_block(R, 1, a, yo, packed + t * k * L, k, t * L, m_last, set, bias, es, kx);    \
+            NAME##_block(R, 1, a, yo, packed + t * bts, k, t * L, m_last, set, bias, es, kx, bts,  \
+                         bps);                                                                     \
     }                                                                                              \
     FUSED512_INLINE void NAME##_body(int64_t count, const T *x, const int32_t *src,               \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx) {                      \
+                                     const T *bias, int64_t rs, int64_t es, const int32_t *kx,    \
+                                     int64_t bts, int64_t bps) {                                   \
         int64_t i = 0;                                                                             \
         for (; i + 12 <= count; i += 12)                                                           \
             NAME##_rows(12, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,    \
-                        es, kx);                                                                   \
+                        es, kx, bts, bps);                                                         \
         for (; i + 4 <= count; i += 4)                                                             \
             NAME##_rows(4, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
-                        es, kx);                                                                   \
+                        es, kx, bts, bps);                                                         \
         for (; i < count; ++i)                                                                     \
             NAME##_rows(1, i, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, rs,     \
-                        es, kx);                                                                   \
+                        es, kx, bts, bps);                                                         \
     }                                                                                              \
     FUSED512_TARGET static void NAME(int64_t count, const T *x, const int32_t *src,               \
                                      int64_t src_base, T *y, const int32_t *dst, int64_t dst_base, \
                                      int64_t k, int64_t n, const T *packed, int set,              \
-                                     const T *bias, int64_t lda, const int32_t *kx) {              \
-        FUSED_MODES(NAME)                                                                          \
+                                     const T *bias, int64_t lda, const int32_t *kx, int64_t ldb) { \
+        FUSED_MODES(NAME, L)                                                                       \
     }
 
 FUSED512_KERNEL(rows512_f32, float, __m512, 16, __mmask16, _mm512_setzero_ps, _mm512_loadu_ps,
@@ -457,35 +471,35 @@ int spconv__fused_isa(int isa) {
  * with @p kx, element p at + kx[p] * lda (the columns of the rows kx[0..k) of such a matrix). */
 static void fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                        int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                       int64_t n, const void *packed, int set, const void *bias, int64_t lda,
-                       const int32_t *kx) {
+                       int64_t n, const void *packed, int64_t ldb, int set, const void *bias,
+                       int64_t lda, const int32_t *kx) {
     if (count <= 0 || n <= 0) return;
 #if SPCONV__FUSED_X86
     if (fused_isa < 0) fused_isa = fused_widest();
     if (fused_isa == 3 && dtype == SPCONV_F32)
-        rows512_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
+        rows512_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx, ldb);
     else if (fused_isa == 3)
-        rows512_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
+        rows512_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx, ldb);
     else if (dtype == SPCONV_F32)
-        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
+        rows_f32(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx, ldb);
     else
-        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx);
+        rows_f64(count, x, src, src_base, y, dst, dst_base, k, n, packed, set, bias, lda, kx, ldb);
 #else
     (void)dtype, (void)x, (void)src, (void)src_base, (void)y, (void)dst, (void)dst_base, (void)k,
-        (void)packed, (void)set, (void)bias, (void)lda, (void)kx;
+        (void)packed, (void)ldb, (void)set, (void)bias, (void)lda, (void)kx;
 #endif
 }
 
 void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                         int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                        int64_t n, const void *packed) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 0, NULL, 0, NULL);
+                        int64_t n, const void *b, int64_t ldb) {
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, b, ldb, 0, NULL, 0, NULL);
 }
 
 void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
-                            int64_t k, int64_t n, const void *packed, const void *bias) {
-    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, packed, 1, bias, 0, NULL);
+                            int64_t k, int64_t n, const void *b, int64_t ldb, const void *bias) {
+    fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, b, ldb, 1, bias, 0, NULL);
 }
 
 size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,
@@ -563,7 +577,7 @@ void spconv__fused_weight_product(spconv_dtype dtype, int64_t count, const void 
     /* rows of the product: the c_in columns of x's rows src_i (or src_base + i) */
     const char *base = (const char *)x;
     if (src == NULL) base += (size_t)(src_base * c_in) * spconv_dtype_size(dtype);
-    fused_rows(dtype, c_in, base, NULL, 0, sums, NULL, 0, count, c_out, scratch, 0, NULL, c_in,
+    fused_rows(dtype, c_in, base, NULL, 0, sums, NULL, 0, count, c_out, scratch, 0, 0, NULL, c_in,
                src);
 }
 

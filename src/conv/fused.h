@@ -3,7 +3,9 @@
  * so that neither the gathered operand nor the product is ever written to memory.
  *
  * B (k x n) is packed once per call into column tiles: tile t holds columns [t*TW, t*TW + TW) of
- * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it. The
+ * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it; a
+ * row-major B whose n is a whole number of tiles is read where it lies instead (the forward's
+ * W[k] of 16, 32, 64, ... channels), with the same values in the same order. The
  * micro-kernel keeps a block of products in registers (6 rows x TW columns, TW = 16 floats or 8
  * doubles, two AVX2 vectors; with AVX-512, a tile per vector, 6 rows x 4 tiles or 12 rows x 2)
  * and adds the k terms of each element in increasing order with fused
@@ -42,20 +44,27 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n);
 void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int trans, int64_t k,
                         int64_t n, void *packed);
 
+/* 1 when the kernels can read B ([k, n], row-major) where it lies, without packing: n a whole
+ * number of tiles (a multiple of 16 floats or 8 doubles), so that no tile row reads past n. */
+int spconv__fused_reads_b(spconv_dtype dtype, int64_t n);
+
 /* For i < count: y[dst_i, 0:n] += x[src_i, 0:k] @ B, where src_i = src[i] (or src_base + i when
  * @p src is NULL), likewise dst_i; x rows hold k elements, y rows n. Within one call the dst rows
- * must be distinct. B is @p packed from spconv__fused_pack with the same k and n. Only valid when
+ * must be distinct. With @p ldb 0, @p b is B packed by spconv__fused_pack with the same k and n;
+ * with ldb > 0 it is B itself, row p at b + p * ldb, which needs spconv__fused_reads_b(dtype, n).
+ * Either way the same values are read in the same order: the same bits. Only valid when
  * spconv__fused_available(). */
 void spconv__fused_rows(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                         int64_t src_base, void *y, const int32_t *dst, int64_t dst_base, int64_t k,
-                        int64_t n, const void *packed);
+                        int64_t n, const void *b, int64_t ldb);
 
 /* The same, but each dst row is written instead of added to: y[dst_i, :] = bias + x[src_i, :] @ B
  * (the sum from zero, then one add of the bias; @p bias [n] or NULL for none), so that a first
  * pass over every target row needs no zero-fill before it. */
 void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, const int32_t *src,
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
-                            int64_t k, int64_t n, const void *packed, const void *bias);
+                            int64_t k, int64_t n, const void *b, int64_t ldb,
+                            const void *bias);
 
 /* The weight gradient of a chunk of pairs, sums[c_in, c_out] += sum over i < count of
  * x[src_i, :]^T g[dst_i, :] (src_i, dst_i as above; rows may repeat), in two steps: the gather

@@ -38,9 +38,9 @@ static void fused_thread_product(const fused_scratch *f, int t, int64_t n, int64
             const float *panel = ap + kb * count * PANEL;
             if (kb == 0)
                 spconv__fused_rows_set(SPCONV_F32, count, panel, NULL, 0, cp, NULL, 0, kw, nw,
-                                       block, NULL);
+                                       block, 0, NULL);
             else
-                spconv__fused_rows(SPCONV_F32, count, panel, NULL, 0, cp, NULL, 0, kw, nw, block);
+                spconv__fused_rows(SPCONV_F32, count, panel, NULL, 0, cp, NULL, 0, kw, nw, block, 0);
         }
         for (int64_t i = 0; i < count; ++i)
             memcpy(c + (first + i) * n + nb * PANEL, cp + i * nw, (size_t)nw * sizeof(float));
