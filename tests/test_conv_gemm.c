@@ -390,12 +390,104 @@ static void test_fused_weight_bitwise(void **state) {
     for_each_kernel_set("fused weight gradient", fused_weight_cases);
 }
 
+/* The out-row kernels (fused.h) against the per-offset kernels, which the forward ran before: the
+ * identity's rows set (bias + x W_self) or the rows set to the bias (or zero), then each offset's
+ * pairs added in increasing offset order. The two must agree bit for bit, NaNs and infinities
+ * included, whether B is packed or read in place. */
+#define OUT_ROWS_CASE(T, DTYPE)                                                                    \
+    {                                                                                              \
+        const int64_t tile = DTYPE == SPCONV_F32 ? 16 : 8;                                         \
+        const int64_t n = spconv_test_rand_int(0, 1) ? tile * spconv_test_rand_int(1, 6)           \
+                                                    : spconv_test_rand_int(1, 100);                \
+        const int64_t k = spconv_test_rand_int(0, 6), offsets = spconv_test_rand_int(1, 64);       \
+        const int64_t rows = spconv_test_rand_int(1, 80), num_x = spconv_test_rand_int(1, 90);     \
+        const int self = (int)spconv_test_rand_int(0, 1) && num_x >= rows;                         \
+        const int with_bias = (int)spconv_test_rand_int(0, 1);                                     \
+        const int in_place = spconv__fused_reads_b(DTYPE, n) && spconv_test_rand_int(0, 2) > 0;    \
+        const int64_t ldb = n + (in_place ? spconv_test_rand_int(0, 1) * tile : 0);                \
+        const int64_t ws = offsets + 1; /* the last one is W_self */                               \
+        T *x = malloc((size_t)(num_x * k + 1) * sizeof(T));                                        \
+        T *b = malloc((size_t)(ws * k * ldb + 1) * sizeof(T));                                     \
+        char *packed = malloc((size_t)ws * spconv__fused_packed_bytes(DTYPE, k, n) + 1);           \
+        T *bias = malloc((size_t)n * sizeof(T));                                                   \
+        T *y = malloc((size_t)(rows * n) * sizeof(T)), *want = malloc((size_t)(rows * n) * sizeof(T)); \
+        uint64_t *masks = malloc((size_t)rows * sizeof(uint64_t));                                 \
+        int32_t *sources = malloc((size_t)(rows * offsets) * sizeof(int32_t));                     \
+        int32_t *src = malloc((size_t)rows * sizeof(int32_t)), *dst = malloc((size_t)rows * sizeof(int32_t)); \
+        const void *w[64];                                                                         \
+        assert_true(x && b && packed && bias && y && want && masks && sources && src && dst);      \
+        for (int64_t i = 0; i < num_x * k; ++i) x[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);     \
+        if (spconv_test_rand_int(0, 3) == 0 && num_x * k > 0) {                                    \
+            x[spconv_test_rand_int(0, num_x * k - 1)] = (T)NAN;                                    \
+            x[spconv_test_rand_int(0, num_x * k - 1)] = (T)INFINITY;                               \
+            x[spconv_test_rand_int(0, num_x * k - 1)] = -(T)INFINITY;                              \
+        }                                                                                          \
+        for (int64_t i = 0; i < ws * k * ldb; ++i) b[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);  \
+        for (int64_t j = 0; j < n; ++j) bias[j] = (T)spconv_test_rand_float(-1.0f, 1.0f);          \
+        const size_t pb = spconv__fused_packed_bytes(DTYPE, k, n);                                 \
+        for (int64_t o = 0; o < ws; ++o)                                                           \
+            spconv__fused_pack(DTYPE, b + o * k * ldb, ldb, 0, k, n, packed + (size_t)o * pb);     \
+        for (int64_t o = 0; o < offsets; ++o)                                                      \
+            w[o] = in_place ? (const void *)(b + o * k * ldb) : (const void *)(packed + (size_t)o * pb); \
+        const void *w_self = !self ? NULL : in_place ? (const void *)(b + offsets * k * ldb)       \
+                                                     : (const void *)(packed + (size_t)offsets * pb); \
+        for (int64_t i = 0; i < rows; ++i) {                                                       \
+            masks[i] = 0;                                                                          \
+            for (int64_t o = 0; o < offsets; ++o) {                                                \
+                sources[i * offsets + o] = (int32_t)spconv_test_rand_int(0, num_x - 1);            \
+                if (spconv_test_rand_int(0, 3) == 0) masks[i] |= UINT64_C(1) << o;                 \
+            }                                                                                      \
+        }                                                                                          \
+        const T *use_bias = with_bias ? bias : NULL;                                               \
+        const int64_t use_ldb = in_place ? ldb : 0;                                                \
+        /* the per-offset way */                                                                   \
+        if (self)                                                                                  \
+            spconv__fused_rows_set(DTYPE, rows, x, NULL, 0, want, NULL, 0, k, n, w_self, use_ldb,  \
+                                   use_bias);                                                      \
+        else                                                                                       \
+            for (int64_t i = 0; i < rows; ++i)                                                     \
+                for (int64_t j = 0; j < n; ++j) want[i * n + j] = use_bias ? bias[j] : (T)0;       \
+        for (int64_t o = 0; o < offsets; ++o) {                                                    \
+            int64_t count = 0;                                                                     \
+            for (int64_t i = 0; i < rows; ++i)                                                     \
+                if (masks[i] >> o & 1) {                                                           \
+                    src[count] = sources[i * offsets + o];                                         \
+                    dst[count++] = (int32_t)i;                                                     \
+                }                                                                                  \
+            spconv__fused_rows(DTYPE, count, x, src, 0, want, dst, 0, k, n, w[o], use_ldb);        \
+        }                                                                                          \
+        for (int64_t i = 0; i < rows * n; ++i) y[i] = (T)spconv_test_rand_float(-2.0f, 2.0f);     \
+        spconv__fused_out_rows(DTYPE, rows, x, 0, w_self, masks, sources, offsets, w, use_ldb, k,  \
+                               n, use_bias, y);                                                    \
+        if (memcmp(y, want, (size_t)(rows * n) * sizeof(T)) != 0)                                  \
+            fail_msg("out rows %s differ: rows %lld k %lld n %lld offsets %lld self %d bias %d "   \
+                     "in place %d", #T, (long long)rows, (long long)k, (long long)n,               \
+                     (long long)offsets, self, with_bias, in_place);                               \
+        free(x), free(b), free(packed), free(bias), free(y), free(want), free(masks);              \
+        free(sources), free(src), free(dst);                                                       \
+    }
+
+static void out_rows_cases(void) {
+    for (int iter = 0; iter < 300; ++iter) {
+        if (iter % 2 == 0)
+            OUT_ROWS_CASE(float, SPCONV_F32)
+        else
+            OUT_ROWS_CASE(double, SPCONV_F64)
+    }
+}
+
+static void test_fused_out_rows_bitwise(void **state) {
+    (void)state;
+    for_each_kernel_set("out-row kernels", out_rows_cases);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fallback_vs_naive),
         cmocka_unit_test(test_default_vs_naive),
         cmocka_unit_test(test_fused_rows_bitwise),
         cmocka_unit_test(test_fused_weight_bitwise),
+        cmocka_unit_test(test_fused_out_rows_bitwise),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

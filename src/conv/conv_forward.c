@@ -20,6 +20,13 @@
 /* With the fused kernels on 2+ threads, the last threads x block_rows rows go in blocks this
  * many times smaller, so that the threads' last blocks end close together. */
 #define FUSED_TAIL_SPLIT 4
+/* Most input channels for which the fused forward sums each out row in registers over its
+ * offsets (spconv__fused_out_rows) instead of adding every offset's products into the out rows:
+ * with so few terms per product, reading and writing a 64-channel out row for every pair cost
+ * more than the products (basic's 3 -> 64 first layer). Rulebooks of more active offsets than a
+ * mask has bits take the per-offset way. */
+#define OUT_ROWS_MAX_C_IN 4
+#define OUT_ROWS_MAX_OFFSETS 64
 
 typedef struct forward_args {
     const spconv__conv_plan *plan;
@@ -39,6 +46,7 @@ typedef struct forward_args {
     /* fused: > 0 when the kernels read W[k] where it lies, its rows ldb elements apart (no
      * packing); 0 when they read the packed copies */
     int64_t ldb;
+    int out_rows; /* fused: by spconv__fused_out_rows (forward_block_out_rows) */
     int64_t *bounds_scratch; /* with pairs.bounds: the searches' upper ends, the same layout */
     const spconv__conv_epilogue *epilogue; /* or NULL */
 } forward_args;
@@ -141,6 +149,43 @@ static void forward_block_fused(const forward_args *a, int64_t r0, int64_t r1,
     spconv__clock_lap(clock, &mark, &clock->gemm_s);
 }
 
+/* forward_block by the out-row kernels: the block's pairs listed per out row first (a mask of
+ * the offsets that reach it, and their in rows, in the thread's buffer), then each out row
+ * summed over its offsets in registers and written once: the same bits as
+ * forward_block_fused (fused.h). */
+static void forward_block_out_rows(const forward_args *a, int64_t r0, int64_t r1,
+                                   spconv__phase_clock *clock, char *buffer) {
+    const spconv__conv_plan *plan = a->plan;
+    const int64_t rows = r1 - r0, active = a->pairs.num_active;
+    uint64_t *masks = (uint64_t *)buffer;
+    int32_t *sources =
+        (int32_t *)(buffer + spconv__align_line((size_t)a->block_rows * sizeof *masks));
+    const void *w[OUT_ROWS_MAX_OFFSETS];
+    const void *w_self = NULL;
+    double mark = spconv__clock_start(clock);
+    memset(masks, 0, (size_t)rows * sizeof *masks);
+    for (int64_t j = 0; j < active; ++j) {
+        w[j] = fused_weight(a, j);
+        if (a->pairs.active[j] == plan->identity_k) { /* its pairs are (r, r): no list */
+            w_self = w[j];
+            continue;
+        }
+        int64_t first, end;
+        spconv__pairs_range(&a->pairs, j, r0, r1, &first, &end);
+        const uint64_t bit = UINT64_C(1) << j;
+        for (int64_t q = first; q < end; ++q) {
+            const int64_t i = a->pairs.target[q] - r0;
+            masks[i] |= bit;
+            sources[i * active + j] = a->pairs.source[q];
+        }
+    }
+    spconv__clock_lap(clock, &mark, &clock->gather_s);
+    spconv__fused_out_rows(plan->dtype, rows, a->features, r0, w_self, masks, sources, active, w,
+                           a->ldb, plan->c_in, plan->c_out, a->bias,
+                           a->out + (size_t)(r0 * plan->c_out) * plan->elem);
+    spconv__clock_lap(clock, &mark, &clock->gemm_s);
+}
+
 static int64_t run_blocks(const forward_args *a) {
     return a->split / a->block_rows + (a->plan->num_out - a->split + a->tail_rows - 1) / a->tail_rows;
 }
@@ -184,7 +229,9 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
         for (int64_t b = 0; b < blocks; ++b) {
             int64_t r0, r1;
             block_range(a, b, &r0, &r1);
-            if (a->plan->fused)
+            if (a->out_rows)
+                forward_block_out_rows(a, r0, r1, &clock, buffer);
+            else if (a->plan->fused)
                 forward_block_fused(a, r0, r1, &clock);
             else
                 forward_block(a, r0, r1, &clock, buffer);
@@ -313,6 +360,14 @@ static spconv_status forward_cpu(spconv_context *ctx, const spconv_rulebook *rb,
     if (plan.fused && threads > 1 && a.block_rows / FUSED_TAIL_SPLIT >= FUSED_MIN_BLOCK_ROWS) {
         a.tail_rows = a.block_rows / FUSED_TAIL_SPLIT;
         a.block_rows = a.tail_rows * FUSED_TAIL_SPLIT;
+    }
+    if (plan.fused && dims->c_in >= 1 && dims->c_in <= OUT_ROWS_MAX_C_IN &&
+        spconv_rulebook_num_active_offsets(rb) <= OUT_ROWS_MAX_OFFSETS) {
+        a.out_rows = 1; /* each thread lists a block's pairs per out row in its buffer */
+        a.thread_bytes = spconv__align_line((size_t)a.block_rows * sizeof(uint64_t)) +
+                         spconv__align_line((size_t)a.block_rows *
+                                            (size_t)spconv_rulebook_num_active_offsets(rb) *
+                                            sizeof(int32_t));
     }
     {
         const int64_t tail_span = a.tail_rows < a.block_rows ? (int64_t)threads * a.block_rows : 0;

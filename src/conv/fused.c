@@ -445,6 +445,108 @@ FUSED512_KERNEL(rows512_f64, double, __m512d, 8, __mmask8, _mm512_setzero_pd, _m
                 _mm512_mask_storeu_pd, _mm512_cmp_pd_mask, _mm512_mask_mov_pd,
                 _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff8000000000000LL)))
 
+
+/* The out-row kernels (spconv__fused_out_rows): one out row at a time, a chunk of its columns
+ * summed in registers over every offset that reaches the row, then stored once. Each offset's
+ * product is summed over p from zero by fused multiply-adds and then added to the row's sum, in
+ * the order in which the per-offset kernels above add them into y (bias or zero, the identity
+ * offset, then the others in increasing order): the same values. The default NaN is stored once
+ * at the end rather than after every add, which gives the same bits too (a NaN stays a NaN; no
+ * other value is touched by it). A chunk is 4 vectors of LV lanes (8 registers with the
+ * product's), a whole number of TW-wide tiles; its vector u reads B at
+ * (u * LV / TW) * bts + (u * LV) % TW + p * bps from the chunk's first tile, packed or in place
+ * as the per-offset kernels read it. A chunk that runs past n takes its bias from a zero-padded
+ * copy and stores through a buffer. */
+#define OUT_ROWS_KERNEL(NAME, TARGET, T, V, LV, TW, ZERO, LOAD, STORE, SET1, FMA, ADD, CANON)       \
+    TARGET __attribute__((always_inline)) static inline void NAME##_terms(                         \
+        V *acc, const int nv, const T *xr, const T *w, int64_t k, int64_t bts, int64_t bps) {      \
+        V c[4];                                                                                    \
+        for (int u = 0; u < nv; ++u) c[u] = ZERO();                                                \
+        for (int64_t p = 0; p < k; ++p) {                                                          \
+            const V v = SET1(xr[p]);                                                               \
+            for (int u = 0; u < nv; ++u)                                                           \
+                c[u] = FMA(v, LOAD(w + (u * LV / TW) * bts + (u * LV) % TW + p * bps), c[u]);     \
+        }                                                                                          \
+        for (int u = 0; u < nv; ++u) acc[u] = ADD(acc[u], c[u]);                                   \
+    }                                                                                              \
+    TARGET __attribute__((always_inline)) static inline void NAME##_chunk(                         \
+        const int nv, int64_t rows, const T *x, int64_t self_base, const T *w_self,                \
+        const uint64_t *masks, const int32_t *sources, int64_t stride, const T *const *w,          \
+        int64_t offset, int64_t bts, int64_t bps, int64_t k, int64_t n, int64_t c0, int64_t width, \
+        const T *bias, T *y) {                                                                     \
+        for (int64_t i = 0; i < rows; ++i) {                                                       \
+            V acc[4];                                                                              \
+            for (int u = 0; u < nv; ++u) acc[u] = bias != NULL ? LOAD(bias + u * LV) : ZERO();     \
+            if (w_self != NULL)                                                                    \
+                NAME##_terms(acc, nv, x + (self_base + i) * k, w_self + offset, k, bts, bps);      \
+            for (uint64_t m = masks[i]; m != 0; m &= m - 1) {                                      \
+                const int j = __builtin_ctzll(m);                                                  \
+                NAME##_terms(acc, nv, x + (int64_t)sources[i * stride + j] * k, w[j] + offset, k,  \
+                             bts, bps);                                                            \
+            }                                                                                      \
+            T *yr = y + i * n + c0;                                                                \
+            if (width == nv * LV) {                                                                \
+                for (int u = 0; u < nv; ++u) STORE(yr + u * LV, CANON(acc[u]));                    \
+            } else {                                                                               \
+                T part[4 * LV];                                                                    \
+                for (int u = 0; u < nv; ++u) STORE(part + u * LV, CANON(acc[u]));                  \
+                memcpy(yr, part, (size_t)width * sizeof(T));                                       \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    TARGET static void NAME(int64_t rows, const T *x, int64_t self_base, const T *w_self,          \
+                            const uint64_t *masks, const int32_t *sources, int64_t stride,         \
+                            const T *const *w, int64_t ldb, int64_t k, int64_t n, const T *bias,   \
+                            T *y) {                                                                \
+        const int64_t bts = ldb > 0 ? TW : k * TW, bps = ldb > 0 ? ldb : TW;                       \
+        for (int64_t c0 = 0; c0 < n; c0 += 4 * LV) {                                               \
+            const int64_t width = n - c0 < 4 * LV ? n - c0 : 4 * LV;                               \
+            const int nv = (int)((width + LV - 1) / LV);                                           \
+            const int64_t offset = c0 / TW * bts; /* the chunk's first tile */                     \
+            T padded[4 * LV];                                                                      \
+            const T *b = bias != NULL ? bias + c0 : NULL;                                          \
+            if (b != NULL && width < 4 * LV) {                                                     \
+                memset(padded, 0, sizeof padded);                                                  \
+                memcpy(padded, b, (size_t)width * sizeof(T));                                      \
+                b = padded;                                                                        \
+            }                                                                                      \
+            if (nv == 4)                                                                           \
+                NAME##_chunk(4, rows, x, self_base, w_self, masks, sources, stride, w, offset,     \
+                             bts, bps, k, n, c0, width, b, y);                                     \
+            else if (nv == 3)                                                                      \
+                NAME##_chunk(3, rows, x, self_base, w_self, masks, sources, stride, w, offset,     \
+                             bts, bps, k, n, c0, width, b, y);                                     \
+            else if (nv == 2)                                                                      \
+                NAME##_chunk(2, rows, x, self_base, w_self, masks, sources, stride, w, offset,     \
+                             bts, bps, k, n, c0, width, b, y);                                     \
+            else                                                                                   \
+                NAME##_chunk(1, rows, x, self_base, w_self, masks, sources, stride, w, offset,     \
+                             bts, bps, k, n, c0, width, b, y);                                     \
+        }                                                                                          \
+    }
+
+FUSED512_TARGET static inline __m512 canon512_f32(__m512 v) {
+    return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000)));
+}
+
+FUSED512_TARGET static inline __m512d canon512_f64(__m512d v) {
+    return _mm512_mask_mov_pd(v, _mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_castsi512_pd(_mm512_set1_epi64(0x7ff8000000000000LL)));
+}
+
+OUT_ROWS_KERNEL(out512_f32, FUSED512_TARGET, float, __m512, 16, 16, _mm512_setzero_ps,
+                _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
+                canon512_f32)
+OUT_ROWS_KERNEL(out512_f64, FUSED512_TARGET, double, __m512d, 8, 8, _mm512_setzero_pd,
+                _mm512_loadu_pd, _mm512_storeu_pd, _mm512_set1_pd, _mm512_fmadd_pd, _mm512_add_pd,
+                canon512_f64)
+OUT_ROWS_KERNEL(out256_f32, FUSED_TARGET, float, __m256, 8, 16, _mm256_setzero_ps, _mm256_loadu_ps,
+                _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, canon_f32)
+OUT_ROWS_KERNEL(out256_f64, FUSED_TARGET, double, __m256d, 4, 8, _mm256_setzero_pd,
+                _mm256_loadu_pd, _mm256_storeu_pd, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_add_pd,
+                canon_f64)
+
 #endif /* SPCONV__FUSED_X86 */
 
 /* 2: the AVX2 kernels; 3: the AVX-512 ones. The widest the machine has, unless a test chose. */
@@ -500,6 +602,31 @@ void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, co
                             int64_t src_base, void *y, const int32_t *dst, int64_t dst_base,
                             int64_t k, int64_t n, const void *b, int64_t ldb, const void *bias) {
     fused_rows(dtype, count, x, src, src_base, y, dst, dst_base, k, n, b, ldb, 1, bias, 0, NULL);
+}
+
+void spconv__fused_out_rows(spconv_dtype dtype, int64_t rows, const void *x, int64_t self_base,
+                            const void *w_self, const uint64_t *masks, const int32_t *sources,
+                            int64_t stride, const void *const *w, int64_t ldb, int64_t k,
+                            int64_t n, const void *bias, void *y) {
+    if (rows <= 0 || n <= 0) return;
+#if SPCONV__FUSED_X86
+    if (fused_isa < 0) fused_isa = fused_widest();
+    if (fused_isa == 3 && dtype == SPCONV_F32)
+        out512_f32(rows, x, self_base, w_self, masks, sources, stride, (const float *const *)w, ldb,
+                   k, n, bias, y);
+    else if (fused_isa == 3)
+        out512_f64(rows, x, self_base, w_self, masks, sources, stride, (const double *const *)w,
+                   ldb, k, n, bias, y);
+    else if (dtype == SPCONV_F32)
+        out256_f32(rows, x, self_base, w_self, masks, sources, stride, (const float *const *)w, ldb,
+                   k, n, bias, y);
+    else
+        out256_f64(rows, x, self_base, w_self, masks, sources, stride, (const double *const *)w,
+                   ldb, k, n, bias, y);
+#else
+    (void)dtype, (void)x, (void)self_base, (void)w_self, (void)masks, (void)sources, (void)stride,
+        (void)w, (void)ldb, (void)k, (void)bias, (void)y;
+#endif
 }
 
 size_t spconv__fused_weight_scratch_bytes(spconv_dtype dtype, int64_t chunk, int64_t c_in,

@@ -66,6 +66,21 @@ void spconv__fused_rows_set(spconv_dtype dtype, int64_t count, const void *x, co
                             int64_t k, int64_t n, const void *b, int64_t ldb,
                             const void *bias);
 
+/* Out rows y[i, 0:n] for i < rows (rows of y contiguous, n elements apart), each computed whole:
+ * bias (or zero), plus x[self_base + i, :] @ W_self when @p w_self is not NULL (a subm layer's
+ * identity offset), plus for each bit j of masks[i], in increasing j, x[sources[i * stride + j],
+ * :] @ W_j with W_j = w[j]. x rows hold k elements. Every product is summed over k from zero by
+ * fused multiply-adds and then added, so each row gets the bits that spconv__fused_rows_set for
+ * the identity followed by spconv__fused_rows for each offset in increasing order gives it; the
+ * row is stored once, not read and written per offset, which pays where k is small (a first
+ * layer of 3 or 4 input channels). B (W_self and every w[j]) is packed for @p ldb 0, or read in
+ * place with rows ldb apart (spconv__fused_reads_b), as in spconv__fused_rows. Only valid when
+ * spconv__fused_available(). */
+void spconv__fused_out_rows(spconv_dtype dtype, int64_t rows, const void *x, int64_t self_base,
+                            const void *w_self, const uint64_t *masks, const int32_t *sources,
+                            int64_t stride, const void *const *w, int64_t ldb, int64_t k,
+                            int64_t n, const void *bias, void *y);
+
 /* The weight gradient of a chunk of pairs, sums[c_in, c_out] += sum over i < count of
  * x[src_i, :]^T g[dst_i, :] (src_i, dst_i as above; rows may repeat), in two steps: the gather
  * packs the chunk's g rows as B into @p scratch (spconv__fused_weight_scratch_bytes for at least
