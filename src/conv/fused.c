@@ -566,13 +566,13 @@ int spconv__fused_isa(int isa) {
     return previous;
 }
 
-/* Whole tiles, and no more of them than a kernel block takes at once (AVX-512: 4; AVX2: 1), so
- * that a block reads each row of B as one run: in strips of wider rows, down the rows, the
- * products took 8-27% longer than from packed tiles (basic's 160- to 256-channel layers). */
 int spconv__fused_reads_b(spconv_dtype dtype, int64_t n) {
-    const int64_t tw = tile_width(dtype);
+    return n > 0 && n % tile_width(dtype) == 0;
+}
+
+int64_t spconv__fused_block_columns(spconv_dtype dtype) {
     if (fused_isa < 0) fused_isa = fused_widest();
-    return n > 0 && n % tw == 0 && n <= (fused_isa == 3 ? 4 : 1) * tw;
+    return (fused_isa == 3 ? 4 : 1) * tile_width(dtype);
 }
 
 /* Row i of x is x + row_i * k with its elements contiguous or, for @p lda > 0, x + row_i with

@@ -4,8 +4,8 @@
  *
  * B (k x n) is packed once per call into column tiles: tile t holds columns [t*TW, t*TW + TW) of
  * every row of B, contiguous and zero-padded past n, so that the micro-kernel streams it; a
- * row-major B of a few whole tiles is read where it lies instead (the forward's W[k] of 16 to
- * 64 channels, spconv__fused_reads_b), with the same values in the same order. The
+ * row-major B of whole tiles may be read where it lies instead (the forward's W[k], where that
+ * pays: conv_forward.c), with the same values in the same order. The
  * micro-kernel keeps a block of products in registers (6 rows x TW columns, TW = 16 floats or 8
  * doubles, two AVX2 vectors; with AVX-512, a tile per vector, 6 rows x 4 tiles or 12 rows x 2)
  * and adds the k terms of each element in increasing order with fused
@@ -44,11 +44,14 @@ size_t spconv__fused_packed_bytes(spconv_dtype dtype, int64_t k, int64_t n);
 void spconv__fused_pack(spconv_dtype dtype, const void *b, int64_t ldb, int trans, int64_t k,
                         int64_t n, void *packed);
 
-/* 1 when the kernels read B ([k, n], row-major) where it lies rather than packed: n a whole
- * number of tiles (a multiple of 16 floats or 8 doubles), so that no tile row reads past n, and
- * few enough of them that a kernel block reads each row as one run (AVX-512: up to 4 tiles,
- * AVX2: 1), which is where it is not slower than packed tiles. Depends on the kernel set. */
+/* 1 when the kernels can read B ([k, n], row-major) where it lies, without packing: n a whole
+ * number of tiles (a multiple of 16 floats or 8 doubles), so that no tile row reads past n. */
 int spconv__fused_reads_b(spconv_dtype dtype, int64_t n);
+
+/* Columns of B that one register block of the current kernel set reads (AVX-512: 4 tiles; AVX2:
+ * 1). A row of B up to this wide is read as one run in place; a wider one in strips, down the
+ * rows, which is slower than packed tiles where the products reuse B many times. */
+int64_t spconv__fused_block_columns(spconv_dtype dtype);
 
 /* For i < count: y[dst_i, 0:n] += x[src_i, 0:k] @ B, where src_i = src[i] (or src_base + i when
  * @p src is NULL), likewise dst_i; x rows hold k elements, y rows n. Within one call the dst rows
