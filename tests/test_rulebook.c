@@ -725,8 +725,8 @@ static int compare_row_keys(const void *a, const void *b) { return compare_rows(
 
 /* The line build walks a line's neighbours through rows of cells indexed by x, or with cursors
  * when x is too wide for such rows (over 16384, or rows of over 2^18 cells in all): both against
- * the reference, for kernels of 1, 3 or 5 per axis (up to 65 offsets take this build), dilations
- * 1 to 3, rows in random order and sorted, on 1 and 3 threads. */
+ * the reference, for kernels of 1, 3 or 5 per axis and of 63 and 65 offsets (up to 65 offsets
+ * take this build), dilations 1 to 3, rows in random order and sorted, on 1 and 3 threads. */
 static void test_subm_line_walks_agree(void **state) {
     (void)state;
     const int64_t narrow[3] = {6, 7, 300}, wide[3] = {6, 7, 40000};
@@ -746,6 +746,24 @@ static void test_subm_line_walks_agree(void **state) {
             if (trial % 4 >= 2) qsort(rows, (size_t)(2 * n), 4 * sizeof *rows, compare_row_keys);
             assert_true(spconv__site_lines_fit(2 * n, 2, shape));
             check_against_reference(ctx, rows, 2 * n, shape, 2, &p);
+            free(rows);
+        }
+        /* Kernels of 63 and 65 offsets: the line walk keeps a site's hits in one 64-bit mask
+         * per line for at most 64 offsets (the centre's bit dropped at the end) and bit by bit
+         * above that; long lines (kx up to 65) on either side of the bound, dilated too. */
+        static const int64_t edge[][3] = {{1, 5, 13}, {5, 13, 1}, {13, 1, 5}, {65, 1, 1},
+                                          {1, 1, 65}, {1, 3, 21}, {1, 1, 63}, {7, 9, 1}};
+        for (size_t e = 0; e < sizeof edge / sizeof edge[0]; ++e) {
+            spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+            for (int axis = 0; axis < 3; ++axis) {
+                p.kernel[axis] = edge[e][axis];
+                p.dilation[axis] = edge[e][axis] > 1 ? spconv_test_rand_int(1, 2) : 1;
+            }
+            const int64_t grid[3] = {edge[e][0] > 9 ? 70 : 8, edge[e][1] > 9 ? 70 : 9,
+                                     e % 2 ? 40000 : 200};
+            int32_t *rows = spconv_test_random_sites(2, grid, 1200);
+            assert_true(spconv__site_lines_fit(2400, 2, grid));
+            check_against_reference(ctx, rows, 2400, grid, 2, &p);
             free(rows);
         }
         /* 5 x 5 (z, y) steps of rows of 12,000 cells pass the cells' cap (2^18): cursors too. */
