@@ -3,6 +3,7 @@
  * implementations, and every bad input. Gradients live in test_conv_grad.c, pooling in
  * test_conv_pool.c, GEMM in test_conv_gemm.c, dense helpers and weight layouts in
  * test_conv_dense.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -387,6 +388,76 @@ static void test_weight_views(void **state) {
     (void)state;
     weight_views_case(7, 19);
     weight_views_case(19, 37);
+    /* whole tiles of C_out: the forward reads W[k] where it lies, rows ci_stride apart (a
+     * narrowed view's row is longer than C_out; a KRSC view's is not read in place) */
+    weight_views_case(8, 16);
+    weight_views_case(5, 32);
+    weight_views_case(3, 64);
+}
+
+/* Layers of at most 4 input channels sum each out row over its offsets in registers
+ * (spconv__fused_out_rows); wider ones add every offset's products into the out rows. Both must
+ * give the same bits, which this checks at the conv level: zero channels appended to x (up to 5,
+ * which takes the per-offset path) and zero rows to every W[k] add fma(0, w, c) = c to each
+ * product, exactly (a product starts from +0, so c is never -0). Subm (the identity's rows are set
+ * first), a stride-2 regular conv and its inverse (rows that no pair reaches keep the bias, NaN
+ * payloads included), f32 and f64, 1 and 2 threads. */
+static void test_few_channels_same_bits_as_per_offset(void **state) {
+    (void)state;
+    static const spconv_conv_kind kinds[3] = {SPCONV_CONV_SUBM, SPCONV_CONV_REGULAR,
+                                              SPCONV_CONV_INVERSE};
+    static const int64_t c_outs[3] = {16, 19, 64};
+    for (int trial = 0; trial < 18; ++trial) {
+        const spconv_conv_kind kind = kinds[trial % 3];
+        const int64_t c_in = 1 + trial % 4, c_out = c_outs[trial / 3 % 3], wide = 5;
+        /* the inverse of a kernel-2 stride-3 conv leaves every third input row unreached */
+        conv_case c = conv_case_make(kind == SPCONV_CONV_SUBM ? conv_params_iso(kind, 3, 1, 1, 1)
+                                     : kind == SPCONV_CONV_REGULAR ? conv_params_iso(kind, 3, 2, 1, 1)
+                                                                   : conv_params_iso(kind, 2, 3, 0, 1),
+                                     (int64_t[3]){12, 13, 14}, 2, 400, c_in, c_out);
+        conv_case_setup(&c, NULL);
+        const int64_t kv = c.kernel_volume, n_in = c.n_in;
+        double *x = calloc((size_t)(n_in * wide), sizeof(double));
+        double *w = calloc((size_t)(kv * wide * c_out), sizeof(double));
+        double *bias = malloc((size_t)c_out * sizeof(double));
+        assert_true(x && w && bias);
+        for (int64_t i = 0; i < n_in; ++i)
+            for (int64_t j = 0; j < c_in; ++j) x[i * wide + j] = c.x[i * c_in + j];
+        for (int64_t k = 0; k < kv; ++k)
+            for (int64_t j = 0; j < c_in; ++j)
+                for (int64_t o = 0; o < c_out; ++o)
+                    w[(k * wide + j) * c_out + o] = c.w[(k * c_in + j) * c_out + o];
+        memcpy(bias, c.bias, (size_t)c_out * sizeof(double));
+        /* a NaN with its sign bit set, not the canonical NaN: canonical where a product is added,
+         * kept as it is where none is */
+        bias[0] = -(double)NAN;
+        for (int d = 0; d < 2; ++d) {
+            const spconv_dtype dt = d == 0 ? SPCONV_F32 : SPCONV_F64;
+            int64_t xs[2] = {n_in, c_in}, ws[3] = {kv, c_in, c_out};
+            int64_t xw[2] = {n_in, wide}, ww[3] = {kv, wide, c_out};
+            spconv_tensor *xt = conv_tensor(dt, 2, xs, c.x), *wt = conv_tensor(dt, 3, ws, c.w);
+            spconv_tensor *xwt = conv_tensor(dt, 2, xw, x), *wwt = conv_tensor(dt, 3, ww, w);
+            spconv_tensor *bt = conv_tensor(dt, 1, &c_out, bias);
+            for (int threads = 1; threads <= 2; ++threads) {
+                spconv_context *ctx = conv_context(threads);
+                spconv_tensor *narrow = NULL, *padded = NULL;
+                SPCONV_ASSERT_OK(spconv_conv_forward(ctx, c.rb, xt, wt, bt, &narrow));
+                SPCONV_ASSERT_OK(spconv_conv_forward(ctx, c.rb, xwt, wwt, bt, &padded));
+                if (!conv_same_bits(narrow, padded)) {
+                    char text[160];
+                    fail_msg("%s, %s, %d threads: %lld input channels differ from the same "
+                             "channels padded to %lld", conv_case_text(&c, text, sizeof text),
+                             d == 0 ? "f32" : "f64", threads, (long long)c_in, (long long)wide);
+                }
+                spconv_tensor_release(narrow), spconv_tensor_release(padded);
+                spconv_context_destroy(ctx);
+            }
+            spconv_tensor_release(xt), spconv_tensor_release(wt), spconv_tensor_release(xwt);
+            spconv_tensor_release(wwt), spconv_tensor_release(bt);
+        }
+        free(x), free(w), free(bias);
+        conv_case_free(&c);
+    }
 }
 
 /* The fast path against the pair-loop reference on every kind, f32 and f64. */
@@ -757,6 +828,7 @@ int main(void) {
         cmocka_unit_test(test_forward_many_blocks),
         cmocka_unit_test(test_forward_layouts),
         cmocka_unit_test(test_weight_views),
+        cmocka_unit_test(test_few_channels_same_bits_as_per_offset),
         cmocka_unit_test(test_pair_bounds),
         cmocka_unit_test(test_forward_matches_reference),
         cmocka_unit_test(test_determinism_threads),

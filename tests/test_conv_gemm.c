@@ -424,6 +424,21 @@ static void test_fused_weight_bitwise(void **state) {
         }                                                                                          \
         for (int64_t i = 0; i < ws * k * ldb; ++i) b[i] = (T)spconv_test_rand_float(-1.0f, 1.0f);  \
         for (int64_t j = 0; j < n; ++j) bias[j] = (T)spconv_test_rand_float(-1.0f, 1.0f);          \
+        if (spconv_test_rand_int(0, 2) == 0) /* NaNs with a sign or a payload, -0: a row that no \
+                                              * product reaches keeps these bits as they are */ \
+            for (int q = 0; q < 4; ++q) {                                                          \
+                const int64_t j = spconv_test_rand_int(0, n - 1);                                  \
+                if (sizeof(T) == 4) {                                                              \
+                    const uint32_t bits[4] = {0xffc00000u, 0x7fc01234u, 0x7f800001u, 0x80000000u}; \
+                    memcpy(&bias[j], &bits[q], sizeof(T));                                         \
+                } else {                                                                           \
+                    const uint64_t bits[4] = {UINT64_C(0xfff8000000000000),                        \
+                                              UINT64_C(0x7ff8000000001234),                        \
+                                              UINT64_C(0x7ff0000000000001),                        \
+                                              UINT64_C(0x8000000000000000)};                       \
+                    memcpy(&bias[j], &bits[q], sizeof(T));                                         \
+                }                                                                                  \
+            }                                                                                      \
         const size_t pb = spconv__fused_packed_bytes(DTYPE, k, n);                                 \
         for (int64_t o = 0; o < ws; ++o)                                                           \
             spconv__fused_pack(DTYPE, b + o * k * ldb, ldb, 0, k, n, packed + (size_t)o * pb);     \

@@ -482,12 +482,17 @@ FUSED512_KERNEL(rows512_f64, double, __m512d, 8, __mmask8, _mm512_setzero_pd, _m
                 NAME##_terms(acc, nv, x + (int64_t)sources[i * stride + j] * k, w[j] + offset, k,  \
                              bts, bps);                                                            \
             }                                                                                      \
+            /* A row that no product reached keeps its bias bits, NaN payloads included, as the \
+             * per-offset path leaves them; a sum is stored as that path stores every sum. */      \
+            const int summed = w_self != NULL || masks[i] != 0;                                    \
             T *yr = y + i * n + c0;                                                                \
             if (width == nv * LV) {                                                                \
-                for (int u = 0; u < nv; ++u) STORE(yr + u * LV, CANON(acc[u]));                    \
+                for (int u = 0; u < nv; ++u)                                                       \
+                    STORE(yr + u * LV, summed ? CANON(acc[u]) : acc[u]);                           \
             } else {                                                                               \
                 T part[4 * LV];                                                                    \
-                for (int u = 0; u < nv; ++u) STORE(part + u * LV, CANON(acc[u]));                  \
+                for (int u = 0; u < nv; ++u)                                                       \
+                    STORE(part + u * LV, summed ? CANON(acc[u]) : acc[u]);                         \
                 memcpy(yr, part, (size_t)width * sizeof(T));                                       \
             }                                                                                      \
         }                                                                                          \
