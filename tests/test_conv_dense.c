@@ -305,10 +305,12 @@ static void test_weight_layout_errors(void **state) {
  * site's value or zero bytes. */
 static void test_scatter_channels_tiles(void **state) {
     (void)state;
-    const int64_t cells = 3 * 4096 + 5, batch = 2;
-    const int64_t channels_cases[4] = {1, 16, 17, 40};
+    /* 40 and 70 channels make maps of over 2^20 elements, which the scatter runs in parallel */
+    const int64_t cells = 4 * 4096 + 5, batch = 2;
+    const int64_t channels_cases[5] = {1, 16, 17, 40, 70};
     const size_t elems[4] = {1, 2, 4, 8};
-    for (int ci = 0; ci < 4; ++ci)
+    assert_true(batch * 40 * cells > (1 << 20));
+    for (int ci = 0; ci < 5; ++ci)
         for (int e = 0; e < 4; ++e)
             for (int threads = 1; threads <= 2; ++threads) {
                 const int64_t channels = channels_cases[ci];

@@ -8,6 +8,7 @@
 
 #include "common/conv_cases.h"
 #include "common/conv_helpers.h"
+#include "conv/conv_cpu.h"
 #include "conv/conv_ref.h"
 
 /* How the pooled values are drawn from the case's uniform [-1, 1) features. */
@@ -232,9 +233,13 @@ static void test_pool_reference_and_threads(void **state) {
     spconv_context *one = conv_context(1), *two = conv_context(2);
     /* Overlapping windows, then a pool of kernel == stride (one pair per input at most, so the
      * reference's bits), whose gradient has zeros of both signs; then the same pool with an
-     * output large enough (>= 4 MiB, POOL_STREAM_MIN_BYTES in src/conv/pool.c) to be streamed
-     * out of the blocks, at 161 channels, so that blocks start off the 16-byte grid. */
-    for (int kind = 0; kind < 3; ++kind) {
+     * output of over 4 MiB at 161 channels, so that blocks start off the 16-byte grid. Each
+     * twice: the outputs kept in the caches, then streamed out of them (the threshold lowered
+     * from its 64 MiB, spconv__pool_stream_min_bytes). */
+    const size_t stream_default = spconv__pool_stream_min_bytes(0);
+    for (int run = 0; run < 6; ++run) {
+    const int kind = run % 3;
+    spconv__pool_stream_min_bytes(run < 3 ? stream_default : 1);
     conv_case c = conv_case_make(kind == 0 ? conv_params_iso(SPCONV_CONV_REGULAR, 3, 2, 1, 1)
                                            : conv_params_iso(SPCONV_CONV_REGULAR, 2, 2, 0, 1),
                                  kind < 2 ? (int64_t[3]){19, 18, 17} : (int64_t[3]){40, 41, 42},
@@ -277,6 +282,7 @@ static void test_pool_reference_and_threads(void **state) {
     free(dy);
     conv_case_free(&c);
     }
+    spconv__pool_stream_min_bytes(stream_default);
     spconv_context_destroy(one);
     spconv_context_destroy(two);
 }

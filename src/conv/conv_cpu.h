@@ -32,6 +32,12 @@ static inline int spconv__omp_thread(void) {
 #endif
 }
 
+/* Max pooling streams its outputs (values and argmax; the backward's input gradient) out of the
+ * caches from this many bytes up (pool.c, POOL_STREAM_MIN_BYTES). Tests lower it to run the
+ * streaming path on small outputs: sets it when @p bytes > 0 and returns the value before. Not
+ * for concurrent use. */
+size_t spconv__pool_stream_min_bytes(size_t bytes);
+
 /* Per-thread phase clocks: `on` is 0 when nobody asked for timings, and then no clock is read. */
 typedef struct spconv__phase_clock {
     int on;

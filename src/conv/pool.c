@@ -44,6 +44,13 @@
  * 0.7 ms slower, 3 ms a forward pass in all, and the backward 2 ms slower. So only outputs
  * beyond what an L3 share keeps are streamed. */
 #define POOL_STREAM_MIN_BYTES ((size_t)64 << 20)
+static size_t pool_stream_min_bytes = POOL_STREAM_MIN_BYTES;
+
+size_t spconv__pool_stream_min_bytes(size_t bytes) {
+    const size_t previous = pool_stream_min_bytes;
+    if (bytes > 0) pool_stream_min_bytes = bytes;
+    return previous;
+}
 
 /* Input rows read ahead of the pair that needs them: a pool's input rows follow no pattern the
  * hardware prefetcher can follow. */
@@ -206,7 +213,7 @@ static spconv_status pool_run_blocks(const pool_args *a, int threads) {
                            threads, (long long)rows);
     const int stream =
         (size_t)a->num_out * (size_t)a->channels * (esize + (a->argmax != NULL ? 4 : 0)) >=
-        POOL_STREAM_MIN_BYTES;
+        pool_stream_min_bytes;
     void *table;
     int64_t *scratch = spconv__pair_bounds_alloc(&lists, rows, blocks, threads, &table);
     SPCONV_OMP(omp parallel num_threads(threads)) {
@@ -480,7 +487,7 @@ static spconv_status pool_grad_disjoint(spconv_dtype dtype, int64_t num_in, int6
     if (rows < POOL_BLOCK_MIN) rows = POOL_BLOCK_MIN;
     if (rows > num_out) rows = num_out > 0 ? num_out : 1;
     const int64_t blocks = (num_out + rows - 1) / rows;
-    const int stream = (size_t)(num_in * row_bytes) >= POOL_STREAM_MIN_BYTES;
+    const int stream = (size_t)(num_in * row_bytes) >= pool_stream_min_bytes;
     const size_t ranges_bytes = round_up_64((size_t)(2 * lists.num_active) * sizeof(int64_t)),
                  thread_bytes = ranges_bytes + round_up_64((size_t)row_bytes);
     char *work = aligned_alloc(64, (size_t)threads * thread_bytes);
