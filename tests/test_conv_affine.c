@@ -12,6 +12,7 @@
 #include "common/conv_helpers.h"
 #include "conv/conv_exec.h"
 #include "conv/fused.h"
+#include "core/cpu_kernels.h"
 
 /* Equal bits, except that a NaN only has to meet a NaN (x86 picks which NaN operand an fma
  * returns by operand order, which the compiler chooses). */
@@ -62,6 +63,58 @@ static void *map_plain(const spconv_tensor *plain, int64_t rows, int64_t c, cons
     return out;
 }
 
+/* @p plain mapped as the network's inference batch norm (+ ReLU) maps a conv's output: the
+ * product and the sum each rounded in double, then to the dtype, a NaN as the default NaN, then
+ * y < 0 ? 0 : y. */
+static void *map_wide(const spconv_tensor *plain, int64_t rows, int64_t c, const double *scale,
+                      const double *shift, int relu) {
+    const int f32 = spconv_tensor_dtype(plain) == SPCONV_F32;
+    void *out = malloc((size_t)(rows * c + 1) * (f32 ? 4 : 8));
+    assert_non_null(out);
+    for (int64_t i = 0; i < rows * c; ++i) {
+        const int64_t j = i % c;
+        const double y = f32 ? (double)((const float *)spconv_tensor_data(plain))[i]
+                             : ((const double *)spconv_tensor_data(plain))[i];
+        const double product = y * scale[j], sum = product + shift[j];
+        if (f32) {
+            const float v = isnan(sum) ? NAN : (float)sum;
+            ((float *)out)[i] = relu && v < 0 ? 0.0f : v;
+        } else {
+            const double v = isnan(sum) ? NAN : sum;
+            ((double *)out)[i] = relu && v < 0 ? 0.0 : v;
+        }
+    }
+    return out;
+}
+
+/* The wide epilogue (spconv__conv_epilogue.wide: double scale and shift, what the network folds
+ * its batch norms with) on both product paths: the map above of the plain output bit for bit,
+ * and the network's own batch-norm kernel run on the plain output. */
+static void check_wide(spconv_context *ctx, const conv_case *c, const spconv_tensor *x,
+                       const spconv_tensor *w, const spconv_tensor *bias,
+                       const spconv_tensor *plain, const spconv_tensor *plain_unfused,
+                       const double *scale, const double *shift, int relu, const char *what) {
+    const spconv__conv_epilogue we = {scale, shift, relu, 1};
+    char text[700];
+    for (int path = 0; path < 2; ++path) {
+        const spconv_tensor *base = path == 0 ? plain : plain_unfused;
+        const spconv__conv_options o = {path == 0 ? SPCONV__GEMM_AUTO : SPCONV__GEMM_UNFUSED,
+                                        NULL, &we};
+        spconv_tensor *got = NULL, *layer = NULL;
+        SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, bias, &o, &got));
+        void *want = map_wide(base, c->n_out, c->c_out, scale, shift, relu);
+        snprintf(text, sizeof text, "%s, wide epilogue%s", what, path ? " (unfused)" : "");
+        expect_same(text, got, want, c->n_out * c->c_out);
+        SPCONV_ASSERT_OK(spconv_tensor_clone(NULL, base, &layer));
+        SPCONV_ASSERT_OK(spconv__cpu_batchnorm_apply(ctx, base, scale, shift, relu, layer));
+        if (!conv_same_bits(got, layer))
+            fail_msg("%s: differs from the network's batch-norm layer on the conv output", text);
+        free(want);
+        spconv_tensor_release(got);
+        spconv_tensor_release(layer);
+    }
+}
+
 /* One case: every dtype, bias / no bias, map / ReLU alone / both, through the public entry point
  * with @p threads threads and through the unfused product path. */
 static void check_case(conv_case *c, int threads, int with_nan) {
@@ -95,7 +148,7 @@ static void check_case(conv_case *c, int threads, int with_nan) {
             expect_same(what, got, want, c->n_out * c->c_out);
             /* the unfused gather + product + scatter path, with the same epilogue */
             const spconv__conv_epilogue e = {affine ? spconv_tensor_data(sc) : NULL,
-                                             affine ? spconv_tensor_data(sh) : NULL, relu};
+                                             affine ? spconv_tensor_data(sh) : NULL, relu, 0};
             const spconv__conv_options o = {SPCONV__GEMM_UNFUSED, NULL, &e};
             SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, bias, &o, &unfused));
             spconv_tensor *plain_unfused = NULL;
@@ -105,6 +158,8 @@ static void check_case(conv_case *c, int threads, int with_nan) {
                                            affine ? scale : NULL, affine ? shift : NULL, relu);
             strncat(what, " (unfused)", sizeof what - strlen(what) - 1);
             expect_same(what, unfused, want_unfused, c->n_out * c->c_out);
+            if (affine) /* the network's batch norm folded into the conv: terms in double */
+                check_wide(ctx, c, x, w, bias, plain, plain_unfused, scale, shift, relu, what);
             free(want);
             free(want_unfused);
             spconv_tensor_release(plain);
@@ -202,7 +257,7 @@ static void test_affine_errors(void **state) {
     SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, s, SPCONV_F16, &sh));
     SPCONV_ASSERT_FAILS(spconv_conv_forward_affine(NULL, rb, xh, wh, NULL, sh, sh, 1, &out),
                         SPCONV_ERR_NOT_SUPPORTED, "f32 and f64 features only, not f16");
-    const spconv__conv_epilogue e = {NULL, NULL, 1};
+    const spconv__conv_epilogue e = {NULL, NULL, 1, 0};
     const spconv__conv_options o = {SPCONV__GEMM_AUTO, NULL, &e};
     SPCONV_ASSERT_FAILS(spconv__conv_forward_ex(NULL, rb, xh, wh, NULL, &o, &out),
                         SPCONV_ERR_NOT_SUPPORTED, "the affine epilogue runs on f32 / f64 CPU");

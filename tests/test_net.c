@@ -1210,6 +1210,85 @@ static void test_batchnorm_relu_fused_bits(void **state) {
     }
 }
 
+/* In inference a conv followed by a batch norm (and a ReLU) applies both to each block of its
+ * output rows (spconv__net_fold_batchnorm): the network's output and last features must be the
+ * bits of the layers run one by one, f32 and f64, on 1 and 2 threads: SECOND (conv -> BN ->
+ * ReLU throughout), and a network with a batch norm without a ReLU after a conv, after a ReLU
+ * and after a pool (neither folded), with a NaN among the features. */
+static const spconv_layer_desc bn_kinds_net[] = {
+    {.kind = SPCONV_LAYER_SUBM, .name = "c1", .in_channels = 3, .out_channels = 17,
+     .kernel = {3, 3, 3}, .bias = 1, .key = "s1"},
+    {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn1", .in_channels = 17},
+    {.kind = SPCONV_LAYER_CONV, .name = "down", .in_channels = 17, .out_channels = 16,
+     .kernel = {3, 3, 3}, .stride = {2, 2, 2}, .padding = {1, 1, 1}, .key = "d"},
+    {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn2", .in_channels = 16},
+    {.kind = SPCONV_LAYER_RELU, .name = "r2"},
+    {.kind = SPCONV_LAYER_INVERSE, .name = "up", .in_channels = 16, .out_channels = 5,
+     .kernel = {3, 3, 3}, .key = "d"},
+    {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn5", .in_channels = 5},
+    {.kind = SPCONV_LAYER_RELU, .name = "r5"},
+    {.kind = SPCONV_LAYER_MAXPOOL, .name = "pool", .kernel = {2, 2, 2}, .stride = {2, 2, 2}},
+    {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn3", .in_channels = 5},
+    {.kind = SPCONV_LAYER_RELU, .name = "r3"},
+    {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn4", .in_channels = 5},
+};
+
+static void expect_fold_same_bits(spconv_net *net, const spconv_sparse_tensor *in,
+                                  const char *what) {
+    for (int threads = 1; threads <= 2; ++threads) {
+        spconv_context *ctx = NULL;
+        SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+        SPCONV_ASSERT_OK(spconv_context_set_num_threads(ctx, threads));
+        spconv_tensor *out[2] = {NULL, NULL};
+        spconv_sparse_tensor *last[2] = {NULL, NULL};
+        for (int fold = 0; fold < 2; ++fold) {
+            const int previous = spconv__net_fold_batchnorm(fold);
+            SPCONV_ASSERT_OK(
+                spconv_net_forward(ctx, net, in, SPCONV_NET_INFERENCE, &out[fold], &last[fold]));
+            spconv__net_fold_batchnorm(previous);
+        }
+        const spconv_tensor *f0 = spconv_sparse_features(last[0]),
+                            *f1 = spconv_sparse_features(last[1]);
+        const size_t esize = spconv_dtype_size(spconv_tensor_dtype(out[0]));
+        assert_int_equal(spconv_tensor_numel(out[0]), spconv_tensor_numel(out[1]));
+        assert_int_equal(spconv_tensor_numel(f0), spconv_tensor_numel(f1));
+        if (memcmp(spconv_tensor_data(out[0]), spconv_tensor_data(out[1]),
+                   (size_t)spconv_tensor_numel(out[0]) * esize) != 0 ||
+            memcmp(spconv_tensor_data(f0), spconv_tensor_data(f1),
+                   (size_t)spconv_tensor_numel(f0) * esize) != 0)
+            fail_msg("%s on %d thread(s): the folded batch norms change the bits", what, threads);
+        for (int i = 0; i < 2; ++i) {
+            spconv_tensor_release(out[i]);
+            spconv_sparse_release(last[i]);
+        }
+        spconv_context_destroy(ctx);
+    }
+}
+
+static void test_batchnorm_folded_into_conv_bits(void **state) {
+    (void)state;
+    spconv_net_input input;
+    spconv_net *second = zoo_net("second", SPCONV_F32, spconv_test_rand_u64(), &input);
+    randomise_params(second);
+    spconv_sparse_tensor *in =
+        random_input(SPCONV_F32, 4, input.spatial_shape, (int64_t[]){20, 48, 48}, 1, 3000);
+    expect_fold_same_bits(second, in, "second f32");
+    spconv_sparse_release(in);
+    spconv_net_destroy(second);
+    for (int d = 0; d < 2; ++d) {
+        const spconv_dtype dtype = d == 0 ? SPCONV_F32 : SPCONV_F64;
+        spconv_net *net = create_net(dtype, 3, bn_kinds_net, COUNT(bn_kinds_net));
+        randomise_params(net);
+        const int64_t shape[3] = {9, 12, 11};
+        spconv_sparse_tensor *x = random_input(dtype, 3, shape, shape, 2, 400);
+        /* a NaN feature: canonical wherever a batch norm maps it */
+        set_value(spconv_sparse_features(x), 7, NAN);
+        expect_fold_same_bits(net, x, spconv_dtype_name(dtype));
+        spconv_sparse_release(x);
+        spconv_net_destroy(net);
+    }
+}
+
 /* ---- empty inputs ---------------------------------------------------------------------------- */
 
 /* A scan whose points all fall outside every zoo range voxelizes to N = 0 and still runs. */
@@ -1411,6 +1490,7 @@ int main(void) {
         cmocka_unit_test(test_run_errors_arguments),
         cmocka_unit_test(test_backend_without_the_kernels),
         cmocka_unit_test(test_batchnorm_relu_fused_bits),
+        cmocka_unit_test(test_batchnorm_folded_into_conv_bits),
         cmocka_unit_test(test_zero_voxels),
         cmocka_unit_test(test_zoo_on_sample_scan),
         cmocka_unit_test(test_zoo_on_kitti),

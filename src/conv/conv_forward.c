@@ -241,9 +241,13 @@ static void forward_run(const forward_args *a, int threads, spconv__conv_timing 
             if (a->epilogue != NULL) { /* the block's rows are final: while they are in cache */
                 double mark = spconv__clock_start(&clock);
                 const spconv__conv_epilogue *e = a->epilogue;
-                spconv__affine_rows(a->plan->dtype,
-                                    a->out + (size_t)(r0 * a->plan->c_out) * a->plan->elem,
-                                    r1 - r0, a->plan->c_out, e->scale, e->shift, e->relu);
+                char *rows = a->out + (size_t)(r0 * a->plan->c_out) * a->plan->elem;
+                if (e->wide)
+                    spconv__cpu_bn_rows(a->plan->dtype, rows, rows, 0, r1 - r0, a->plan->c_out,
+                                        e->scale, e->shift, e->relu);
+                else
+                    spconv__affine_rows(a->plan->dtype, rows, r1 - r0, a->plan->c_out, e->scale,
+                                        e->shift, e->relu);
                 spconv__clock_lap(&clock, &mark, &clock.scatter_s);
             }
         }
@@ -494,7 +498,7 @@ spconv_status spconv_conv_forward_affine(spconv_context *ctx, const spconv_ruleb
     {
         const spconv__conv_epilogue epilogue = {sc != NULL ? spconv_tensor_data(sc) : NULL,
                                                 sh != NULL ? spconv_tensor_data(sh) : NULL,
-                                                relu != 0};
+                                                relu != 0, 0};
         const spconv__conv_options options = {SPCONV__GEMM_AUTO, NULL, &epilogue};
         st = dispatch_forward(func, ctx, rb, features, weight, bias, &options, &dims, out);
     }

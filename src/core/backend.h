@@ -31,11 +31,15 @@ typedef struct spconv__conv_timing {
  * (benchmarks). NULL options mean the defaults: the fastest GEMM, no clock read. */
 /* What spconv_conv_forward_affine applies to every output element after its sum, in the
  * features' dtype: y = fma(y, scale[c], shift[c]) (one rounding; both NULL: no affine step),
- * then with relu y < 0 ? 0 : y. Host pointers of C_out elements each. */
+ * then with relu y < 0 ? 0 : y. Host pointers of C_out elements each.
+ * With `wide` set, scale and shift are doubles and the step is the network's inference batch
+ * norm (spconv__cpu_bn_rows): y = (T)(y * scale[c] + shift[c]) computed in double, a NaN stored
+ * as the default NaN, then the ReLU; the same bits as that layer run on the conv's output. */
 typedef struct spconv__conv_epilogue {
     const void *scale;
     const void *shift;
     int relu;
+    int wide;
 } spconv__conv_epilogue;
 
 typedef struct spconv__conv_options {

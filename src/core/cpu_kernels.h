@@ -58,6 +58,12 @@ spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tens
 spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                           const double *scale, const double *shift, int relu,
                                           spconv_tensor *y);
+/* Rows [begin, end) of the contiguous [*, c] f32 / f64 @p src into @p dst (may be @p src): the
+ * inference batch norm of spconv__cpu_batchnorm_apply on one thread, which the conv forward also
+ * runs as its epilogue on each block of output rows (spconv__conv_epilogue.wide). */
+void spconv__cpu_bn_rows(spconv_dtype dtype, const void *src, void *dst, int64_t begin,
+                         int64_t end, int64_t c, const double *scale, const double *shift,
+                         int relu);
 spconv_status spconv__cpu_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
                                              const spconv_tensor *dy, const double *mean,
                                              const double *invstd, const double *gamma,

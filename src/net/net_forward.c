@@ -26,6 +26,7 @@ typedef struct net_pass {
     spconv_tensor *dense;         /* TO_DENSE output */
     spconv_phase_ms *phase;       /* the running layer's forward times */
     int relu_done;                /* the batch norm before has applied the next layer's ReLU */
+    int bn_done;                  /* the conv before has applied the next layer's batch norm */
 } net_pass;
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
@@ -50,6 +51,45 @@ static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
     return st;
 }
 
+/* An inference batch norm's per-channel terms, in double: y = x * scale + shift. @p work holds
+ * 6 * c doubles: gamma, beta, running mean, running var, then scale and shift. */
+static void inference_bn_terms(const net_pass *p, const spconv__net_layer *bn, double *work) {
+    const int64_t c = bn->c_in;
+    const spconv__net_param *params = &p->net->params[bn->first_param];
+    for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
+    double *scale = work + 4 * c, *shift = work + 5 * c;
+    for (int64_t ch = 0; ch < c; ++ch) {
+        scale[ch] = work[ch] / sqrt(work[3 * c + ch] + bn->desc.eps);
+        shift[ch] = work[c + ch] - work[2 * c + ch] * scale[ch];
+    }
+}
+
+/* The layer after @p layer, or NULL. */
+static const spconv__net_layer *layer_after(const net_pass *p, const spconv__net_layer *layer) {
+    const spconv__net_layer *after = layer + 1;
+    return after < p->net->layers + p->net->num_layers ? after : NULL;
+}
+
+/* In inference a batch norm right after a conv on f32 / f64 CPU features (and a ReLU right after
+ * that) is applied by the conv to each block of output rows while they are in cache, the same
+ * arithmetic as forward_batchnorm's pass over the whole output (so the same bits), which then
+ * passes the features on. */
+static int fold_batchnorm = 1;
+
+int spconv__net_fold_batchnorm(int on) {
+    const int previous = fold_batchnorm;
+    if (on >= 0) fold_batchnorm = on != 0;
+    return previous;
+}
+
+static int folds_batchnorm(const net_pass *p, const spconv__net_layer *layer) {
+    const spconv__net_layer *bn = layer_after(p, layer);
+    const spconv_tensor *x = cur_features(p);
+    return fold_batchnorm && !p->training && bn != NULL && bn->desc.kind == SPCONV_LAYER_BATCHNORM &&
+           spconv_tensor_device(x).type == SPCONV_DEVICE_CPU &&
+           (p->net->dtype == SPCONV_F32 || p->net->dtype == SPCONV_F64);
+}
+
 static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv__layer_tape *tape,
                                   spconv_sparse_tensor **next) {
     spconv_rulebook *rb = NULL;
@@ -57,7 +97,23 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
     SPCONV_FORWARD_IF_ERROR(get_rulebook(p, layer, &rb));
     const spconv__net_param *params = &p->net->params[layer->first_param];
     spconv__conv_timing timing = {0};
-    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
+    double *bn_work = NULL;
+    spconv__conv_epilogue epilogue = {NULL, NULL, 0, 1};
+    const int fold = folds_batchnorm(p, layer);
+    if (fold) {
+        const spconv__net_layer *bn = layer_after(p, layer), *relu = layer_after(p, bn);
+        bn_work = malloc((size_t)(6 * bn->c_in) * sizeof *bn_work);
+        if (bn_work == NULL) {
+            spconv_rulebook_release(rb);
+            SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY,
+                                "out of host memory for %" PRId64 " channels", bn->c_in);
+        }
+        inference_bn_terms(p, bn, bn_work);
+        epilogue.scale = bn_work + 4 * bn->c_in;
+        epilogue.shift = bn_work + 5 * bn->c_in;
+        epilogue.relu = relu != NULL && relu->desc.kind == SPCONV_LAYER_RELU;
+    }
+    const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, fold ? &epilogue : NULL};
     /* Parameters live on the CPU; on another device the conv gets copies there (on the CPU the
      * same tensors, one more reference). */
     const spconv_device device = spconv_tensor_device(cur_features(p));
@@ -69,6 +125,11 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
         st = spconv__conv_forward_ex(p->ctx, rb, cur_features(p), w, b, &options, &y);
     spconv_tensor_release(w);
     spconv_tensor_release(b);
+    free(bn_work);
+    if (st == SPCONV_OK && fold) {
+        p->bn_done = 1;
+        p->relu_done = epilogue.relu;
+    }
     spconv__net_add_conv_timing(p->phase, &timing);
     if (st == SPCONV_OK) st = spconv_sparse_from_rulebook(p->cur, rb, y, next);
     layer->stats.pairs = spconv_rulebook_num_pairs(rb);
@@ -140,22 +201,25 @@ done:
 
 static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
                                        spconv__layer_tape *tape, spconv_sparse_tensor **next) {
+    if (p->bn_done) { /* by the conv before, on the features it wrote (forward_conv) */
+        p->bn_done = 0;
+        spconv_sparse_retain(p->cur);
+        *next = p->cur;
+        return SPCONV_OK;
+    }
     const int64_t c = layer->c_in, n = spconv_sparse_num_sites(p->cur);
     /* gamma, beta, running mean, running var, then scale and shift. */
     double *work = malloc((size_t)(6 * c) * sizeof *work);
     SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "out of host memory for %" PRId64 " channels", c);
-    const spconv__net_param *params = &p->net->params[layer->first_param];
-    for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
     double *scale = work + 4 * c, *shift = work + 5 * c;
     spconv_status st = SPCONV_OK;
     if (p->training) {
+        const spconv__net_param *params = &p->net->params[layer->first_param];
+        for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
         SPCONV_TRY_GOTO(st, batchnorm_train_stats(p, layer, tape, work, scale, shift), done);
     } else {
-        for (int64_t ch = 0; ch < c; ++ch) {
-            scale[ch] = work[ch] / sqrt(work[3 * c + ch] + layer->desc.eps);
-            shift[ch] = work[c + ch] - work[2 * c + ch] * scale[ch];
-        }
+        inference_bn_terms(p, layer, work);
     }
     spconv_tensor *x = cur_features(p), *y = x;
     int in_place = p->cur_owned && !p->training;

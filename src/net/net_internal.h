@@ -58,6 +58,11 @@ struct spconv_net {
     void *progress_user;
 };
 
+/* Whether an inference forward folds a batch norm (and the ReLU after it) into the conv before it
+ * (net_forward.c, folds_batchnorm): sets it for @p on >= 0 and returns the value before. Tests
+ * turn it off to hold the folded network to the layers run one by one. Not for concurrent use. */
+int spconv__net_fold_batchnorm(int on);
+
 /* ---- creation helpers (net.c, used by the zoo) ----------------------------------------------- */
 
 /* Release everything a training forward kept. */

@@ -135,6 +135,15 @@ BN_ROWS(bn_rows_f32, float)
 BN_ROWS(bn_rows_f64, double)
 #undef BN_ROWS
 
+void spconv__cpu_bn_rows(spconv_dtype dtype, const void *src, void *dst, int64_t begin,
+                         int64_t end, int64_t c, const double *scale, const double *shift,
+                         int relu) {
+    if (dtype == SPCONV_F32)
+        bn_rows_f32(src, dst, begin, end, c, scale, shift, relu);
+    else
+        bn_rows_f64(src, dst, begin, end, c, scale, shift, relu);
+}
+
 /* The affine pass does a few operations per element in double, more than bandwidth alone: worth
  * a team from fewer elements than the pure copies. */
 #define BN_PARALLEL_MIN (1 << 17)
