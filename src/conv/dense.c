@@ -106,7 +106,7 @@ static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
 
 /* Maps of at least this many bytes, more than a 2-core share of a large L3 keeps, go out by
  * streaming stores: a work item builds its tile in a per-thread buffer that stays in cache
- * (zeros with the sites' values) and copies each plane's part out with stores that do not read
+ * (zeros, then the sites' values) and copies each plane's part out with stores that do not read
  * the destination lines in first, so the map costs one write to memory instead of a read and a
  * write. (SECOND's 36 MB bird's-eye map.) Smaller maps are written in place, where the layer
  * after finds them in cache. */
@@ -142,10 +142,7 @@ static void stream_fence(void) {
 #endif
 }
 
-/* SCATTER_TILES through @p scratch, DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS zeroed elements a
- * thread: a tile takes its sites' values there, goes out, and its sites' cells are zeroed again,
- * so the buffer is zero before every tile without a pass over it (the sites are few next to the
- * cells of a bird's-eye map). */
+/* SCATTER_TILES through @p scratch, DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS elements a thread. */
 #define SCATTER_TILES_STREAMED(T)                                                                  \
     do {                                                                                           \
         const T *from = (const T *)src;                                                            \
@@ -161,6 +158,7 @@ static void stream_fence(void) {
                                                                        : channels;                 \
                 const int64_t lo = bt % tiles * DENSE_TILE_CELLS;                                  \
                 const int64_t len = cells - lo < DENSE_TILE_CELLS ? cells - lo : DENSE_TILE_CELLS; \
+                memset(tile, 0, (size_t)((c1 - c0) * len) * sizeof(T));                           \
                 for (int64_t j = starts[bt]; j < starts[bt + 1]; ++j) {                            \
                     const int64_t i = order[j];                                                    \
                     const T *row = from + i * channels;                                            \
@@ -170,10 +168,6 @@ static void stream_fence(void) {
                 for (int64_t c = c0; c < c1; ++c)                                                  \
                     stream_copy(to + (b * channels + c) * cells + lo, tile + (c - c0) * len,       \
                                 (size_t)len * sizeof(T));                                          \
-                for (int64_t j = starts[bt]; j < starts[bt + 1]; ++j) { /* zeros again */         \
-                    T *site = tile + (at[order[j]] - b * channels * cells - lo);                   \
-                    for (int64_t c = c0; c < c1; ++c) site[(c - c0) * len] = 0;                    \
-                }                                                                                  \
             }                                                                                      \
             stream_fence(); /* this thread's streamed lines are in memory before the region ends */ \
         }                                                                                          \
@@ -235,7 +229,7 @@ void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int
     void *scratch = NULL;
     if (starts != NULL &&
         (size_t)(batch_size * channels * cells) * elem >= dense_stream_min_bytes)
-        scratch = calloc((size_t)threads * DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS, elem);
+        scratch = malloc((size_t)threads * DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS * elem);
     if (scratch != NULL) {
         switch (elem) {
         case 1: SCATTER_TILES_STREAMED(uint8_t); break;
