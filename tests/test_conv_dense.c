@@ -301,8 +301,8 @@ static void test_weight_layout_errors(void **state) {
 
 /* The scatter itself into a poisoned map: rows in random order (the tiles list their rows
  * themselves), cells that end inside a tile, channel counts below, at and past a block of 16,
- * every element size, 1 and 2 threads, large enough to run in parallel, written in place and
- * streamed. Every element is the site's value or zero bytes. */
+ * every element size, 1 and 2 threads, large enough to run in parallel. Every element is the
+ * site's value or zero bytes. */
 static void test_scatter_channels_tiles(void **state) {
     (void)state;
     /* 40 and 70 channels make maps of over 2^20 elements, which the scatter runs in parallel */
@@ -338,17 +338,9 @@ static void test_scatter_channels_tiles(void **state) {
                     for (int64_t c = 0; c < channels; ++c)
                         memcpy(want + (size_t)(at[i] + c * cells) * elem,
                                src + (size_t)(i * channels + c) * elem, elem);
-                /* written in place, then through the per-thread tiles and streaming stores
-                 * (the threshold lowered from its 32 MiB) over the poison again */
-                const size_t stream_default = spconv__dense_stream_min_bytes(0);
-                for (int streamed = 0; streamed < 2; ++streamed) {
-                    spconv__dense_stream_min_bytes(streamed ? 1 : stream_default);
-                    memset(dst, 0xab, bytes);
-                    spconv__cpu_scatter_channels(threads, elem, src, n, channels, at, cells,
-                                                 batch, dst);
-                    assert_memory_equal(dst, want, bytes);
-                }
-                spconv__dense_stream_min_bytes(stream_default);
+                spconv__cpu_scatter_channels(threads, elem, src, n, channels, at, cells, batch,
+                                             dst);
+                assert_memory_equal(dst, want, bytes);
                 free(site);
                 free(at);
                 free(src);

@@ -4,12 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "conv/conv_check.h"
-#include "conv/conv_cpu.h" /* spconv__omp_thread */
 #include "core/backend.h"
 #include "core/cpu_kernels.h"
 #include "core/error.h"
@@ -104,75 +99,6 @@ static spconv_status site_cells(const char *func, const int32_t *idx, int64_t n,
         }                                                                                          \
     } while (0)
 
-/* Maps of at least this many bytes, more than a 2-core share of a large L3 keeps, go out by
- * streaming stores: a work item builds its tile in a per-thread buffer that stays in cache
- * (zeros, then the sites' values) and copies each plane's part out with stores that do not read
- * the destination lines in first, so the map costs one write to memory instead of a read and a
- * write. (SECOND's 36 MB bird's-eye map.) Smaller maps are written in place, where the layer
- * after finds them in cache. */
-#define DENSE_STREAM_MIN_BYTES ((size_t)32 << 20)
-static size_t dense_stream_min_bytes = DENSE_STREAM_MIN_BYTES;
-
-size_t spconv__dense_stream_min_bytes(size_t bytes) {
-    const size_t previous = dense_stream_min_bytes;
-    if (bytes > 0) dense_stream_min_bytes = bytes;
-    return previous;
-}
-
-/* @p bytes from @p src to @p dst by streaming stores where the target has them (SSE2). */
-static void stream_copy(void *dst, const void *src, size_t bytes) {
-#if defined(__SSE2__)
-    char *d = dst;
-    const char *s = src;
-    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
-    if (head > bytes) head = bytes;
-    memcpy(d, s, head);
-    d += head, s += head, bytes -= head;
-    for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
-        _mm_stream_si128((__m128i *)(void *)d, _mm_loadu_si128((const __m128i *)(const void *)s));
-    memcpy(d, s, bytes);
-#else
-    memcpy(dst, src, bytes);
-#endif
-}
-
-static void stream_fence(void) {
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
-}
-
-/* SCATTER_TILES through @p scratch, DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS elements a thread. */
-#define SCATTER_TILES_STREAMED(T)                                                                  \
-    do {                                                                                           \
-        const T *from = (const T *)src;                                                            \
-        T *to = (T *)dst;                                                                          \
-        SPCONV_OMP(omp parallel num_threads(threads)) {                                            \
-            T *tile = (T *)(void *)scratch +                                                       \
-                      (int64_t)spconv__omp_thread() * DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS;      \
-            SPCONV_OMP(omp for schedule(dynamic, 1))                                               \
-            for (int64_t w = 0; w < items; ++w) {                                                  \
-                const int64_t bt = w / blocks, b = bt / tiles;                                     \
-                const int64_t c0 = w % blocks * DENSE_CHANNEL_BLOCK;                               \
-                const int64_t c1 = c0 + DENSE_CHANNEL_BLOCK < channels ? c0 + DENSE_CHANNEL_BLOCK  \
-                                                                       : channels;                 \
-                const int64_t lo = bt % tiles * DENSE_TILE_CELLS;                                  \
-                const int64_t len = cells - lo < DENSE_TILE_CELLS ? cells - lo : DENSE_TILE_CELLS; \
-                memset(tile, 0, (size_t)((c1 - c0) * len) * sizeof(T));                           \
-                for (int64_t j = starts[bt]; j < starts[bt + 1]; ++j) {                            \
-                    const int64_t i = order[j];                                                    \
-                    const T *row = from + i * channels;                                            \
-                    T *site = tile + (at[i] - b * channels * cells - lo);                          \
-                    for (int64_t c = c0; c < c1; ++c) site[(c - c0) * len] = row[c];               \
-                }                                                                                  \
-                for (int64_t c = c0; c < c1; ++c)                                                  \
-                    stream_copy(to + (b * channels + c) * cells + lo, tile + (c - c0) * len,       \
-                                (size_t)len * sizeof(T));                                          \
-            }                                                                                      \
-            stream_fence(); /* this thread's streamed lines are in memory before the region ends */ \
-        }                                                                                          \
-    } while (0)
-
 /* The same map channel by channel, when there is no memory for the tiles' site lists: each
  * channel's [cells] blocks are zeroed and then take that channel's values. */
 #define SCATTER_CHANNELS(T)                                                                        \
@@ -217,27 +143,14 @@ static int64_t *tile_rows(int64_t n, int64_t channels, const int64_t *at, int64_
 void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int64_t n,
                                   int64_t channels, const int64_t *at, int64_t cells,
                                   int64_t batch_size, void *dst) {
+    (void)threads; /* only the OpenMP pragmas read it */
     if (channels <= 0 || cells <= 0 || batch_size <= 0) return; /* an empty map */
-#if !SPCONV_HAVE_OPENMP
-    threads = 1; /* one scratch tile: the loops run on this thread */
-#endif
     const int64_t tiles = (cells + DENSE_TILE_CELLS - 1) / DENSE_TILE_CELLS;
     const int64_t blocks = (channels + DENSE_CHANNEL_BLOCK - 1) / DENSE_CHANNEL_BLOCK;
     const int64_t items = batch_size * tiles * blocks;
     int64_t *order = NULL;
     int64_t *starts = tile_rows(n, channels, at, cells, batch_size, tiles, &order);
-    void *scratch = NULL;
-    if (starts != NULL &&
-        (size_t)(batch_size * channels * cells) * elem >= dense_stream_min_bytes)
-        scratch = malloc((size_t)threads * DENSE_CHANNEL_BLOCK * DENSE_TILE_CELLS * elem);
-    if (scratch != NULL) {
-        switch (elem) {
-        case 1: SCATTER_TILES_STREAMED(uint8_t); break;
-        case 2: SCATTER_TILES_STREAMED(uint16_t); break;
-        case 4: SCATTER_TILES_STREAMED(uint32_t); break;
-        default: SCATTER_TILES_STREAMED(uint64_t); break;
-        }
-    } else if (starts != NULL) {
+    if (starts != NULL) {
         switch (elem) {
         case 1: SCATTER_TILES(uint8_t); break;
         case 2: SCATTER_TILES(uint16_t); break;
@@ -252,12 +165,10 @@ void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int
         default: SCATTER_CHANNELS(uint64_t); break;
         }
     }
-    free(scratch);
     free(starts);
     free(order);
 }
 #undef SCATTER_TILES
-#undef SCATTER_TILES_STREAMED
 #undef SCATTER_CHANNELS
 
 static spconv_status sparse_to_dense_cpu(spconv_context *ctx, const spconv_tensor *features,

@@ -80,10 +80,6 @@ spconv_status spconv__cpu_axpy(spconv_context *ctx, double alpha, const spconv_t
 void spconv__cpu_scatter_channels(int threads, size_t elem, const void *src, int64_t n,
                                   int64_t channels, const int64_t *at, int64_t cells,
                                   int64_t batch_size, void *dst);
-/* Maps of at least this many bytes are written by streaming stores (dense.c); tests lower it to
- * run that path on small maps: sets it when @p bytes > 0 and returns the value before. Not for
- * concurrent use. */
-size_t spconv__dense_stream_min_bytes(size_t bytes);
 spconv_status spconv__cpu_to_dense_scatter(spconv_context *ctx, const spconv_tensor *features,
                                            const spconv_tensor *indices, spconv_tensor *dense);
 spconv_status spconv__cpu_to_dense_gather(spconv_context *ctx, const spconv_tensor *dense,
