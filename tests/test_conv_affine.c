@@ -42,45 +42,34 @@ static spconv_tensor *channel_vector(spconv_dtype dtype, int64_t c, double *valu
     return conv_tensor(dtype, 1, &c, values);
 }
 
-/* @p plain mapped by the spec: fma(y, scale, shift), then y < 0 ? 0 : y. */
-static void *map_plain(const spconv_tensor *plain, int64_t rows, int64_t c, const double *scale,
-                       const double *shift, int relu) {
+/* @p plain mapped by the spec: fma(y, scale, shift), then y < 0 ? 0 : y; or, @p wide, as the
+ * network's inference batch norm (+ ReLU) maps a conv's output: the product and the sum each
+ * rounded in double, then to the dtype, a NaN as the default NaN, then y < 0 ? 0 : y. */
+static void *map_rows(const spconv_tensor *plain, int64_t rows, int64_t c, const double *scale,
+                      const double *shift, int relu, int wide) {
     const int f32 = spconv_tensor_dtype(plain) == SPCONV_F32;
     void *out = malloc((size_t)(rows * c + 1) * (f32 ? 4 : 8));
     assert_non_null(out);
     for (int64_t i = 0; i < rows * c; ++i) {
         const int64_t j = i % c;
-        if (f32) {
+        if (wide) {
+            const double y = f32 ? (double)((const float *)spconv_tensor_data(plain))[i]
+                                 : ((const double *)spconv_tensor_data(plain))[i];
+            const double product = y * scale[j], sum = product + shift[j];
+            if (f32) {
+                const float v = isnan(sum) ? NAN : (float)sum;
+                ((float *)out)[i] = relu && v < 0 ? 0.0f : v;
+            } else {
+                const double v = isnan(sum) ? NAN : sum;
+                ((double *)out)[i] = relu && v < 0 ? 0.0 : v;
+            }
+        } else if (f32) {
             float v = ((const float *)spconv_tensor_data(plain))[i];
             if (scale != NULL) v = fmaf(v, (float)scale[j], (float)shift[j]);
             ((float *)out)[i] = relu && v < 0 ? 0.0f : v;
         } else {
             double v = ((const double *)spconv_tensor_data(plain))[i];
             if (scale != NULL) v = fma(v, scale[j], shift[j]);
-            ((double *)out)[i] = relu && v < 0 ? 0.0 : v;
-        }
-    }
-    return out;
-}
-
-/* @p plain mapped as the network's inference batch norm (+ ReLU) maps a conv's output: the
- * product and the sum each rounded in double, then to the dtype, a NaN as the default NaN, then
- * y < 0 ? 0 : y. */
-static void *map_wide(const spconv_tensor *plain, int64_t rows, int64_t c, const double *scale,
-                      const double *shift, int relu) {
-    const int f32 = spconv_tensor_dtype(plain) == SPCONV_F32;
-    void *out = malloc((size_t)(rows * c + 1) * (f32 ? 4 : 8));
-    assert_non_null(out);
-    for (int64_t i = 0; i < rows * c; ++i) {
-        const int64_t j = i % c;
-        const double y = f32 ? (double)((const float *)spconv_tensor_data(plain))[i]
-                             : ((const double *)spconv_tensor_data(plain))[i];
-        const double product = y * scale[j], sum = product + shift[j];
-        if (f32) {
-            const float v = isnan(sum) ? NAN : (float)sum;
-            ((float *)out)[i] = relu && v < 0 ? 0.0f : v;
-        } else {
-            const double v = isnan(sum) ? NAN : sum;
             ((double *)out)[i] = relu && v < 0 ? 0.0 : v;
         }
     }
@@ -102,7 +91,7 @@ static void check_wide(spconv_context *ctx, const conv_case *c, const spconv_ten
                                         NULL, &we};
         spconv_tensor *got = NULL, *layer = NULL;
         SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, bias, &o, &got));
-        void *want = map_wide(base, c->n_out, c->c_out, scale, shift, relu);
+        void *want = map_rows(base, c->n_out, c->c_out, scale, shift, relu, 1);
         snprintf(text, sizeof text, "%s, wide epilogue%s", what, path ? " (unfused)" : "");
         expect_same(text, got, want, c->n_out * c->c_out);
         SPCONV_ASSERT_OK(spconv_tensor_clone(NULL, base, &layer));
@@ -138,8 +127,8 @@ static void check_case(conv_case *c, int threads, int with_nan) {
             spconv_tensor *bias = mode / 2 == 1 ? NULL : b;
             spconv_tensor *plain = NULL, *got = NULL, *unfused = NULL;
             SPCONV_ASSERT_OK(spconv_conv_forward(ctx, c->rb, x, w, bias, &plain));
-            void *want = map_plain(plain, c->n_out, c->c_out, affine ? scale : NULL,
-                                   affine ? shift : NULL, relu);
+            void *want = map_rows(plain, c->n_out, c->c_out, affine ? scale : NULL,
+                                  affine ? shift : NULL, relu, 0);
             SPCONV_ASSERT_OK(spconv_conv_forward_affine(ctx, c->rb, x, w, bias,
                                                         affine ? sc : NULL, affine ? sh : NULL,
                                                         relu, &got));
@@ -154,8 +143,8 @@ static void check_case(conv_case *c, int threads, int with_nan) {
             spconv_tensor *plain_unfused = NULL;
             const spconv__conv_options po = {SPCONV__GEMM_UNFUSED, NULL, NULL};
             SPCONV_ASSERT_OK(spconv__conv_forward_ex(ctx, c->rb, x, w, bias, &po, &plain_unfused));
-            void *want_unfused = map_plain(plain_unfused, c->n_out, c->c_out,
-                                           affine ? scale : NULL, affine ? shift : NULL, relu);
+            void *want_unfused = map_rows(plain_unfused, c->n_out, c->c_out,
+                                          affine ? scale : NULL, affine ? shift : NULL, relu, 0);
             strncat(what, " (unfused)", sizeof what - strlen(what) - 1);
             expect_same(what, unfused, want_unfused, c->n_out * c->c_out);
             if (affine) /* the network's batch norm folded into the conv: terms in double */
