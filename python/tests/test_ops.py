@@ -145,6 +145,47 @@ def test_inference_path_gives_the_same_bits(seed):
             ops.indice_conv(rbs["subm"], f[:, :2], weight, bias)
 
 
+def test_inference_calls_reach_modes(seed):
+    """Inference calls go to the dispatcher boxed (ops._call_below_autograd), past torch.ops'
+    Python argument parsing: a dispatch mode must still see each op, with the same result, and a
+    torch function mode, which only that parsing consults, makes the call take the ordinary
+    path (it sees the op too)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class SeenByFunction(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    gen, feats, idx = small_input(seed, channels=3)
+    weight = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    rbs = rulebooks(idx)
+    with torch.no_grad():
+        want = ops.indice_conv(rbs["subm"], feats, weight)
+        pooled = ops.indice_maxpool(rbs["regular"], feats)
+        for mode in (Seen(), SeenByFunction()):
+            with mode:
+                got = ops.indice_conv(rbs["subm"], feats, weight)
+                got_pool = ops.indice_maxpool(rbs["regular"], feats)
+            assert torch.equal(got, want) and torch.equal(got_pool, pooled)
+            assert any("spconv_c.conv_forward" in op for op in mode.ops), mode.ops
+            assert any("spconv_c.maxpool_forward" in op for op in mode.ops), mode.ops
+
+
 def test_layer_outputs_keep_the_inputs_attributes(seed):
     """A layer's output is a shadow copy of its input with new sites (as spconv's layers make
     it): the cache, grid, voxel_num, benchmark flag and record travel along."""
