@@ -70,11 +70,7 @@ static const spconv__net_layer *layer_after(const net_pass *p, const spconv__net
     return after < p->net->layers + p->net->num_layers ? after : NULL;
 }
 
-/* In inference a batch norm right after a conv on f32 / f64 CPU features (and a ReLU right after
- * that) is applied by the conv to each block of output rows while they are in cache, the same
- * arithmetic as forward_batchnorm's pass over the whole output (so the same bits), which then
- * passes the features on. */
-static int fold_batchnorm = 1;
+static int fold_batchnorm = 1; /* spconv__net_fold_batchnorm */
 
 int spconv__net_fold_batchnorm(int on) {
     const int previous = fold_batchnorm;
@@ -82,6 +78,10 @@ int spconv__net_fold_batchnorm(int on) {
     return previous;
 }
 
+/* In inference a batch norm right after a conv on f32 / f64 CPU features (and a ReLU right after
+ * that) is applied by the conv to each block of output rows while they are in cache, the same
+ * arithmetic as forward_batchnorm's pass over the whole output (so the same bits), which then
+ * passes the features on. */
 static int folds_batchnorm(const net_pass *p, const spconv__net_layer *layer) {
     const spconv__net_layer *bn = layer_after(p, layer);
     const spconv_tensor *x = cur_features(p);
@@ -225,9 +225,8 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
     int in_place = p->cur_owned && !p->training;
     /* In inference a ReLU right after is done in the same pass (its bits are the same): one
      * trip through the features instead of two. Training keeps both outputs for backward. */
-    const spconv__net_layer *after = layer + 1;
-    const int fuse_relu = !p->training && after < p->net->layers + p->net->num_layers &&
-                          after->desc.kind == SPCONV_LAYER_RELU;
+    const spconv__net_layer *after = layer_after(p, layer);
+    const int fuse_relu = !p->training && after != NULL && after->desc.kind == SPCONV_LAYER_RELU;
     if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p, n, c, &y), done);
     st = spconv__net_batchnorm_apply(p->ctx, x, scale, shift, fuse_relu, y);
     if (st == SPCONV_OK) p->relu_done = fuse_relu;
