@@ -7,6 +7,8 @@
 
 #include "common/rulebook_testing.h"
 #include "common/test_util.h"
+#include "rulebook/internal.h"
+#include "rulebook/sparse_impl.h"
 
 static const int64_t GRID[3] = {19, 18, 17};
 
@@ -410,6 +412,96 @@ static void test_cache_reports_bad_rows(void **state) {
     free(rows);
 }
 
+/* A random REGULAR or TRANSPOSED geometry valid on GRID (kernel 1-4, stride 1-3, padding 0-2,
+ * dilation 1-2 per axis). */
+static spconv_conv_params random_strided(spconv_conv_kind kind) {
+    for (;;) {
+        spconv_conv_params p = spconv_conv_params_default(kind);
+        for (int axis = 0; axis < 3; ++axis) {
+            p.kernel[axis] = spconv_test_rand_int(1, 4);
+            p.stride[axis] = spconv_test_rand_int(1, 3);
+            p.padding[axis] = spconv_test_rand_int(0, 2);
+            p.dilation[axis] = spconv_test_rand_int(1, 2);
+        }
+        int64_t out_shape[3];
+        if (spconv__conv_geometry("test", &p, GRID, out_shape) == SPCONV_OK) return p;
+    }
+}
+
+/* Sites the cache knows (the input sites of a stored rulebook, on its geometry, or its output
+ * sites on its output geometry) skip the strided builders' checks; the rulebooks must be those
+ * of a build that checks. Other tensor objects, shapes or batch sizes are not known. */
+static void test_known_sites_give_the_same_rulebooks(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 12; ++trial) {
+        spconv_sparse_tensor *sp = random_sparse(spconv_test_rand_int(1, 250));
+        const spconv_tensor *indices = spconv_sparse_indices(sp);
+        assert_false(spconv__rulebook_cache_knows_sites(sp->cache, indices, GRID, 2));
+        const spconv_conv_params subm = params_of(SPCONV_CONV_SUBM, 3, 1, 0);
+        spconv_rulebook *first = NULL;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, sp, &subm, "s", &first));
+        assert_true(spconv__rulebook_cache_knows_sites(sp->cache, indices, GRID, 2));
+        const int64_t other_shape[3] = {GRID[0], GRID[1], GRID[2] + 1};
+        assert_false(spconv__rulebook_cache_knows_sites(sp->cache, indices, other_shape, 2));
+        assert_false(spconv__rulebook_cache_knows_sites(sp->cache, indices, GRID, 3));
+        spconv_tensor *copy = NULL;
+        SPCONV_ASSERT_OK(spconv_tensor_clone(NULL, indices, &copy));
+        assert_false(spconv__rulebook_cache_knows_sites(sp->cache, copy, GRID, 2));
+        spconv_tensor_release(copy);
+
+        /* The strided rulebook on the known sites, under a key and without one, against a
+         * build that checks the rows; then one more on its outputs, known as such. */
+        const spconv_conv_kind kind = trial % 3 == 2 ? SPCONV_CONV_TRANSPOSED : SPCONV_CONV_REGULAR;
+        const spconv_conv_params p = random_strided(kind);
+        spconv_rulebook *known = NULL, *unkeyed = NULL, *checked = NULL;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, sp, &p, "down", &known));
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, sp, &p, NULL, &unkeyed));
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &p, &checked));
+        spconv_test_assert_rulebooks_equal(known, checked);
+        spconv_test_assert_rulebooks_equal(unkeyed, checked);
+        spconv_test_check_rulebook(known);
+        spconv_sparse_tensor *coarse = outputs_of(sp, known);
+        int64_t coarse_shape[3];
+        spconv_sparse_spatial_shape(coarse, coarse_shape);
+        assert_true(spconv__rulebook_cache_knows_sites(sp->cache, spconv_sparse_indices(coarse),
+                                                       coarse_shape, 2));
+        spconv_conv_params next = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+        for (int axis = 0; axis < 3; ++axis) {
+            next.kernel[axis] = coarse_shape[axis] >= 2 ? 2 : 1;
+            next.stride[axis] = next.kernel[axis];
+        }
+        next.kernel[0] = 1; /* kernel <= stride on two axes, more on the third: both builds */
+        next.padding[2] = coarse_shape[2] >= 2 ? 1 : 0;
+        next.kernel[2] = coarse_shape[2] >= 2 ? 3 : 1;
+        spconv_rulebook *down2 = NULL, *down2_checked = NULL;
+        SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, coarse, &next, "down2", &down2));
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, spconv_sparse_indices(coarse), coarse_shape,
+                                               2, &next, &down2_checked));
+        spconv_test_assert_rulebooks_equal(down2, down2_checked);
+        spconv_test_check_rulebook(down2);
+        spconv_rulebook_release(down2);
+        spconv_rulebook_release(down2_checked);
+        spconv_sparse_release(coarse);
+        spconv_rulebook_release(known);
+        spconv_rulebook_release(unkeyed);
+        spconv_rulebook_release(checked);
+        spconv_rulebook_release(first);
+        spconv_sparse_release(sp);
+    }
+    /* Known rows skip only the rows' checks: the arguments are still checked. */
+    spconv_sparse_tensor *sp = random_sparse(20);
+    spconv_rulebook *rb = NULL;
+    const spconv_conv_params bad = params_of(SPCONV_CONV_REGULAR, 3, 0, 0);
+    SPCONV_ASSERT_FAILS(spconv__rulebook_build_sites(NULL, spconv_sparse_indices(sp), GRID, 2,
+                                                     &bad, 1, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "stride");
+    SPCONV_ASSERT_FAILS(spconv__rulebook_build_sites(NULL, spconv_sparse_indices(sp), GRID, 0,
+                                                     &bad, 1, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "");
+    assert_null(rb);
+    spconv_sparse_release(sp);
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -422,6 +514,7 @@ int main(void) {
         cmocka_unit_test(test_inverse_compares_site_contents),
         cmocka_unit_test(test_from_rulebook_errors),
         cmocka_unit_test(test_cache_reports_bad_rows),
+        cmocka_unit_test(test_known_sites_give_the_same_rulebooks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,12 +59,11 @@ spconv_status spconv__validate_rows(const spconv__build_input *in) {
     return SPCONV_OK;
 }
 
-/* The CPU backend's slot: arguments checked by the entry point; the rows are validated while the
- * site table (or, for subm, the line index) is built. */
-spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
-                                         const int64_t spatial_shape[3], int64_t batch_size,
-                                         const spconv_conv_params *params,
-                                         spconv_rulebook **out) {
+/* spconv__cpu_rulebook_build, told whether the rows are known valid. */
+static spconv_status cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                        const int64_t spatial_shape[3], int64_t batch_size,
+                                        const spconv_conv_params *params, int rows_valid,
+                                        spconv_rulebook **out) {
     const char *func = "spconv_rulebook_build";
     int64_t out_shape[3];
     SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, spatial_shape, out_shape));
@@ -81,8 +80,10 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
     rb->in_indices = rows; /* the rulebook now owns the reference */
     rb->num_in = spconv_tensor_size(rows, 0);
 
-    spconv__build_input in = {func, spconv_context_num_threads(ctx), spconv_tensor_data(rows),
-                              rb->num_in, NULL, spatial_shape, batch_size};
+    spconv__build_input in = {func,         spconv_context_num_threads(ctx),
+                              spconv_tensor_data(rows), rb->num_in,
+                              NULL,         spatial_shape,
+                              batch_size,   rows_valid};
     if (params->kind == SPCONV_CONV_SUBM) {
         st = spconv__build_subm(&in, rb); /* validates the rows its own way */
     } else {
@@ -95,4 +96,29 @@ spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tenso
 fail:
     spconv_rulebook_release(rb);
     return st;
+}
+
+/* The CPU backend's slot: arguments checked by the entry point; the rows are validated while the
+ * site table (or, for subm, the line index) is built. */
+spconv_status spconv__cpu_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
+                                         const int64_t spatial_shape[3], int64_t batch_size,
+                                         const spconv_conv_params *params,
+                                         spconv_rulebook **out) {
+    return cpu_rulebook_build(ctx, indices, spatial_shape, batch_size, params, 0, out);
+}
+
+spconv_status spconv__rulebook_build_sites(spconv_context *ctx, const spconv_tensor *indices,
+                                           const int64_t spatial_shape[3], int64_t batch_size,
+                                           const spconv_conv_params *params, int rows_valid,
+                                           spconv_rulebook **out) {
+    if (!rows_valid || indices == NULL ||
+        spconv_tensor_device(indices).type != SPCONV_DEVICE_CPU)
+        return spconv_rulebook_build(ctx, indices, spatial_shape, batch_size, params, out);
+    const char *func = "spconv_rulebook_build";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    int64_t out_shape[3];
+    SPCONV_FORWARD_IF_ERROR(
+        check_arguments(func, indices, spatial_shape, batch_size, params, out_shape));
+    return cpu_rulebook_build(ctx, indices, spatial_shape, batch_size, params, 1, out);
 }

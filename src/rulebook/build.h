@@ -17,6 +17,9 @@ typedef struct spconv__build_input {
     const spconv__site_table *sites; /* the subm table build's own table; NULL otherwise */
     const int64_t *shape;            /* the input's spatial shape */
     int64_t batch_size;
+    /* 1 when the caller knows the rows to be in range and unique for this shape and batch size
+     * (spconv__rulebook_build_sites): the strided builders then skip their own checks. */
+    int rows_valid;
 } spconv__build_input;
 
 /* Fill rb's outputs, offsets and pairs for a SUBM rulebook (rb's geometry is already set),

@@ -153,8 +153,31 @@ static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scra
                    plan->axes[2].count[row[3]];
         return row_targets(plan, row, scratch, ks, os, counts);
     }
-    row_targets(plan, row, scratch, ks, os, counts);
     const int64_t kh = plan->axes[1].kernel, kw = plan->axes[2].kernel;
+    if (plan->axes[0].count != NULL && plan->axes[1].count != NULL &&
+        plan->axes[2].count != NULL) {
+        /* Straight from the tables: no copies of the lists. */
+        const axis_rule *az = &plan->axes[0], *ay = &plan->axes[1], *ax = &plan->axes[2];
+        const int32_t nz = az->count[row[1]], ny = ay->count[row[2]], nx = ax->count[row[3]];
+        const int32_t *kzs = az->ks + row[1] * az->room, *ozs = az->os + row[1] * az->room;
+        const int32_t *kys = ay->ks + row[2] * ay->room, *oys = ay->os + row[2] * ay->room;
+        const int32_t *kxs = ax->ks + row[3] * ax->room, *oxs = ax->os + row[3] * ax->room;
+        const uint64_t high = (uint64_t)r << 32;
+        int64_t written = 0;
+        for (int32_t a = 0; a < nz; ++a)
+            for (int32_t b = 0; b < ny; ++b) {
+                const uint64_t line_key =
+                    spconv__key_pack(&plan->out_layout, row[0], ozs[a], oys[b], 0);
+                const int64_t k_line = ((int64_t)kzs[a] * kh + kys[b]) * kw;
+                for (int32_t c = 0; c < nx; ++c) {
+                    keys[written] = line_key | spconv__key_pack(&plan->out_layout, 0, 0, 0, oxs[c]);
+                    values[written] = high | (uint64_t)(k_line + kxs[c]);
+                    ++written;
+                }
+            }
+        return written;
+    }
+    row_targets(plan, row, scratch, ks, os, counts);
     int64_t written = 0;
     for (int64_t a = 0; a < counts[0]; ++a)
         for (int64_t b = 0; b < counts[1]; ++b)
@@ -513,9 +536,11 @@ spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebo
      * candidates: the rows are checked there, in one pass over what the sort leaves, instead of
      * in an index of their own. Otherwise, or where some row reaches no output (it would go
      * unchecked), they are validated first. */
-    int validated = 0;
+    int validated = in->rows_valid;
     plan.num_rows = in->num_in;
-    if (plan.single && rb->kernel_volume <= SORTED_CHECK_MAX_OFFSETS) {
+    if (validated) {
+        /* Known valid (the sites of a rulebook built before): nothing to check. */
+    } else if (plan.single && rb->kernel_volume <= SORTED_CHECK_MAX_OFFSETS) {
         plan.num_rows = spconv__first_out_of_range(in->num_threads, in->rows, in->num_in,
                                                    in->shape, in->batch_size);
     } else {

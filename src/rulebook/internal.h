@@ -34,6 +34,15 @@ spconv_status spconv__rulebook_alloc(const char *func, const spconv_conv_params 
                                      const int64_t in_shape[3], const int64_t out_shape[3],
                                      int64_t batch_size, spconv_rulebook **out);
 
+/* spconv_rulebook_build, where @p rows_valid = 1 says that the caller knows the rows of
+ * @p indices to be in range and unique for (spatial_shape, batch_size): on the CPU the strided
+ * builders then skip their checks (a subm build checks while it indexes, at no extra cost).
+ * Every argument is checked as spconv_rulebook_build checks it; the rulebook is the same. */
+spconv_status spconv__rulebook_build_sites(spconv_context *ctx, const spconv_tensor *indices,
+                                           const int64_t spatial_shape[3], int64_t batch_size,
+                                           const spconv_conv_params *params, int rows_valid,
+                                           spconv_rulebook **out);
+
 /* Set rb's active offsets from the prefix sums @p starts [num_slots + 1] of @p num_slots pair
  * groups: group j holds the pairs of kernel offset slot_offsets[j] (increasing in j), or of
  * offset j when @p slot_offsets is NULL. Empty groups are left out; rb->num_pairs becomes

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "rulebook/rulebook_cache.h"
+#include "rulebook/rulebook_impl.h"
 
 typedef struct cache_entry {
     char *key;
@@ -62,6 +63,26 @@ spconv_rulebook *spconv__rulebook_cache_find(const spconv__rulebook_cache *cache
     for (size_t e = 0; e < cache->count; ++e)
         if (strcmp(cache->entries[e].key, key) == 0) return cache->entries[e].rb;
     return NULL;
+}
+
+static int same_geometry(const int64_t a[3], int64_t a_batch, const int64_t b[3],
+                         int64_t b_batch) {
+    return a_batch == b_batch && a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
+}
+
+int spconv__rulebook_cache_knows_sites(const spconv__rulebook_cache *cache,
+                                       const spconv_tensor *indices, const int64_t shape[3],
+                                       int64_t batch_size) {
+    for (size_t e = 0; e < cache->count; ++e) {
+        const spconv_rulebook *rb = cache->entries[e].rb;
+        if (rb->in_indices == indices &&
+            same_geometry(rb->in_shape, rb->batch_size, shape, batch_size))
+            return 1;
+        if (rb->out_indices == indices &&
+            same_geometry(rb->out_shape, rb->batch_size, shape, batch_size))
+            return 1;
+    }
+    return 0;
 }
 
 spconv_status spconv__rulebook_cache_insert(spconv__rulebook_cache *cache, const char *func,

@@ -22,6 +22,14 @@ void spconv__rulebook_cache_unlock(spconv__rulebook_cache *cache);
 /* The rulebook stored under @p key (borrowed), or NULL. */
 spconv_rulebook *spconv__rulebook_cache_find(const spconv__rulebook_cache *cache, const char *key);
 
+/* 1 when a stored rulebook took @p indices (the same tensor object) as its input sites on
+ * (shape, batch_size), which its build checked, or gave them as its output sites on that
+ * geometry, which a build makes in range and unique. A tensor object is taken to keep its rows,
+ * as the reuse of a stored rulebook takes it (sparse_rulebook.c). */
+int spconv__rulebook_cache_knows_sites(const spconv__rulebook_cache *cache,
+                                       const spconv_tensor *indices, const int64_t shape[3],
+                                       int64_t batch_size);
+
 /* Store @p rb (retained) under @p key, which must not be stored yet. */
 spconv_status spconv__rulebook_cache_insert(spconv__rulebook_cache *cache, const char *func,
                                             const char *key, spconv_rulebook *rb);

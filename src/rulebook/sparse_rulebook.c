@@ -152,8 +152,10 @@ static spconv_status cached_rulebook(spconv_context *ctx, const char *func, cons
         return SPCONV_OK;
     }
     spconv_rulebook *rb;
-    SPCONV_FORWARD_IF_ERROR(
-        spconv_rulebook_build(ctx, in->indices, in->spatial_shape, in->batch_size, params, &rb));
+    const int known = spconv__rulebook_cache_knows_sites(in->cache, in->indices,
+                                                          in->spatial_shape, in->batch_size);
+    SPCONV_FORWARD_IF_ERROR(spconv__rulebook_build_sites(ctx, in->indices, in->spatial_shape,
+                                                         in->batch_size, params, known, &rb));
     const spconv_status st = spconv__rulebook_cache_insert(in->cache, func, key, rb);
     if (st != SPCONV_OK) {
         spconv_rulebook_release(rb);
@@ -176,9 +178,15 @@ spconv_status spconv_sparse_get_rulebook(spconv_context *ctx, const spconv_spars
         /* Bad parameters are reported as such, before any comparison with a cached rulebook. */
         int64_t out_shape[3];
         SPCONV_FORWARD_IF_ERROR(spconv__conv_geometry(func, params, in->spatial_shape, out_shape));
-        if (!has_key)
-            return spconv_rulebook_build(ctx, in->indices, in->spatial_shape, in->batch_size,
-                                         params, out);
+        if (!has_key) {
+            spconv__rulebook_cache_lock(in->cache);
+            const int known = spconv__rulebook_cache_knows_sites(in->cache, in->indices,
+                                                                  in->spatial_shape,
+                                                                  in->batch_size);
+            spconv__rulebook_cache_unlock(in->cache);
+            return spconv__rulebook_build_sites(ctx, in->indices, in->spatial_shape,
+                                                in->batch_size, params, known, out);
+        }
     }
     SPCONV_RETURN_ERROR_IF(!has_key, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: an INVERSE conv needs the indice_key of the conv it inverts", func);
