@@ -412,20 +412,25 @@ static void test_cache_reports_bad_rows(void **state) {
     free(rows);
 }
 
-/* A random REGULAR or TRANSPOSED geometry valid on GRID (kernel 1-4, stride 1-3, padding 0-2,
- * dilation 1-2 per axis). */
-static spconv_conv_params random_strided(spconv_conv_kind kind) {
+/* A random REGULAR, TRANSPOSED or SUBM geometry valid on @p shape (kernel 1-4, odd for SUBM,
+ * stride 1-3, padding 0-2, dilation 1-2 per axis). */
+static spconv_conv_params random_geometry_on(spconv_conv_kind kind, const int64_t shape[3]) {
     for (;;) {
         spconv_conv_params p = spconv_conv_params_default(kind);
         for (int axis = 0; axis < 3; ++axis) {
-            p.kernel[axis] = spconv_test_rand_int(1, 4);
+            p.kernel[axis] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 1) + 1
+                                                      : spconv_test_rand_int(1, 4);
             p.stride[axis] = spconv_test_rand_int(1, 3);
             p.padding[axis] = spconv_test_rand_int(0, 2);
             p.dilation[axis] = spconv_test_rand_int(1, 2);
         }
         int64_t out_shape[3];
-        if (spconv__conv_geometry("test", &p, GRID, out_shape) == SPCONV_OK) return p;
+        if (spconv__conv_geometry("test", &p, shape, out_shape) == SPCONV_OK) return p;
     }
+}
+
+static spconv_conv_params random_strided(spconv_conv_kind kind) {
+    return random_geometry_on(kind, GRID);
 }
 
 /* Sites the cache knows (the input sites of a stored rulebook, on its geometry, or its output
@@ -502,6 +507,70 @@ static void test_known_sites_give_the_same_rulebooks(void **state) {
     spconv_sparse_release(sp);
 }
 
+/* spconv_rulebook_build_on: on either side of a source rulebook (regular, subm, transposed or
+ * inverse), the rulebook spconv_rulebook_build gives on that side's sites, shape and batch size;
+ * and its argument errors. */
+static void test_build_on_a_rulebook_side(void **state) {
+    (void)state;
+    static const spconv_conv_kind kinds[] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
+                                             SPCONV_CONV_TRANSPOSED};
+    for (int trial = 0; trial < 24; ++trial) {
+        const int64_t per_batch = spconv_test_rand_int(1, 200);
+        int32_t *rows = spconv_test_random_sites(2, GRID, per_batch);
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, 2 * per_batch);
+        const spconv_conv_params first = random_geometry_on(kinds[trial % 3], GRID);
+        spconv_rulebook *source = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &first, &source));
+        if (trial % 6 == 0 && first.kind == SPCONV_CONV_REGULAR) {
+            spconv_rulebook *inverse = NULL;
+            SPCONV_ASSERT_OK(spconv_rulebook_inverse(source, &inverse));
+            spconv_rulebook_release(source);
+            source = inverse;
+        }
+        for (int side = 0; side <= 1; ++side) {
+            int64_t shape[3];
+            if (side)
+                spconv_rulebook_out_shape(source, shape);
+            else
+                spconv_rulebook_in_shape(source, shape);
+            const spconv_conv_params next = random_geometry_on(kinds[(trial + side) % 3], shape);
+            spconv_rulebook *on = NULL, *built = NULL;
+            SPCONV_ASSERT_OK(spconv_rulebook_build_on(NULL, source, side, &next, &on));
+            SPCONV_ASSERT_OK(spconv_rulebook_build(
+                NULL, side ? spconv_rulebook_out_indices(source) : spconv_rulebook_in_indices(source),
+                shape, 2, &next, &built));
+            spconv_test_assert_rulebooks_equal(on, built);
+            spconv_test_check_rulebook(on);
+            spconv_rulebook_release(on);
+            spconv_rulebook_release(built);
+        }
+        spconv_rulebook_release(source);
+        spconv_tensor_release(indices);
+        free(rows);
+    }
+    int32_t *rows = spconv_test_random_sites(1, GRID, 30);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 30);
+    const spconv_conv_params subm = params_of(SPCONV_CONV_SUBM, 3, 1, 0);
+    spconv_rulebook *source = NULL, *rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 1, &subm, &source));
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, NULL, 0, &subm, &rb),
+                        SPCONV_ERR_NULL_POINTER, "source");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 2, &subm, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "output_side is 2");
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 0, NULL, &rb),
+                        SPCONV_ERR_NULL_POINTER, "params");
+    const spconv_conv_params bad = params_of(SPCONV_CONV_REGULAR, 3, 0, 0);
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 1, &bad, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "stride");
+    const spconv_conv_params inverse = params_of(SPCONV_CONV_INVERSE, 3, 1, 0);
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 1, &inverse, &rb),
+                        SPCONV_ERR_INVALID_ARGUMENT, "");
+    assert_null(rb);
+    spconv_rulebook_release(source);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
 int main(void) {
     spconv_test_seed();
     const struct CMUnitTest tests[] = {
@@ -515,6 +584,7 @@ int main(void) {
         cmocka_unit_test(test_from_rulebook_errors),
         cmocka_unit_test(test_cache_reports_bad_rows),
         cmocka_unit_test(test_known_sites_give_the_same_rulebooks),
+        cmocka_unit_test(test_build_on_a_rulebook_side),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

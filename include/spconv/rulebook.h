@@ -75,6 +75,21 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
                                     const int64_t spatial_shape[3], int64_t batch_size,
                                     const spconv_conv_params *params, spconv_rulebook **out);
 
+/**
+ * spconv_rulebook_build over the input sites (@p output_side = 0) or the output sites (1) of
+ * @p source, on that side's spatial shape and @p source's batch size: what the next layer of a
+ * network asks for. Those rows were checked by @p source's build (input) or made in range and
+ * unique by it (output), so the row checks are skipped (on the CPU; a regular or transposed
+ * build saves 15-20% of its time); every other argument is checked as spconv_rulebook_build
+ * checks it, and the rulebook is the one spconv_rulebook_build gives on those rows. The caller
+ * must not have written into that side's indices since @p source was built (a binding that
+ * hands them out as its own tensors keeps track, as the PyTorch package does with versions).
+ * The rulebook keeps a reference to the sites. *out has one reference.
+ */
+spconv_status spconv_rulebook_build_on(spconv_context *ctx, const spconv_rulebook *source,
+                                       int output_side, const spconv_conv_params *params,
+                                       spconv_rulebook **out);
+
 /** The rulebook of the inverse conv of @p forward (a regular conv or pool rulebook): pairs
  *  swapped, outputs = @p forward's input sites in their order. */
 spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rulebook **out);

@@ -6,6 +6,9 @@ Operators (schemas in ``csrc/ops.cpp``):
 
 ==================  ===========================================================================
 build_rulebook      indices int32 [N, 4] -> Rulebook (regular / pool, subm, transposed)
+build_rulebook_on   (Rulebook, output_side, kind, geometry) -> the Rulebook build_rulebook gives on
+                    that rulebook's input or output sites, without checking those rows again (the
+                    caller vouches that they are unchanged: the modules compare tensor versions)
 inverse_rulebook    Rulebook of a regular conv or pool -> the Rulebook of its inverse conv
 conv_forward        (rulebook, features [N_in, C_in], weight [KV, C_in, C_out] or
                     [KD, KH, KW, C_in, C_out], bias [C_out] or None) -> [N_out, C_out]
@@ -264,6 +267,17 @@ def build_rulebook(indices, spatial_shape, batch_size, kind, kernel_size, stride
     return _ops.build_rulebook(indices, _triple(spatial_shape), int(batch_size), int(kind),
                                _triple(kernel_size), _triple(stride), _triple(padding),
                                _triple(dilation), _triple(output_padding))
+
+
+@torch.compiler.disable
+def build_rulebook_on(source, output_side, kind, kernel_size, stride=1, padding=0, dilation=1,
+                      output_padding=0):
+    """build_rulebook over ``source``'s output sites (``output_side``) or input sites, on that
+    side's spatial shape and ``source``'s batch size, skipping the rows' checks: only for sites
+    that nothing has written into since ``source`` was built."""
+    return _ops.build_rulebook_on(source, bool(output_side), int(kind), _triple(kernel_size),
+                                  _triple(stride), _triple(padding), _triple(dilation),
+                                  _triple(output_padding))
 
 
 @torch.compiler.disable

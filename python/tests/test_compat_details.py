@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import spconv_c.ops as ops
 import spconv_c.pytorch as spconv
 from spconv_c.pytorch.conv import SparseConvolution
 from helpers import random_sparse
@@ -140,3 +141,86 @@ def test_relu_subclass_and_hooks_are_called(seed):
     net[1].register_forward_hook(lambda m, i, o: kept.append(o))
     net(tensor(seed))
     assert (kept[0] < 0).any()  # the batch norm's output, not overwritten by the ReLU
+
+
+def _pairs(rb):
+    return (rb.pair_offsets(), rb.pairs_in(), rb.pairs_out(), rb.out_indices(), rb.out_shape())
+
+
+def test_build_rulebook_on_a_side_equals_a_checked_build(seed):
+    """ops.build_rulebook_on gives, on either side of a regular, subm, transposed or inverse
+    rulebook, the rulebook that ops.build_rulebook gives on those sites."""
+    gen = torch.Generator().manual_seed(seed)
+    _, idx = random_sparse(gen, 2, SHAPE, 70, 1)
+    regular = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    sources = [regular, ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3),
+               ops.build_rulebook(idx, SHAPE, 2, ops.TRANSPOSED, 2, 2, 0),
+               ops.inverse_rulebook(regular)]
+    for source in sources:
+        for side in (False, True):
+            sites = source.out_indices() if side else source.in_indices()
+            shape = source.out_shape() if side else source.in_shape()
+            for kind, k, s, p in ((ops.REGULAR, 3, 2, 1), (ops.SUBM, 3, 1, 0),
+                                  (ops.TRANSPOSED, 2, 2, 0), (ops.REGULAR, 2, 2, 0)):
+                on = ops.build_rulebook_on(source, side, kind, k, s, p)
+                checked = ops.build_rulebook(sites, shape, 2, kind, k, s, p)
+                for a, b in zip(_pairs(on), _pairs(checked)):
+                    assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+
+def test_known_sites_are_checked_again_once_written(seed, monkeypatch):
+    """The modules build a layer's rulebook on the sites of a stored one (no checks) only while
+    the indices are the same tensor at the same version: after an edit in place, even through a
+    view, the next rulebook checks them, and a repeated row is the engine's error."""
+    calls = {"checked": 0, "on": 0}
+    checked, on = ops.build_rulebook, ops.build_rulebook_on
+
+    def count_checked(*args, **kwargs):
+        calls["checked"] += 1
+        return checked(*args, **kwargs)
+
+    def count_on(*args, **kwargs):
+        calls["on"] += 1
+        return on(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "build_rulebook", count_checked)
+    monkeypatch.setattr(ops, "build_rulebook_on", count_on)
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 4, 3, indice_key="s1"),
+        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d1"),
+        spconv.SubMConv3d(4, 4, 3, indice_key="s2"),
+        spconv.SparseConv3d(4, 4, 2, 2, 0, indice_key="d2")).double()
+    x = tensor(seed, dtype=torch.float64)
+    with torch.no_grad():
+        net(x)
+    assert calls == {"checked": 1, "on": 3}  # only the first layer's sites are checked
+
+    # The same first layer, then its output's indices edited in place (a view of them): the
+    # next layer's build checks them and names the repeated row.
+    y = net[0](x)
+    assert y.indices is x.indices
+    rows = y.indices[:2]
+    rows[1] = rows[0]
+    calls.update(checked=0, on=0)
+    with pytest.raises(RuntimeError, match="row 1"):
+        net[1](y)
+    assert calls == {"checked": 1, "on": 0}
+
+    # Another tensor object with the same rows is not known either (its rows are checked).
+    x2 = tensor(seed, dtype=torch.float64)
+    y2 = net[0](x2)
+    z2 = spconv.SparseConvTensor(y2.features, y2.indices.clone(), y2.spatial_shape, 2,
+                                 indice_dict=y2.indice_dict)
+    calls.update(checked=0, on=0)
+    net[1](z2)
+    assert calls == {"checked": 1, "on": 0}
+
+    # Inference tensors have no version counter: under torch.inference_mode the outputs'
+    # indices are never taken as unchanged, and the results are those of torch.no_grad.
+    with torch.no_grad():
+        expected = net(tensor(seed, dtype=torch.float64)).features
+    calls.update(checked=0, on=0)
+    with torch.inference_mode():
+        got = net(tensor(seed, dtype=torch.float64)).features
+    assert torch.equal(got, expected)
+    assert calls["checked"] >= 2  # the strided outputs' indices are inference tensors

@@ -95,6 +95,8 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.build_rulebook.default,
          (idx, SHAPE, 2, ops.SUBM, [3, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1], [0, 0, 0])),
         (torch.ops.spconv_c.inverse_rulebook.default, (rb,)),
+        (torch.ops.spconv_c.build_rulebook_on.default,
+         (rb, True, ops.SUBM, [3, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1], [0, 0, 0])),
     ]
     for op, args in handle_ops:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration"))

@@ -40,6 +40,22 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
     return backend->rulebook_build(ctx, indices, spatial_shape, batch_size, params, out);
 }
 
+spconv_status spconv_rulebook_build_on(spconv_context *ctx, const spconv_rulebook *source,
+                                       int output_side, const spconv_conv_params *params,
+                                       spconv_rulebook **out) {
+    const char *func = "spconv_rulebook_build_on";
+    SPCONV_CHECK_NOT_NULL(func, out);
+    *out = NULL;
+    SPCONV_CHECK_NOT_NULL(func, source);
+    SPCONV_RETURN_ERROR_IF(output_side != 0 && output_side != 1, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: output_side is %d; 0 takes the source's input sites, 1 its "
+                           "output sites",
+                           func, output_side);
+    return spconv__rulebook_build_sites(
+        ctx, output_side ? source->out_indices : source->in_indices,
+        output_side ? source->out_shape : source->in_shape, source->batch_size, params, 1, out);
+}
+
 /* Rows in range and unique, with the site table's messages (sites.h): through a line index
  * when the grid's lines are few next to the rows, else through the table. */
 spconv_status spconv__validate_rows(const spconv__build_input *in) {

@@ -363,6 +363,34 @@ c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
     return c10::make_intrusive<Rulebook>(rb);
 }
 
+// build_rulebook over one side of @p source (spconv_rulebook_build_on): the caller (the modules'
+// rulebook_for) has checked that the indices it holds for that side are unchanged since.
+c10::intrusive_ptr<Rulebook> build_rulebook_on(const c10::intrusive_ptr<Rulebook> &source,
+                                               bool output_side, int64_t kind,
+                                               std::vector<int64_t> kernel,
+                                               std::vector<int64_t> stride,
+                                               std::vector<int64_t> padding,
+                                               std::vector<int64_t> dilation,
+                                               std::vector<int64_t> output_padding) {
+    TORCH_CHECK(kind >= SPCONV_CONV_REGULAR && kind <= SPCONV_CONV_TRANSPOSED,
+                "spconv_c.build_rulebook_on: kind ", kind,
+                " is not 0 (regular/pool), 1 (subm) or 2 (transposed)");
+    spconv_conv_params p = spconv_conv_params_default(static_cast<spconv_conv_kind>(kind));
+    fill3(kernel, p.kernel, "kernel_size");
+    fill3(stride, p.stride, "stride");
+    fill3(padding, p.padding, "padding");
+    fill3(dilation, p.dilation, "dilation");
+    fill3(output_padding, p.output_padding, "output_padding");
+    spconv_tensor *sites = output_side ? spconv_rulebook_out_indices(source->rb)
+                                       : spconv_rulebook_in_indices(source->rb);
+    DeviceScope scope(to_torch_device(spconv_tensor_device(sites)));
+    spconv_rulebook *rb = nullptr;
+    SPCONV_TRY("build_rulebook_on",
+               spconv_rulebook_build_on(scope.ctx, source->rb, output_side ? 1 : 0, &p, &rb));
+    scope.finish();
+    return c10::make_intrusive<Rulebook>(rb);
+}
+
 c10::intrusive_ptr<Rulebook> inverse_rulebook(const c10::intrusive_ptr<Rulebook> &forward) {
     spconv_rulebook *rb = nullptr;
     SPCONV_TRY("inverse_rulebook", spconv_rulebook_inverse(forward->rb, &rb));
@@ -581,6 +609,9 @@ TORCH_LIBRARY(spconv_c, m) {
     m.def("build_rulebook(Tensor indices, int[] spatial_shape, int batch_size, int kind, "
           "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "
           "-> __torch__.torch.classes.spconv_c.Rulebook");
+    m.def("build_rulebook_on(__torch__.torch.classes.spconv_c.Rulebook source, bool output_side, "
+          "int kind, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
+          "int[] output_padding) -> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("inverse_rulebook(__torch__.torch.classes.spconv_c.Rulebook forward) "
           "-> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
@@ -603,6 +634,7 @@ TORCH_LIBRARY(spconv_c, m) {
 // One implementation serves CPU and CUDA tensors: the engine dispatches on the tensors' device.
 TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("build_rulebook", &build_rulebook);
+    m.impl("build_rulebook_on", &build_rulebook_on);
     m.impl("inverse_rulebook", &inverse_rulebook);
     m.impl("conv_forward", &conv_forward);
     m.impl("conv_forward_bn", &conv_forward_bn);

@@ -14,6 +14,12 @@ def _shape3(spatial_shape):
     return shape
 
 
+def version_of(tensor):
+    """The tensor's version counter, or None for an inference tensor (torch.inference_mode),
+    which has none: such indices are never taken as unchanged."""
+    return None if tensor.is_inference() else tensor._version
+
+
 class IndiceEntry:
     """What ``indice_dict[key]`` holds: one layer's rulebook and the geometry it was built for.
 
@@ -23,13 +29,19 @@ class IndiceEntry:
     """
 
     def __init__(self, rulebook, kind, indices, spatial_shape, out_indices, out_spatial_shape,
-                 ksize, stride, padding, dilation):
+                 ksize, stride, padding, dilation, batch_size=None):
         self.rulebook = rulebook
         self.kind = kind
         self.is_subm = kind == ops.SUBM
         self.indices, self.spatial_shape = indices, spatial_shape
         self.out_indices, self.out_spatial_shape = out_indices, out_spatial_shape
         self.ksize, self.stride, self.padding, self.dilation = ksize, stride, padding, dilation
+        self.batch_size = batch_size
+        # The versions of both index tensors when the rulebook was built: while a tensor is the
+        # same object at the same version, nothing has written into it, and the next rulebook
+        # on those sites need not check them again (rulebook_for).
+        self.in_version = version_of(indices)
+        self.out_version = version_of(out_indices)
         self._inverse = None
 
     def inverse(self):
