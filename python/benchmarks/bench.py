@@ -223,6 +223,9 @@ def ops_only(net, feats, idx, shape, with_torch_modules=True):
     with_torch_modules, torch's batch norm and in-place ReLU between them."""
     o, below = torch.ops.spconv_c, torch._C._AutoDispatchBelowAutograd
     x_f, x_i, x_s, cache = feats, idx, list(shape), {}
+    # The rulebook whose output (or, for a subm one, input) sites x_i are: the next build goes
+    # on them without checking the rows, as the engine's network and the modules do.
+    source = None
     with below():
         for m in net.modules():
             if isinstance(m, (ours.SparseConv3d, ours.SubMConv3d, ours.SparseMaxPool3d)):
@@ -230,9 +233,12 @@ def ops_only(net, feats, idx, shape, with_torch_modules=True):
                 key = m.indice_key
                 rb = cache.get(key) if subm and key is not None else None
                 if rb is None:
-                    rb = o.build_rulebook(x_i, x_s, 1, 1 if subm else 0, m.kernel_size, m.stride,
-                                          m.padding, m.dilation, [0, 0, 0])
+                    geometry = (1 if subm else 0, m.kernel_size, m.stride, m.padding, m.dilation,
+                                [0, 0, 0])
+                    rb = (o.build_rulebook(x_i, x_s, 1, *geometry) if source is None
+                          else o.build_rulebook_on(source, True, *geometry))
                     cache[key] = rb
+                    source = rb
                     if not subm:
                         x_i, x_s = rb.out_indices(), list(rb.out_shape())
                 if isinstance(m, ours.SparseMaxPool3d):
