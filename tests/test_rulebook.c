@@ -779,26 +779,6 @@ static void test_subm_line_walks_agree(void **state) {
     }
 }
 
-/* A random valid parameter set of @p kind with independent values per axis. */
-static spconv_conv_params random_anisotropic(spconv_conv_kind kind) {
-    for (;;) {
-        spconv_conv_params p = spconv_conv_params_default(kind);
-        for (int axis = 0; axis < 3; ++axis) {
-            p.kernel[axis] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 2) + 1
-                                                      : spconv_test_rand_int(1, 4);
-            p.stride[axis] = spconv_test_rand_int(1, 3);
-            p.padding[axis] = spconv_test_rand_int(0, 2);
-            p.dilation[axis] = spconv_test_rand_int(1, 3);
-            if (kind == SPCONV_CONV_TRANSPOSED) {
-                const int64_t limit =
-                    p.stride[axis] > p.dilation[axis] ? p.stride[axis] : p.dilation[axis];
-                p.output_padding[axis] = spconv_test_rand_int(0, limit - 1);
-            }
-        }
-        int64_t out[3];
-        if (spconv_conv_output_shape(&p, GRID, out) == SPCONV_OK) return p;
-    }
-}
 
 static void test_anisotropic_matches_reference(void **state) {
     (void)state;
@@ -806,7 +786,7 @@ static void test_anisotropic_matches_reference(void **state) {
     const spconv_conv_kind kinds[3] = {SPCONV_CONV_REGULAR, SPCONV_CONV_SUBM,
                                        SPCONV_CONV_TRANSPOSED};
     for (int trial = 0; trial < 45; ++trial) {
-        const spconv_conv_params p = random_anisotropic(kinds[trial % 3]);
+        const spconv_conv_params p = spconv_test_random_params(kinds[trial % 3], GRID);
         random_case(ctx, spconv_test_rand_int(1, 3),
                     kinds[trial % 3] == SPCONV_CONV_TRANSPOSED ? 60 : 200, &p);
     }
@@ -1004,7 +984,7 @@ static void check_inverse(const spconv_rulebook *fwd) {
 static void test_inverse_rulebook(void **state) {
     (void)state;
     for (int trial = 0; trial < 12; ++trial) {
-        const spconv_conv_params p = random_anisotropic(SPCONV_CONV_REGULAR);
+        const spconv_conv_params p = spconv_test_random_params(SPCONV_CONV_REGULAR, GRID);
         const int64_t per_batch = spconv_test_rand_int(0, 300);
         int32_t *rows = spconv_test_random_sites(2, GRID, per_batch);
         /* Rows in order give in rows in order too; learnt, that order passes to the inverse. */

@@ -412,25 +412,8 @@ static void test_cache_reports_bad_rows(void **state) {
     free(rows);
 }
 
-/* A random REGULAR, TRANSPOSED or SUBM geometry valid on @p shape (kernel 1-4, odd for SUBM,
- * stride 1-3, padding 0-2, dilation 1-2 per axis). */
-static spconv_conv_params random_geometry_on(spconv_conv_kind kind, const int64_t shape[3]) {
-    for (;;) {
-        spconv_conv_params p = spconv_conv_params_default(kind);
-        for (int axis = 0; axis < 3; ++axis) {
-            p.kernel[axis] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 1) + 1
-                                                      : spconv_test_rand_int(1, 4);
-            p.stride[axis] = spconv_test_rand_int(1, 3);
-            p.padding[axis] = spconv_test_rand_int(0, 2);
-            p.dilation[axis] = spconv_test_rand_int(1, 2);
-        }
-        int64_t out_shape[3];
-        if (spconv__conv_geometry("test", &p, shape, out_shape) == SPCONV_OK) return p;
-    }
-}
-
 static spconv_conv_params random_strided(spconv_conv_kind kind) {
-    return random_geometry_on(kind, GRID);
+    return spconv_test_random_params(kind, GRID);
 }
 
 /* Sites the cache knows (the input sites of a stored rulebook, on its geometry, or its output
@@ -518,7 +501,7 @@ static void test_build_on_a_rulebook_side(void **state) {
         const int64_t per_batch = spconv_test_rand_int(1, 200);
         int32_t *rows = spconv_test_random_sites(2, GRID, per_batch);
         spconv_tensor *indices = spconv_test_indices_tensor(rows, 2 * per_batch);
-        const spconv_conv_params first = random_geometry_on(kinds[trial % 3], GRID);
+        const spconv_conv_params first = spconv_test_random_params(kinds[trial % 3], GRID);
         spconv_rulebook *source = NULL;
         SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &first, &source));
         if (trial % 6 == 0 && first.kind == SPCONV_CONV_REGULAR) {
@@ -533,7 +516,8 @@ static void test_build_on_a_rulebook_side(void **state) {
                 spconv_rulebook_out_shape(source, shape);
             else
                 spconv_rulebook_in_shape(source, shape);
-            const spconv_conv_params next = random_geometry_on(kinds[(trial + side) % 3], shape);
+            const spconv_conv_params next =
+                spconv_test_random_params(kinds[(trial + side) % 3], shape);
             spconv_rulebook *on = NULL, *built = NULL;
             SPCONV_ASSERT_OK(spconv_rulebook_build_on(NULL, source, side, &next, &on));
             SPCONV_ASSERT_OK(spconv_rulebook_build(

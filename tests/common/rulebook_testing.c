@@ -272,3 +272,23 @@ void spconv_test_assert_rulebooks_equal(const spconv_rulebook *a, const spconv_r
     assert_tensors_equal(spconv_rulebook_pairs_in(a), spconv_rulebook_pairs_in(b));
     assert_tensors_equal(spconv_rulebook_pairs_out(a), spconv_rulebook_pairs_out(b));
 }
+
+spconv_conv_params spconv_test_random_params(spconv_conv_kind kind, const int64_t shape[3]) {
+    for (;;) {
+        spconv_conv_params p = spconv_conv_params_default(kind);
+        for (int axis = 0; axis < 3; ++axis) {
+            p.kernel[axis] = kind == SPCONV_CONV_SUBM ? 2 * spconv_test_rand_int(0, 2) + 1
+                                                      : spconv_test_rand_int(1, 4);
+            p.stride[axis] = spconv_test_rand_int(1, 3);
+            p.padding[axis] = spconv_test_rand_int(0, 2);
+            p.dilation[axis] = spconv_test_rand_int(1, 3);
+            if (kind == SPCONV_CONV_TRANSPOSED) {
+                const int64_t limit =
+                    p.stride[axis] > p.dilation[axis] ? p.stride[axis] : p.dilation[axis];
+                p.output_padding[axis] = spconv_test_rand_int(0, limit - 1);
+            }
+        }
+        int64_t out[3];
+        if (spconv_conv_output_shape(&p, shape, out) == SPCONV_OK) return p;
+    }
+}

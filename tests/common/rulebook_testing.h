@@ -12,6 +12,11 @@
  *  random order: a malloc'd int32 [batch * per_batch, 4] array. */
 int32_t *spconv_test_random_sites(int64_t batch, const int64_t shape[3], int64_t per_batch);
 
+/** A random valid parameter set of @p kind on @p shape, independent per axis: kernel 1-4 (SUBM:
+ *  1, 3 or 5), stride 1-3, padding 0-2, dilation 1-3, and for TRANSPOSED an output padding below
+ *  max(stride, dilation). */
+spconv_conv_params spconv_test_random_params(spconv_conv_kind kind, const int64_t shape[3]);
+
 /** A contiguous CPU int32 [n, 4] tensor holding a copy of @p rows. */
 spconv_tensor *spconv_test_indices_tensor(const int32_t *rows, int64_t n);
 

@@ -335,24 +335,35 @@ struct Rulebook : torch::CustomClassHolder {
 
 namespace {
 
-c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
-                                            std::vector<int64_t> spatial_shape, int64_t batch_size,
-                                            int64_t kind, std::vector<int64_t> kernel,
-                                            std::vector<int64_t> stride, std::vector<int64_t> padding,
-                                            std::vector<int64_t> dilation,
-                                            std::vector<int64_t> output_padding) {
-    TORCH_CHECK(kind >= SPCONV_CONV_REGULAR && kind <= SPCONV_CONV_TRANSPOSED,
-                "spconv_c.build_rulebook: kind ", kind,
+// The engine's parameters of a build op's kind and geometry (REGULAR, SUBM or TRANSPOSED).
+spconv_conv_params conv_params(const char *op, int64_t kind, const std::vector<int64_t> &kernel,
+                               const std::vector<int64_t> &stride,
+                               const std::vector<int64_t> &padding,
+                               const std::vector<int64_t> &dilation,
+                               const std::vector<int64_t> &output_padding) {
+    TORCH_CHECK(kind >= SPCONV_CONV_REGULAR && kind <= SPCONV_CONV_TRANSPOSED, "spconv_c.", op,
+                ": kind ", kind,
                 " is not 0 (regular/pool), 1 (subm) or 2 (transposed); inverse rulebooks come from "
                 "inverse_rulebook");
-    TORCH_CHECK(indices.device().is_cpu(), "spconv_c.build_rulebook: indices are on ",
-                indices.device(), "; the engine builds rulebooks from CPU indices");
     spconv_conv_params p = spconv_conv_params_default(static_cast<spconv_conv_kind>(kind));
     fill3(kernel, p.kernel, "kernel_size");
     fill3(stride, p.stride, "stride");
     fill3(padding, p.padding, "padding");
     fill3(dilation, p.dilation, "dilation");
     fill3(output_padding, p.output_padding, "output_padding");
+    return p;
+}
+
+c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
+                                            std::vector<int64_t> spatial_shape, int64_t batch_size,
+                                            int64_t kind, std::vector<int64_t> kernel,
+                                            std::vector<int64_t> stride, std::vector<int64_t> padding,
+                                            std::vector<int64_t> dilation,
+                                            std::vector<int64_t> output_padding) {
+    TORCH_CHECK(indices.device().is_cpu(), "spconv_c.build_rulebook: indices are on ",
+                indices.device(), "; the engine builds rulebooks from CPU indices");
+    const spconv_conv_params p = conv_params("build_rulebook", kind, kernel, stride, padding,
+                                             dilation, output_padding);
     int64_t shape[3];
     fill3(spatial_shape, shape, "spatial_shape");
     Handle idx = wrap(indices, "indices");
@@ -372,15 +383,8 @@ c10::intrusive_ptr<Rulebook> build_rulebook_on(const c10::intrusive_ptr<Rulebook
                                                std::vector<int64_t> padding,
                                                std::vector<int64_t> dilation,
                                                std::vector<int64_t> output_padding) {
-    TORCH_CHECK(kind >= SPCONV_CONV_REGULAR && kind <= SPCONV_CONV_TRANSPOSED,
-                "spconv_c.build_rulebook_on: kind ", kind,
-                " is not 0 (regular/pool), 1 (subm) or 2 (transposed)");
-    spconv_conv_params p = spconv_conv_params_default(static_cast<spconv_conv_kind>(kind));
-    fill3(kernel, p.kernel, "kernel_size");
-    fill3(stride, p.stride, "stride");
-    fill3(padding, p.padding, "padding");
-    fill3(dilation, p.dilation, "dilation");
-    fill3(output_padding, p.output_padding, "output_padding");
+    const spconv_conv_params p = conv_params("build_rulebook_on", kind, kernel, stride, padding,
+                                             dilation, output_padding);
     spconv_tensor *sites = output_side ? spconv_rulebook_out_indices(source->rb)
                                        : spconv_rulebook_in_indices(source->rb);
     DeviceScope scope(to_torch_device(spconv_tensor_device(sites)));
