@@ -275,14 +275,14 @@ def build_rulebook_on(source, output_side, kind, kernel_size, stride=1, padding=
     """build_rulebook over ``source``'s output sites (``output_side``) or input sites, on that
     side's spatial shape and ``source``'s batch size, skipping the rows' checks: only for sites
     that nothing has written into since ``source`` was built."""
-    return _ops.build_rulebook_on(source, bool(output_side), int(kind), _triple(kernel_size),
-                                  _triple(stride), _triple(padding), _triple(dilation),
-                                  _triple(output_padding))
+    return _call_builder(_ops.build_rulebook_on, source, bool(output_side), int(kind),
+                         _triple(kernel_size), _triple(stride), _triple(padding),
+                         _triple(dilation), _triple(output_padding))
 
 
 @torch.compiler.disable
 def inverse_rulebook(forward):
-    return _ops.inverse_rulebook(forward)
+    return _call_builder(_ops.inverse_rulebook, forward)
 
 
 def _inference():
@@ -321,6 +321,16 @@ def _handle(op):
 
 def _call_below_autograd(op, *args):
     """``op(*args)`` below autograd, which the caller has entered."""
+    if _boxed_call is not None and _find_op is not None and not _function_mode():
+        return _boxed_call(_handle(op), *args)
+    return op(*args)
+
+
+def _call_builder(op, *args):
+    """``op(*args)`` for a builder that takes a rulebook (build_rulebook_on, inverse_rulebook),
+    boxed in any grad mode: they have no autograd behaviour (no tensor arguments), and through
+    ``torch.ops`` their rulebook argument costs the exception described above (SECOND's seven
+    builds on known sites: ~1 ms a pass)."""
     if _boxed_call is not None and _find_op is not None and not _function_mode():
         return _boxed_call(_handle(op), *args)
     return op(*args)

@@ -186,6 +186,20 @@ def test_inference_calls_reach_modes(seed):
             assert torch.equal(got, want) and torch.equal(got_pool, pooled)
             assert any("spconv_c.conv_forward" in op for op in mode.ops), mode.ops
             assert any("spconv_c.maxpool_forward" in op for op in mode.ops), mode.ops
+    # The builders that take a rulebook go boxed in any grad mode (ops._call_builder): the
+    # modes see them too, with the same rulebooks.
+    on_want = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
+    inverse_want = ops.inverse_rulebook(rbs["regular"])
+    for grad in (False, True):
+        for mode in (Seen(), SeenByFunction()):
+            with torch.set_grad_enabled(grad), mode:
+                on = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
+                inverse = ops.inverse_rulebook(rbs["regular"])
+            assert torch.equal(on.pairs_in(), on_want.pairs_in())
+            assert torch.equal(on.pair_offsets(), on_want.pair_offsets())
+            assert torch.equal(inverse.pairs_out(), inverse_want.pairs_out())
+            assert any("spconv_c.build_rulebook_on" in op for op in mode.ops), mode.ops
+            assert any("spconv_c.inverse_rulebook" in op for op in mode.ops), mode.ops
 
 
 def test_layer_outputs_keep_the_inputs_attributes(seed):
