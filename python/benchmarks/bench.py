@@ -285,9 +285,16 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     engine.close()
     med = {v: statistics.median(t) for v, t in times.items()}
     base = med["engine"]
-    print(f"{name:7s} in one process, median of {passes} passes each, taking turns:")
+    # Pass i of every variant ran within a few hundred ms of the others': the median of the
+    # per-pass ratios leaves out the machine's drift from minute to minute, which the ratio of
+    # the medians keeps whenever the variants' passes fell unevenly into fast and slow minutes.
+    paired = {v: statistics.median(a / b for a, b in zip(t, times["engine"]))
+              for v, t in times.items()}
+    print(f"{name:7s} in one process, median of {passes} passes each, taking turns "
+          "(ratio of medians; median of the per-pass ratios):")
     for v, m in med.items():
-        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / base - 1):+6.1f}% over the engine")
+        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / base - 1):+6.1f}% over the engine;"
+              f" {100 * (paired[v] - 1):+6.1f}% pass by pass")
 
 
 def keep_freed_memory():
@@ -360,6 +367,7 @@ def main():
                 nets_of[variant] = build(lib).eval()
                 nets_of[variant].load_state_dict(ref.state_dict())
             times = {v: [] for v in variants}
+            rounds = {v: [] for v in variants}  # each round's median, per variant
             tool = "C tool"
             with_tool = args.overhead and not backward and not args.max_voxels
             if with_tool:
@@ -374,19 +382,28 @@ def main():
                             del times[tool]
                         else:
                             times[tool] += c_ms
+                            rounds.setdefault(tool, []).append(statistics.median(c_ms))
                         continue
                     lib = theirs if variant == "spconv" else ours
                     ctx = PlainProducts() if variant == "plain" else _Nothing()
                     with ctx, torch.set_grad_enabled(backward):
-                        times[variant] += time_variant(lib, nets_of[variant], feats, idx, shape,
-                                                       backward, args.repeat, args.warmup)
+                        ms = time_variant(lib, nets_of[variant], feats, idx, shape, backward,
+                                          args.repeat, args.warmup)
+                    times[variant] += ms
+                    rounds[variant].append(statistics.median(ms))
             median = {v: statistics.median(t) for v, t in times.items()}
             for v, t in times.items():
                 print(f"{name:7s} {phase:8s} {v:8s} {median[v]:9.1f} [{min(t):.1f}, {max(t):.1f}]  "
                       f"({idx.shape[0]} voxels, {len(t)} passes)", flush=True)
             if tool in median and "ours" in median:
+                # Also round by round: the two ran within a second or two of each other in every
+                # round, so the median of the rounds' ratios leaves out the machine's drift from
+                # minute to minute, which the ratio of the medians keeps.
+                paired = statistics.median(a / b for a, b in zip(rounds["ours"], rounds[tool]))
                 print(f"{name:7s} {phase:8s} binding overhead over the C tool "
-                      f"{100 * (median['ours'] / median[tool] - 1):+.1f}%")
+                      f"{100 * (median['ours'] / median[tool] - 1):+.1f}% (ratio of the medians),"
+                      f" {100 * (paired - 1):+.1f}% (median of the {len(rounds[tool])} rounds' "
+                      "ratios)")
             if "spconv" in median:
                 for v in median:
                     if v != "spconv":

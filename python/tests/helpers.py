@@ -40,3 +40,31 @@ def krsc_to_oidhw(weight):
 
 def krsc_to_iodhw(weight):
     return weight.permute(4, 0, 1, 2, 3)
+
+
+class _Recorder:
+    """A mode that writes down the name of every op it sees, and runs the op."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def _record(self, func, args, kwargs):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def recording_modes():
+    """A torch dispatch mode and a torch function mode that record the ops they see (``.ops``)."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SeenByDispatch(_Recorder, TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return self._record(func, args, kwargs)
+
+    class SeenByFunction(_Recorder, TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self._record(func, args, kwargs)
+
+    return SeenByDispatch(), SeenByFunction()

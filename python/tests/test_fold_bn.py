@@ -3,6 +3,8 @@ the same bits as PyTorch's own nn.BatchNorm1d and nn.ReLU after our conv, used o
 nothing can tell the difference (inference, the torch classes, no hooks), and the operator
 itself through opcheck and its error messages."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -10,7 +12,7 @@ from torch import nn
 import spconv_c.pytorch as spconv
 from spconv_c import ops
 from spconv_c.pytorch import modules
-from helpers import random_sparse
+from helpers import random_sparse, recording_modes
 
 SHAPE = [9, 10, 11]
 
@@ -53,6 +55,18 @@ def run(net, feats, idx, fold):
         modules.FOLD_BN = saved
 
 
+def folding_case(seed):
+    """A float32 block network, its input and its unfolded output, once the first folded run has
+    probed this PyTorch build (_probe_fold); skips where the fold is off on it."""
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, torch.float32)
+    net = block_net(gen, torch.float32)
+    run(net, feats, idx, True)
+    if not modules._fold_agrees[torch.float32]:
+        pytest.skip("this PyTorch build's batch norm is not fma(x, scale, shift): no fold")
+    return gen, feats, idx, net, run(net, feats, idx, False)
+
+
 class CountFolds:
     """Counts the folded ops called (so that a test knows the fold happened, or did not)."""
 
@@ -92,13 +106,7 @@ def test_folded_equals_torch_batch_norm(seed, dtype, relu, affine):
 
 
 def test_fold_only_where_nothing_can_tell(seed):
-    gen = torch.Generator().manual_seed(seed)
-    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, torch.float32)
-    net = block_net(gen, torch.float32)
-    run(net, feats, idx, True)  # the first fold probes this build (_probe_fold)
-    if not modules._fold_agrees[torch.float32]:
-        pytest.skip("this PyTorch build's batch norm is not fma(x, scale, shift): no fold")
-    want = run(net, feats, idx, False)
+    gen, feats, idx, net, want = folding_case(seed)
     with CountFolds() as folds:
         # grad mode records a graph: nothing folded, gradients flow
         out = net(spconv.SparseConvTensor(feats.requires_grad_(), idx, SHAPE, 2)).features
@@ -141,13 +149,7 @@ def test_fold_only_where_nothing_can_tell(seed):
 def test_fold_in_other_settings(seed):
     """inference_mode folds as no_grad does; an empty tensor, non-contiguous features, a forward
     replaced on an instance, a batch norm of other channels: the same as unfolded."""
-    gen = torch.Generator().manual_seed(seed)
-    feats, idx = random_sparse(gen, 2, SHAPE, 300, 5, torch.float32)
-    net = block_net(gen, torch.float32)
-    run(net, feats, idx, True)  # the probe
-    if not modules._fold_agrees[torch.float32]:
-        pytest.skip("this PyTorch build's batch norm is not fma(x, scale, shift): no fold")
-    want = run(net, feats, idx, False)
+    gen, feats, idx, net, want = folding_case(seed)
     with CountFolds() as folds:
         with torch.inference_mode():
             got = net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
@@ -171,6 +173,44 @@ def test_fold_in_other_settings(seed):
                                   nn.BatchNorm1d(6).eval())
     with torch.no_grad(), pytest.raises(RuntimeError, match="running_mean should contain 4"):
         bad(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+
+
+def test_fold_environment_and_parametrized_weights(seed):
+    """The call's own conditions (modules._fold_environment, asked once per Sequential call): a
+    dispatch mode, a torch-function mode, and a global module hook each see PyTorch's
+    own batch norm, nothing folded, the same result. A parametrized conv weight (which moves out
+    of the parameter dict) still folds, with the weight the parametrization computes."""
+    from torch.nn.utils import parametrize
+
+    gen, feats, idx, net, want = folding_case(seed)
+    with CountFolds() as folds:
+        for mode in recording_modes():
+            with mode:
+                got = run(net, feats, idx, True)
+            assert torch.equal(got, want) and folds.calls == 0
+            assert any("batch_norm" in op for op in mode.ops), mode.ops
+        seen = []
+        handle = nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: seen.append(type(m).__name__))
+        try:
+            assert torch.equal(run(net, feats, idx, True), want) and folds.calls == 0
+        finally:
+            handle.remove()
+        assert seen.count("BatchNorm1d") == 4
+        assert torch.equal(run(net, feats, idx, True), want) and folds.calls == 4
+
+    class Twice(nn.Module):
+        def forward(self, w):
+            return w * 2
+
+    plain = copy.deepcopy(net)
+    with torch.no_grad():
+        plain[1][0].weight.mul_(2)
+    want = run(plain, feats, idx, False)
+    parametrize.register_parametrization(net[1][0], "weight", Twice())
+    assert "weight" not in net[1][0]._parameters
+    with CountFolds() as folds:
+        assert torch.equal(run(net, feats, idx, True), want) and folds.calls == 4
 
 
 def test_the_probe_detects_another_formula(monkeypatch):

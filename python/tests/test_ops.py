@@ -9,7 +9,7 @@ from torch.autograd import gradcheck, gradgradcheck
 import spconv_c  # noqa: F401
 import spconv_c.pytorch as spconv
 from spconv_c import ops
-from helpers import random_sparse
+from helpers import random_sparse, recording_modes
 
 SHAPE = [5, 6, 5]
 
@@ -152,34 +152,13 @@ def test_inference_calls_reach_modes(seed):
     Python argument parsing: a dispatch mode must still see each op, with the same result, and a
     torch function mode, which only that parsing consults, makes the call take the ordinary
     path (it sees the op too)."""
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    class SeenByFunction(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     gen, feats, idx = small_input(seed, channels=3)
     weight = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
     rbs = rulebooks(idx)
     with torch.no_grad():
         want = ops.indice_conv(rbs["subm"], feats, weight)
         pooled = ops.indice_maxpool(rbs["regular"], feats)
-        for mode in (Seen(), SeenByFunction()):
+        for mode in recording_modes():
             with mode:
                 got = ops.indice_conv(rbs["subm"], feats, weight)
                 got_pool = ops.indice_maxpool(rbs["regular"], feats)
@@ -191,7 +170,7 @@ def test_inference_calls_reach_modes(seed):
     on_want = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
     inverse_want = ops.inverse_rulebook(rbs["regular"])
     for grad in (False, True):
-        for mode in (Seen(), SeenByFunction()):
+        for mode in recording_modes():
             with torch.set_grad_enabled(grad), mode:
                 on = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
                 inverse = ops.inverse_rulebook(rbs["regular"])

@@ -81,11 +81,12 @@ def _known_sites(cache, input):
 @torch.compiler.disable
 def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding):
     """A new rulebook on ``input``'s sites: on the sites of a stored rulebook where they are
-    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices."""
+    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices. The
+    geometry is the layer's: lists of 3 ints (expand_nd), which the ops take as they are."""
     known = _known_sites(cache, input)
     if known is not None:
-        return ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
-                                     output_padding)
+        return ops._call_builder(ops._ops.build_rulebook_on, known[0], known[1], kind, ksize,
+                                 stride, padding, dilation, output_padding)
     return ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind, ksize,
                               stride, padding, dilation, output_padding)
 
@@ -251,12 +252,19 @@ class SparseConvolution(SparseModule):
             raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
                             f"{type(input).__name__}")
         feats = input.features
-        if feats.dim() != 2 or feats.shape[1] != self.in_channels:
+        shape = feats.shape
+        if len(shape) != 2 or shape[1] != self.in_channels:
             raise ValueError(f"spconv_c: {type(self).__name__} expects features [N, "
-                             f"{self.in_channels}], got {list(feats.shape)}")
+                             f"{self.in_channels}], got {list(shape)}")
         # The weights take the features' dtype (as spconv's kernels need); the engine computes
-        # f16 / bf16 in f32 and rounds each result once, on either device.
-        weight, bias = self.weight, self.bias
+        # f16 / bf16 in f32 and rounds each result once, on either device. (Read from the
+        # parameter dict where they are there: nn.Module.__getattr__ costs ~1 us a name; a
+        # parametrization moves them out of it, and the attribute then computes them.)
+        params = self._parameters
+        weight = params.get("weight")
+        if weight is None:
+            weight = self.weight
+        bias = params["bias"] if "bias" in params else self.bias
         if weight.dtype != feats.dtype:
             weight = weight.to(feats.dtype)
         if bias is not None and bias.dtype != feats.dtype:

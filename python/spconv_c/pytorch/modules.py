@@ -62,14 +62,18 @@ class SparseSequential(SparseModule):
         self.add_module(name, module)
 
     def forward(self, input):
-        previous = None
         modules = list(self._modules.values())
+        count = len(modules)
+        # Whether this call may fold a batch norm into the conv before it (_fold_length): the
+        # call's environment, asked once.
+        may_fold = count > 1 and _fold_environment()
+        previous = None
         i = 0
-        while i < len(modules):
+        while i < count:
             module = modules[i]
             i += 1
-            if is_spconv_module(module):
-                fold = _fold_length(module, modules, i, input)
+            if isinstance(module, SparseModule):
+                fold = _fold_length(module, modules, i, input) if may_fold else 0
                 if fold:
                     # conv -> batch norm [-> ReLU] in one op (see _fold_length)
                     input = module._forward(input, bn=modules[i], relu=fold == 2)
@@ -100,37 +104,56 @@ def _global_hooks():
             or getattr(module_impl, "_global_backward_pre_hooks", None))
 
 
+def _fold_environment():
+    """The part of _fold_length's conditions that belongs to the call, not to the modules:
+    folding is on, the call is an inference (no gradient recorded, nothing compiled), nothing
+    traces it, no dispatch or torch-function mode watches the ops, and no global module hook
+    would miss the batch norm's call."""
+    return (FOLD_BN and ops._inference() and not torch._C._is_tracing() and not _modes_active()
+            and not _global_hooks())
+
+
+_FOLD_DTYPES = (torch.float32, torch.float64)
+
+
 def _fold_length(conv, modules, i, input):
     """How many of ``modules[i:]`` the conv ``conv`` can take into its own op: 2 for an
     ``nn.BatchNorm1d`` in eval mode followed by an ``nn.ReLU``, 1 for the batch norm alone, else
-    0. Only in inference (no gradient recorded, nothing traced or compiled, no dispatch mode
-    watching), for the torch classes themselves (not subclasses) called as they are (no hooks,
+    0. The caller has checked _fold_environment (an inference, nothing tracing, compiling or
+    watching). Here: the torch classes themselves (not subclasses) called as they are (no hooks,
     no instance forward, not compiled on their own), a batch norm of the conv's channels, CPU
     float32 / float64 features with batch-norm tensors of their dtype on the CPU, and only where
-    _probe_fold found the folded op bitwise equal to PyTorch's own batch norm and ReLU. The result is then PyTorch's, with one op instead of three
-    and no pass of its own over the output for the batch norm or the ReLU."""
-    if not FOLD_BN or i >= len(modules) or type(modules[i]) is not nn.BatchNorm1d:
+    _probe_fold found the folded op bitwise equal to PyTorch's own batch norm and ReLU. The
+    result is then PyTorch's, with one op instead of three and no pass of its own over the output
+    for the batch norm or the ReLU.
+
+    It runs once per conv of every inference forward, so it reads what it needs straight from the
+    modules' dicts (nn.Module.__getattr__ costs ~1 us a name) and asks the cheapest questions
+    first."""
+    if i >= len(modules):
         return 0
     bn = modules[i]
-    # (the batch norm's tensors straight from its dicts: nn.Module.__getattr__ costs ~1 us each)
+    if type(bn) is not nn.BatchNorm1d or bn.training or not isinstance(input, SparseConvTensor):
+        return 0
+    foldable = getattr(conv, "_foldable", None)
+    if foldable is None or not foldable() or not _plain(conv) or not _plain(bn):
+        return 0
     buffers, params = bn._buffers, bn._parameters
     mean, var = buffers.get("running_mean"), buffers.get("running_var")
-    if (bn.training or mean is None or var is None or not isinstance(input, SparseConvTensor)
-            or not ops._inference() or torch.jit.is_tracing() or _modes_active()
-            or not getattr(conv, "_foldable", lambda: False)()
-            or mean.numel() != getattr(conv, "out_channels", -1)):
+    if mean is None or var is None or mean.numel() != conv.out_channels:
         return 0
     feats = input.features
     dtype = feats.dtype
-    weight, bias = params.get("weight"), params.get("bias")
-    tensors = [t for t in (mean, var, weight, bias) if t is not None]
-    if (feats.device.type != "cpu" or dtype not in (torch.float32, torch.float64)
-            or any(t.dtype != dtype or t.device.type != "cpu" for t in tensors)
-            or not _plain(conv) or not _plain(bn) or _global_hooks()):
+    if dtype not in _FOLD_DTYPES or not feats.is_cpu:
         return 0
-    if dtype not in _fold_agrees:
-        _fold_agrees[dtype] = _probe_fold(dtype)
-    if not _fold_agrees[dtype]:
+    weight, bias = params.get("weight"), params.get("bias")
+    for t in (mean, var, weight, bias):
+        if t is not None and (t.dtype != dtype or not t.is_cpu):
+            return 0
+    agrees = _fold_agrees.get(dtype)
+    if agrees is None:
+        agrees = _fold_agrees[dtype] = _probe_fold(dtype)
+    if not agrees:
         return 0
     relu = i + 1 < len(modules) and type(modules[i + 1]) is nn.ReLU and _plain(modules[i + 1])
     return 2 if relu else 1
