@@ -407,8 +407,10 @@ def main():
             if "spconv" in median:
                 for v in median:
                     if v != "spconv":
+                        paired = statistics.median(a / b for a, b in
+                                                   zip(rounds["spconv"], rounds[v]))
                         print(f"{name:7s} {phase:8s} {v} is {median['spconv'] / median[v]:.2f}x "
-                              f"spconv 2.3.8")
+                              f"spconv 2.3.8 ({paired:.2f}x round by round)")
 
 
 class _Nothing:
