@@ -367,11 +367,11 @@ def main():
                 nets_of[variant] = build(lib).eval()
                 nets_of[variant].load_state_dict(ref.state_dict())
             times = {v: [] for v in variants}
-            rounds = {v: [] for v in variants}  # each round's median, per variant
             tool = "C tool"
             with_tool = args.overhead and not backward and not args.max_voxels
             if with_tool:
                 times[tool] = []
+            rounds = {v: [] for v in times}  # each round's median, per variant
             for rnd in range(args.rounds):
                 order = list(times) if rnd % 2 == 0 else list(times)[::-1]
                 for variant in order:
@@ -382,7 +382,7 @@ def main():
                             del times[tool]
                         else:
                             times[tool] += c_ms
-                            rounds.setdefault(tool, []).append(statistics.median(c_ms))
+                            rounds[tool].append(statistics.median(c_ms))
                         continue
                     lib = theirs if variant == "spconv" else ours
                     ctx = PlainProducts() if variant == "plain" else _Nothing()

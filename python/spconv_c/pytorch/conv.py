@@ -81,12 +81,11 @@ def _known_sites(cache, input):
 @torch.compiler.disable
 def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding):
     """A new rulebook on ``input``'s sites: on the sites of a stored rulebook where they are
-    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices. The
-    geometry is the layer's: lists of 3 ints (expand_nd), which the ops take as they are."""
+    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices."""
     known = _known_sites(cache, input)
     if known is not None:
-        return ops._call_builder(ops._ops.build_rulebook_on, known[0], known[1], kind, ksize,
-                                 stride, padding, dilation, output_padding)
+        return ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
+                                     output_padding)
     return ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind, ksize,
                               stride, padding, dilation, output_padding)
 

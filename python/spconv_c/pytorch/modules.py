@@ -72,7 +72,7 @@ class SparseSequential(SparseModule):
         while i < count:
             module = modules[i]
             i += 1
-            if isinstance(module, SparseModule):
+            if is_spconv_module(module):
                 fold = _fold_length(module, modules, i, input) if may_fold else 0
                 if fold:
                     # conv -> batch norm [-> ReLU] in one op (see _fold_length)
