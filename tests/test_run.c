@@ -628,6 +628,24 @@ static void check_pass_floor(const char *path) {
     free(text);
 }
 
+/* An inference's lower bound on memory is there, and the engine did not hold less than it (a
+ * bound that counted what a layer does not need would exceed what the engine held). */
+static void check_needed_memory(const char *path) {
+    size_t n = 0;
+    char *text = spconv_test_read_bytes(path, &n);
+    assert_non_null(text);
+    const char *needed = strstr(text, "\"needed_mib\": ");
+    const char *held = strstr(text, "\"tensor_mib\": {\"median\": ");
+    assert_true(needed != NULL && held != NULL);
+    double needed_mib = 0.0, held_mib = 0.0;
+    assert_int_equal(sscanf(needed, "\"needed_mib\": %lf", &needed_mib), 1);
+    assert_int_equal(sscanf(held, "\"tensor_mib\": {\"median\": %lf", &held_mib), 1);
+    assert_true(needed_mib > 0.0);
+    if (needed_mib > held_mib)
+        fail_msg("%s: %.3f MiB needed, but the engine held %.3f", path, needed_mib, held_mib);
+    free(text);
+}
+
 static void test_bench_json(void **state) {
     fixture *f = spconv_tool_or_skip(state);
     char scan[PATH_CAP], json[PATH_CAP];
@@ -638,6 +656,7 @@ static void test_bench_json(void **state) {
                                        NULL});
     check_bench_json(json, zoo_layers("unet"), 1);
     check_pass_floor(json);
+    assert_int_equal(count_in_file(json, "\"needed_mib\""), 0); /* a training forward */
     /* Every pass is there: 2 forwards and 2 backwards, each with its start and its phases; each
      * layer has 2 values per phase and direction. */
     assert_int_equal(count_in_file(json, "{\"rep\": "), 4);
@@ -655,6 +674,8 @@ static void test_bench_json(void **state) {
     assert_int_equal(count_in_file(json, "\"peak_gflops\": null, \"wall_over_floor\": null"), 1);
     expect_in_stdout(f, "sample_scan.bin");
     expect_in_stdout(f, "engine tensors at their most");
+    check_needed_memory(json);
+    expect_in_stdout(f, "MiB needed (parameters, and what layer ");
     assert_int_equal(spconv_test_count_entries(f->dir), 5); /* scan, 2 JSON, stdout, stderr */
 }
 
@@ -710,6 +731,7 @@ static void bench_voxels(fixture *f, const char *input, const char *json, int64_
     expect_success(f, (const char *[]){"bench", "--net", "basic", "--input", input, "--repeat", "1",
                                        "--warmup", "0", "--peak-size", "0", "--json", json, NULL});
     check_bench_json(json, zoo_layers("basic"), 0);
+    check_needed_memory(json);
     char expected[64];
     snprintf(expected, sizeof expected, "\"sites\": %lld", (long long)sites);
     size_t n;

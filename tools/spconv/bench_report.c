@@ -61,6 +61,73 @@ int bench_report_capture_layers(bench_run *run, const spconv_net *net) {
     return 0;
 }
 
+/* Bytes of the features of @p sites rows of @p channels. */
+static double feature_bytes(int64_t sites, int64_t channels, size_t element) {
+    return (double)sites * (double)channels * (double)element;
+}
+
+/* What layer @p l reads and writes at once (see bench_report_capture_needs). */
+static double layer_needs(const bench_run *run, int l, size_t element) {
+    const bench_layer *ly = &run->layers[l];
+    const double coords = 4.0 * sizeof(int32_t); /* (b, z, y, x) a site */
+    double bytes = feature_bytes(ly->sites_in, ly->channels_in, element) +
+                   coords * (double)ly->sites_in;
+    switch (ly->kind) {
+    case SPCONV_LAYER_SUBM: /* the same sites; the centre maps each row to itself */
+        bytes += feature_bytes(ly->sites_out, ly->channels_out, element) +
+                 2.0 * sizeof(int32_t) * (double)(ly->pairs - ly->sites_in);
+        break;
+    case SPCONV_LAYER_CONV:
+    case SPCONV_LAYER_TRANSPOSED:
+    case SPCONV_LAYER_INVERSE:
+    case SPCONV_LAYER_MAXPOOL: /* new sites */
+        bytes += feature_bytes(ly->sites_out, ly->channels_out, element) +
+                 coords * (double)ly->sites_out + 2.0 * sizeof(int32_t) * (double)ly->pairs;
+        break;
+    case SPCONV_LAYER_CONCAT:
+        bytes += feature_bytes(ly->sites_out, ly->channels_out, element);
+        break;
+    case SPCONV_LAYER_TO_DENSE: bytes += (double)run->out_bytes; break;
+    default: break; /* batch norm and ReLU in place, SAVE passes its input on */
+    }
+    return bytes;
+}
+
+void bench_report_capture_needs(bench_run *run, const spconv_net *net) {
+    run->needed_mib = 0.0;
+    run->needed_layer = -1;
+    if (run->with_backward || run->num_layers != spconv_net_num_layers(net)) return;
+    const size_t element = spconv_dtype_size(spconv_net_dtype(net));
+    double params = 0.0;
+    for (int i = 0; i < spconv_net_num_params(net); ++i) {
+        const spconv_tensor *t = spconv_net_param(net, i);
+        params += (double)spconv_tensor_numel(t) * (double)spconv_dtype_size(spconv_tensor_dtype(t));
+    }
+    double most = 0.0;
+    for (int l = 0; l < run->num_layers; ++l) {
+        double bytes = layer_needs(run, l, element);
+        /* Tensors saved before l - 1 (the layer after a SAVE reads it as its input) that a CONCAT
+         * at l or later still takes: their features. */
+        for (int s = 0; s < l - 1; ++s) {
+            const spconv_layer_desc *d = spconv_net_layer(net, s);
+            if (d->kind != SPCONV_LAYER_SAVE) continue;
+            for (int c = l; c < run->num_layers; ++c) {
+                const spconv_layer_desc *e = spconv_net_layer(net, c);
+                if (e->kind == SPCONV_LAYER_CONCAT && strcmp(e->key, d->key) == 0) {
+                    bytes += feature_bytes(run->layers[s].sites_in, run->layers[s].channels_in,
+                                           element);
+                    break;
+                }
+            }
+        }
+        if (bytes > most) {
+            most = bytes;
+            run->needed_layer = l;
+        }
+    }
+    run->needed_mib = (params + most) / (1024.0 * 1024.0);
+}
+
 /* ---- statistics ------------------------------------------------------------------------------- */
 
 typedef struct spread {
@@ -217,6 +284,11 @@ static void print_pass(bench_run *run, bench_samples *s, const char *title, int 
             "[%.1f, %.1f] (%.2f KiB per input site)\n", title,
             run->sites > 0 ? 1e3 * p.wall.median / (double)run->sites : 0.0, mib.median, mib.min,
             mib.max, run->sites > 0 ? 1024.0 * mib.median / (double)run->sites : 0.0);
+    if (!backward && run->needed_mib > 0.0)
+        fprintf(out, "%s: at least %.1f MiB needed (parameters, and what layer %d '%s' reads and "
+                "writes at once); engine tensors at their most %.2fx that\n", title,
+                run->needed_mib, run->needed_layer, run->layers[run->needed_layer].name,
+                mib.median / run->needed_mib);
 }
 
 void bench_report_print(bench_run *run, FILE *out) {
@@ -352,6 +424,11 @@ static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out)
     else fputs("null", out);
     fputs(", \"tensor_mib\": ", out);
     json_spread(out, tensor_spread(s));
+    if (!backward && run->needed_mib > 0.0) {
+        fputs(", \"needed_mib\": ", out);
+        json_number(out, run->needed_mib);
+        fprintf(out, ", \"needed_layer\": %d", run->needed_layer);
+    }
     json_pass_samples(run, s, p.flops, out);
     fputc('}', out);
 }

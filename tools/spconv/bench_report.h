@@ -53,6 +53,11 @@ typedef struct bench_run {
     int with_input_grad; /* the backward also computes the input's gradient */
     int replicate;       /* copies of the input, one batch entry each */
     double rss_peak_mib; /* the process's peak resident memory at the end; 0 where unknown */
+    int64_t out_bytes;   /* the forward's output (for TO_DENSE: the dense map), bytes */
+    /* An inference forward's lower bound (bench_report_capture_needs): the parameters plus, at the
+     * layer that needs most, what it reads and writes at once; 0 where not computed. */
+    double needed_mib;
+    int needed_layer;
     int64_t seed, peak_size;
     double peak_gflops; /* the higher of the two below; 0: not measured */
     double peak_blas_gflops, peak_fused_gflops; /* BLAS products, fused kernels (0: none) */
@@ -68,6 +73,15 @@ typedef struct bench_run {
 
 /** Copy what every layer of @p net is (from its last pass); 0 on success, -1 out of memory. */
 int bench_report_capture_layers(bench_run *run, const spconv_net *net);
+
+/** The least memory any engine holds to run an inference forward of @p net as the last pass
+ *  did (after bench_report_capture_layers): the parameters, plus the largest over the layers of
+ *  the features and coordinates the layer reads and writes, its rulebook's pairs without the
+ *  centre of a subm (two int32 rows a pair) and the saved tensors a later CONCAT still needs.
+ *  Batch norm and ReLU count their input only (they can work in place). Kept rulebooks, the
+ *  input of a layer once its output exists and every workspace are left out, so an engine
+ *  could not hold less. Leaves needed_mib at 0 for a training forward. */
+void bench_report_capture_needs(bench_run *run, const spconv_net *net);
 
 /** The human-readable report. */
 void bench_report_print(bench_run *run, FILE *out);

@@ -116,7 +116,11 @@ static int one_pass(bench_job *job, int rep) {
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
     const double forward_ms = net_now_ms() - start;
     if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
-    if (rc == 0 && rep >= 0) record(&job->run.forward, rep, job->net, 0, forward_ms, start_unix);
+    if (rc == 0 && rep >= 0) {
+        record(&job->run.forward, rep, job->net, 0, forward_ms, start_unix);
+        job->run.out_bytes = spconv_tensor_numel(out) * (int64_t)spconv_dtype_size(
+                                                            spconv_tensor_dtype(out));
+    }
     if (rc == 0 && job->args.backward && job->grad == NULL) rc = make_grad(job, out);
     if (rc == 0 && job->args.backward) {
         start_unix = unix_ms();
@@ -240,6 +244,7 @@ static int bench_steps(bench_job *job) {
     job->run.rss_peak_mib = peak_resident_mib();
     if (bench_report_capture_layers(&job->run, job->net) != 0)
         return cli_error(job->cmd, "out of memory for the report");
+    bench_report_capture_needs(&job->run, job->net);
     bench_report_print(&job->run, stdout);
     return job->args.json != NULL ? finish_json(job) : 0;
 }
