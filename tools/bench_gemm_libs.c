@@ -11,7 +11,8 @@
  * static), each chunk one single-threaded call, as the executors run their products. The fused
  * kernels pack each W[k] once per layer inside the timed region, as the forward does.
  *
- *   - fused:    spconv__fused_rows (AVX2 or AVX-512, whichever the machine has);
+ *   - fused:    spconv__fused_rows_set (AVX2 or AVX-512, whichever the machine has), W[k]
+ *               packed; "in place": the same kernels reading W[k] where it lies;
  *   - blas:     spconv__sgemm, i.e. cblas_sgemm of the linked BLAS (single-threaded per call);
  *   - blis:     cblas_sgemm of libblis.so.4, opened at run time with its own symbols first
  *               (RTLD_DEEPBIND), when installed (Debian: libblis4-serial or -openmp);
@@ -64,8 +65,9 @@ static const layer_shape layers[] = {
     {"net.18", 224, 256, 1662, 212},      {"net.19", 256, 256, 1662, 212}};
 #define NUM_LAYERS ((int)(sizeof layers / sizeof layers[0]))
 
-enum { ENGINE_FUSED, ENGINE_BLAS, ENGINE_BLIS, ENGINE_XSMM, NUM_ENGINES };
-static const char *const engine_names[NUM_ENGINES] = {"fused", "blas", "blis", "libxsmm"};
+enum { ENGINE_FUSED, ENGINE_FUSED_IN_PLACE, ENGINE_BLAS, ENGINE_BLIS, ENGINE_XSMM, NUM_ENGINES };
+static const char *const engine_names[NUM_ENGINES] = {"fused", "in place", "blas", "blis",
+                                                      "libxsmm"};
 
 /* cblas_sgemm with the CBLAS enums as ints (RowMajor 101, NoTrans 111). */
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
@@ -120,6 +122,9 @@ static void product(const operands *o, int engine, int q, int64_t count, int t) 
     if (engine == ENGINE_FUSED) {
         spconv__fused_rows_set(SPCONV_F32, count, a, NULL, 0, p, NULL, 0, o->k, o->n,
                                (const char *)o->packed + (size_t)q * o->packed_bytes, 0, NULL);
+    } else if (engine == ENGINE_FUSED_IN_PLACE) {
+        spconv__fused_rows_set(SPCONV_F32, count, a, NULL, 0, p, NULL, 0, o->k, o->n, w, o->n,
+                               NULL);
     } else if (engine == ENGINE_BLAS) {
         spconv__sgemm(SPCONV__GEMM_UNFUSED, 0, 0, count, o->n, o->k, a, o->k, w, o->n, 0.0f, p,
                       o->n);
@@ -220,17 +225,25 @@ int main(int argc, char **argv) {
 #else
     threads = 1;
 #endif
-    int have[NUM_ENGINES] = {spconv__fused_available(), spconv__gemm_has_blas(), 0, 0};
+    int have[NUM_ENGINES] = {spconv__fused_available(), 0, spconv__gemm_has_blas(), 0, 0};
     open_blis();
     have[ENGINE_BLIS] = blis_sgemm != NULL;
 #ifdef SPCONV_HAVE_LIBXSMM
     libxsmm_init();
     have[ENGINE_XSMM] = 1;
 #endif
+    /* W[k] read where it lies, as the forward reads it where that pays: every C_out here is a
+     * whole number of the kernels' tiles. */
+    have[ENGINE_FUSED_IN_PLACE] = have[ENGINE_FUSED];
+    for (int l = 0; l < NUM_LAYERS; ++l)
+        have[ENGINE_FUSED_IN_PLACE] &= spconv__fused_reads_b(SPCONV_F32, layers[l].c_out);
     spconv__gemm_prepare();
     printf("bench_gemm_libs: basic's conv products, 27 offsets x pairs / 27 rows, chunks of %d rows, "
            "%d thread%s, median of %d\n", CHUNK, threads, threads == 1 ? "" : "s", repeat);
-    printf("  fused:   %s\n", have[ENGINE_FUSED] ? "our kernels" : "not on this machine");
+    printf("  fused:   %s\n", have[ENGINE_FUSED] ? "our kernels, W[k] packed once a layer"
+                                                : "not on this machine");
+    printf("  in place: %s\n", have[ENGINE_FUSED_IN_PLACE] ? "our kernels, W[k] read where it lies"
+                                                          : "-");
     printf("  blas:    %s\n", have[ENGINE_BLAS] ? spconv__blas_name() : "not built in");
     printf("  blis:    %s\n", have[ENGINE_BLIS] ? blis_arch : "libblis.so.4 not found");
 #ifdef SPCONV_HAVE_LIBXSMM
