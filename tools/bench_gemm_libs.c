@@ -43,6 +43,7 @@
 #include "core/parallel.h"
 #include "conv/gemm.h"
 #include "conv/gemm_peak.h"
+#include "bench_common.h"
 
 #define OFFSETS 27
 #define CHUNK 2048 /* rows per call */
@@ -168,16 +169,6 @@ static void run_layer(const operands *o, int engine) {
         }
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Thread 0's product of offset 0 against double-precision sums: |error| <= (k + 1) eps sum
  * |terms| (a float32 dot product of k terms in any order, fused or not). */
 static int check_products(const operands *o, int engine, const char *layer) {
@@ -301,7 +292,7 @@ int main(int argc, char **argv) {
                    (long long)o.rows);
             for (int e = 0; e < NUM_ENGINES; ++e) {
                 if (!have[e]) continue;
-                const double m = median(ms[e], repeat);
+                const double m = bench_median(ms[e], repeat);
                 total_ms[e] += m;
                 printf(" %9.1f", flops / m * 1e-6);
             }

@@ -21,6 +21,7 @@
 
 #include "common/hash_flood.h"
 #include "spconv/spconv.h"
+#include "bench_common.h"
 
 #define MAX_REPEAT 100
 
@@ -35,18 +36,13 @@ static double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-static int compare_doubles(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct timing {
     double median, fastest;
 } timing;
 
 static timing summarize(double *ms, int n) {
-    qsort(ms, (size_t)n, sizeof *ms, compare_doubles);
-    return (timing){n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]), ms[0]};
+    const double middle = bench_median(ms, n);
+    return (timing){middle, ms[0]};
 }
 
 static spconv_voxelize_params kitti_params(void) {

@@ -39,6 +39,7 @@
 #include "conv/gemm_peak.h"
 #include "core/parallel.h"
 #include "spconv/spconv.h"
+#include "bench_common.h"
 
 #define PEAK_SIZE 2048
 
@@ -60,16 +61,6 @@ static _Noreturn void die(const char *what, spconv_status st) {
         spconv_status bench_st_ = (expr);                                                          \
         if (bench_st_ != SPCONV_OK) die(#expr, bench_st_);                                         \
     } while (0)
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n) {
-    qsort(values, (size_t)n, sizeof(double), compare_doubles);
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 /* The whole file, or NULL when it cannot be read (a named pipe or device is refused by the
  * library's opener rather than waited on); *bytes gets its size. */
@@ -149,7 +140,7 @@ static double bench_rulebook(spconv_context *ctx, const spconv_tensor *indices,
         CHECK(spconv_rulebook_build(ctx, indices, shape, 1, params, rb));
         times[r] = spconv__now_s() - t0;
     }
-    double seconds = median(times + 1, repeat);
+    double seconds = bench_median(times + 1, repeat);
     free(times);
     return seconds;
 }
@@ -192,9 +183,9 @@ static phase_medians run_conv(spconv_context *ctx, const spconv_rulebook *rb,
     }
     double best = samples[0];
     for (int r = 1; r < repeat; ++r) best = samples[r] < best ? samples[r] : best;
-    phase_medians m = {median(samples, repeat), median(samples + (repeat + 1), repeat),
-                       median(samples + 2 * (repeat + 1), repeat),
-                       median(samples + 3 * (repeat + 1), repeat), best};
+    phase_medians m = {bench_median(samples, repeat), bench_median(samples + (repeat + 1), repeat),
+                       bench_median(samples + 2 * (repeat + 1), repeat),
+                       bench_median(samples + 3 * (repeat + 1), repeat), best};
     free(samples);
     return m;
 }
@@ -211,7 +202,7 @@ static double bench_pool(spconv_context *ctx, const spconv_rulebook *rb, const s
         spconv_tensor_release(out);
         spconv_tensor_release(arg);
     }
-    double seconds = median(times + 1, repeat);
+    double seconds = bench_median(times + 1, repeat);
     free(times);
     return seconds;
 }
@@ -227,7 +218,7 @@ static double bench_pool_backward(spconv_context *ctx, const spconv_rulebook *rb
         times[r] = spconv__now_s() - t0;
         spconv_tensor_release(gx);
     }
-    double seconds = median(times + 1, repeat);
+    double seconds = bench_median(times + 1, repeat);
     free(times);
     return seconds;
 }
@@ -263,7 +254,7 @@ static double bench_stream(int threads, size_t read_bytes, size_t write_bytes, i
         times[r] = spconv__now_s() - t0;
         sink = sink + total + dst[nw / 2];
     }
-    double seconds = median(times + 1, repeat);
+    double seconds = bench_median(times + 1, repeat);
     free(times);
     free(src);
     free(dst);

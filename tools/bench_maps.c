@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "spconv/spconv.h"
+#include "bench_common.h"
 
 #define MAX_REPS 1000
 #define WARMUPS 3
@@ -25,16 +26,6 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n) {
-    qsort(values, (size_t)n, sizeof *values, compare_doubles);
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 /* A raw file of @p columns values of @p elem bytes per row as a tensor on @p device, or NULL. */
@@ -100,7 +91,7 @@ static int bench_case(const map_case *c, int reps) {
         if (!run_once(c)) return 0;
         times[r] = now_ms() - t0;
     }
-    printf("result case=%s median_ms=%.4f gflops=0 gbps=0\n", c->name, median(times, reps));
+    printf("result case=%s median_ms=%.4f gflops=0 gbps=0\n", c->name, bench_median(times, reps));
     return 1;
 }
 

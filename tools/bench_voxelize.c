@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "spconv/spconv.h"
+#include "bench_common.h"
 
 #define MAX_REPS 1000
 
@@ -20,16 +21,6 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *values, int n) {
-    qsort(values, (size_t)n, sizeof *values, compare_doubles);
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 static void join(char *buf, size_t size, const char *dir, const char *name) {
@@ -60,7 +51,7 @@ static void bench_reads(const char *dir, int reps) {
         }
         printf("%-28s %-36s %9lld %6d %9.2f\n", files[f], spconv_point_cloud_format_detail(pc),
                (long long)spconv_point_cloud_num_points(pc), spconv_point_cloud_num_fields(pc),
-               median(times, reps));
+               bench_median(times, reps));
         spconv_point_cloud_destroy(pc);
     }
 }
@@ -80,7 +71,7 @@ static double time_voxelize(spconv_context *ctx, const spconv_tensor *points,
             return -1.0;
         }
     }
-    double med = median(times, reps); /* sorts */
+    double med = bench_median(times, reps); /* sorts */
     *fastest = times[0];
     return med;
 }
