@@ -4,12 +4,13 @@
  *
  * The shapes are basic's 14 conv layers on spconv's benchmark input (125,562 sites), each as 27
  * products of pairs / 27 rows (one per kernel offset) by its W[k] (C_in x C_out), with the pair
- * counts `spconv bench --net basic --input ../shared/data` reports. The rows are contiguous (an
- * already gathered operand) and each product is written to its own buffer, so the libraries get
- * neither the gather nor the scatter that the unfused executor adds around them: the comparison
- * favours them. The rows of each offset go in chunks of CHUNK rows to the threads (OpenMP,
- * static), each chunk one single-threaded call, as the executors run their products. The fused
- * kernels pack each W[k] once per layer inside the timed region, as the forward does.
+ * counts `spconv bench --net basic --input ../shared/data` reports. Each offset's rows go in
+ * calls of CHUNK rows (fewer where the threads would otherwise idle), all (offset, call) pairs
+ * shared out to the threads (OpenMP, static), each call single-threaded on the thread's own
+ * operand and product, which stay in its cache as a gathered chunk would: the libraries get
+ * neither the gather nor the scatter that the unfused executor adds around them, so the
+ * comparison favours them. The fused kernels pack each W[k] once per layer inside the timed
+ * region, as the forward does.
  *
  *   - fused:    spconv__fused_rows_set (AVX2 or AVX-512, whichever the machine has), W[k]
  *               packed; "in place": the same kernels reading W[k] where it lies;
@@ -52,18 +53,16 @@
 
 typedef struct layer_shape {
     const char *name;
-    int64_t c_in, c_out, pairs, sites;
+    int64_t c_in, c_out, pairs;
 } layer_shape;
 
-/* basic on spconv_test_*: the convs' C_in, C_out, pairs (centre offset included) and sites. */
+/* basic on spconv_test_*: the convs' C_in, C_out and pairs (centre offset included). */
 static const layer_shape layers[] = {
-    {"net.0", 3, 64, 788888, 125562},     {"net.1", 64, 64, 788888, 125562},
-    {"net.3", 64, 96, 601049, 67099},     {"net.4", 96, 96, 601049, 67099},
-    {"net.6", 96, 128, 277399, 27855},    {"net.7", 128, 128, 277399, 27855},
-    {"net.9", 128, 160, 106418, 10362},   {"net.10", 160, 160, 106418, 10362},
-    {"net.12", 160, 192, 41697, 3561},    {"net.13", 192, 192, 41697, 3561},
-    {"net.15", 192, 224, 14295, 1081},    {"net.16", 224, 224, 14295, 1081},
-    {"net.18", 224, 256, 1662, 212},      {"net.19", 256, 256, 1662, 212}};
+    {"net.0", 3, 64, 788888},     {"net.1", 64, 64, 788888},     {"net.3", 64, 96, 601049},
+    {"net.4", 96, 96, 601049},    {"net.6", 96, 128, 277399},    {"net.7", 128, 128, 277399},
+    {"net.9", 128, 160, 106418},  {"net.10", 160, 160, 106418},  {"net.12", 160, 192, 41697},
+    {"net.13", 192, 192, 41697},  {"net.15", 192, 224, 14295},   {"net.16", 224, 224, 14295},
+    {"net.18", 224, 256, 1662},   {"net.19", 256, 256, 1662}};
 #define NUM_LAYERS ((int)(sizeof layers / sizeof layers[0]))
 
 enum { ENGINE_FUSED, ENGINE_FUSED_IN_PLACE, ENGINE_BLAS, ENGINE_BLIS, ENGINE_XSMM, NUM_ENGINES };
