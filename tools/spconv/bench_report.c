@@ -75,7 +75,8 @@ static double layer_needs(const bench_run *run, int l, size_t element) {
     switch (ly->kind) {
     case SPCONV_LAYER_SUBM: /* the same sites; the centre maps each row to itself */
         bytes += feature_bytes(ly->sites_out, ly->channels_out, element) +
-                 2.0 * sizeof(int32_t) * (double)(ly->pairs - ly->sites_in);
+                 2.0 * sizeof(int32_t) *
+                     (double)(ly->pairs > ly->sites_in ? ly->pairs - ly->sites_in : 0);
         break;
     case SPCONV_LAYER_CONV:
     case SPCONV_LAYER_TRANSPOSED:
@@ -120,12 +121,12 @@ void bench_report_capture_needs(bench_run *run, const spconv_net *net) {
                 }
             }
         }
-        if (bytes > most) {
+        if (l == 0 || bytes > most) {
             most = bytes;
             run->needed_layer = l;
         }
     }
-    run->needed_mib = (params + most) / (1024.0 * 1024.0);
+    if (run->needed_layer >= 0) run->needed_mib = (params + most) / (1024.0 * 1024.0);
 }
 
 /* ---- statistics ------------------------------------------------------------------------------- */
