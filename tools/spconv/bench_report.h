@@ -74,13 +74,14 @@ typedef struct bench_run {
 /** Copy what every layer of @p net is (from its last pass); 0 on success, -1 out of memory. */
 int bench_report_capture_layers(bench_run *run, const spconv_net *net);
 
-/** The least memory any engine holds to run an inference forward of @p net as the last pass
- *  did (after bench_report_capture_layers): the parameters, plus the largest over the layers of
+/** The least memory an engine that builds rulebooks holds to run an inference forward of
+ *  @p net as the last pass did (after bench_report_capture_layers): the parameters, plus the largest over the layers of
  *  the features and coordinates the layer reads and writes, its rulebook's pairs without the
  *  centre of a subm (two int32 rows a pair) and the saved tensors a later CONCAT still needs.
  *  Batch norm and ReLU count their input only (they can work in place). Kept rulebooks, the
- *  input of a layer once its output exists and every workspace are left out, so an engine
- *  could not hold less. Leaves needed_mib at 0 for a training forward. */
+ *  input of a layer once its output exists and every workspace are left out, so such an
+ *  engine could not hold less (one that probes a hash table per output instead of keeping the
+ *  pairs would hold the table instead). Leaves needed_mib at 0 for a training forward. */
 void bench_report_capture_needs(bench_run *run, const spconv_net *net);
 
 /** The human-readable report. */
