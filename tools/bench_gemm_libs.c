@@ -81,6 +81,9 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* @p bytes at a 64-byte boundary (free() releases them), or NULL. */
+static void *aligned(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
+
 static void open_blis(void) {
     void *lib = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     if (lib == NULL) return;
@@ -254,9 +257,10 @@ int main(int argc, char **argv) {
                       spconv__fused_packed_bytes(SPCONV_F32, layers[l].c_in, layers[l].c_out),
                       NULL};
         if (o.chunk > (o.rows + threads - 1) / threads) o.chunk = (o.rows + threads - 1) / threads;
-        o.w = malloc((size_t)(OFFSETS * o.k * o.n) * sizeof *o.w);
-        o.packed = malloc((size_t)OFFSETS * o.packed_bytes);
-        o.scratch = malloc((size_t)(threads * o.chunk * (o.k + o.n)) * sizeof *o.scratch);
+        /* Cache-line aligned, as the engine's tensors and workspaces are. */
+        o.w = aligned(sizeof(float) * (size_t)(OFFSETS * o.k * o.n));
+        o.packed = aligned((size_t)OFFSETS * o.packed_bytes);
+        o.scratch = aligned(sizeof(float) * (size_t)(threads * o.chunk * (o.k + o.n)));
         if (o.w == NULL || o.packed == NULL || o.scratch == NULL) {
             fprintf(stderr, "bench_gemm_libs: out of memory\n");
             rc = 1;
