@@ -10,7 +10,7 @@
  * operand and product, which stay in its cache as a gathered chunk would: the libraries get
  * neither the gather nor the scatter that the unfused executor adds around them, so the
  * comparison favours them. The fused kernels pack each W[k] once per layer inside the timed
- * region, as the forward does.
+ * region, the offsets shared out to the threads, as the forward does.
  *
  *   - fused:    spconv__fused_rows_set (AVX2 or AVX-512, whichever the machine has), W[k]
  *               packed; "in place": the same kernels reading W[k] where it lies;
@@ -84,16 +84,29 @@ static double now_s(void) {
 /* @p bytes at a 64-byte boundary (free() releases them), or NULL. */
 static void *aligned(size_t bytes) { return aligned_alloc(64, (bytes + 63) / 64 * 64); }
 
+/* BLIS's cblas_sgemm, single-threaded per call (the OpenMP build of BLIS would otherwise start
+ * its own team in every call where it does not see ours), or nothing. */
 static void open_blis(void) {
+#ifndef SPCONV_BENCH_NO_BLIS
     void *lib = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (lib == NULL) return;
+    if (lib == NULL) {
+        snprintf(blis_arch, sizeof blis_arch, "libblis.so.4 not found");
+        return;
+    }
     blis_sgemm = (cblas_sgemm_fn)(uintptr_t)dlsym(lib, "cblas_sgemm");
+    void (*set_threads)(long) = (void (*)(long))(uintptr_t)dlsym(lib, "bli_thread_set_num_threads");
+    if (set_threads != NULL) set_threads(1);
     int (*query)(void) = (int (*)(void))(uintptr_t)dlsym(lib, "bli_arch_query_id");
     const char *(*name)(int) = (const char *(*)(int))(uintptr_t)dlsym(lib, "bli_arch_string");
     const char *(*version)(void) =
         (const char *(*)(void))(uintptr_t)dlsym(lib, "bli_info_get_version_str");
-    if (query != NULL && name != NULL && version != NULL)
+    if (blis_sgemm == NULL)
+        snprintf(blis_arch, sizeof blis_arch, "libblis.so.4 has no cblas_sgemm");
+    else if (query != NULL && name != NULL && version != NULL)
         snprintf(blis_arch, sizeof blis_arch, "%s, %s kernels", version(), name(query()));
+#else
+    snprintf(blis_arch, sizeof blis_arch, "not in sanitizer builds (RTLD_DEEPBIND)");
+#endif
 }
 
 typedef struct operands {
@@ -101,14 +114,20 @@ typedef struct operands {
     float *w;                  /* [OFFSETS][k][n] */
     void *packed;              /* [OFFSETS] packed W[k] for the fused kernels */
     size_t packed_bytes;
-    float *scratch;            /* [threads][chunk][k + n]: each thread's operand and product */
+    float *scratch; /* per thread: its operand [chunk][k] and product [chunk][n], line-aligned */
 } operands;
 
 /* Thread @p t's operand rows (chunk x k) and product rows (chunk x n). */
-static float *operand_of(const operands *o, int t) {
-    return o->scratch + (int64_t)t * o->chunk * (o->k + o->n);
+static int64_t line_floats(int64_t floats) { return (floats + 15) / 16 * 16; }
+static int64_t thread_floats(const operands *o) {
+    return line_floats(o->chunk * o->k) + line_floats(o->chunk * o->n);
 }
-static float *product_of(const operands *o, int t) { return operand_of(o, t) + o->chunk * o->k; }
+static float *operand_of(const operands *o, int t) {
+    return o->scratch + (int64_t)t * thread_floats(o);
+}
+static float *product_of(const operands *o, int t) {
+    return operand_of(o, t) + line_floats(o->chunk * o->k);
+}
 
 static int thread_num(void) {
 #ifdef _OPENMP
@@ -158,10 +177,12 @@ static void product(const operands *o, int engine, int q, int64_t count, int t) 
  * shared out to the threads, each on its own operand and product (cache-resident, as a gathered
  * chunk would be). The fused kernels pack each W[k] first, as the forward does once a layer. */
 static void run_layer(const operands *o, int engine) {
-    if (engine == ENGINE_FUSED)
+    if (engine == ENGINE_FUSED) {
+        SPCONV_OMP(omp parallel for schedule(dynamic, 1))
         for (int q = 0; q < OFFSETS; ++q)
             spconv__fused_pack(SPCONV_F32, o->w + q * o->k * o->n, o->n, 0, o->k, o->n,
                                (char *)o->packed + (size_t)q * o->packed_bytes);
+    }
     const int64_t chunks = (o->rows + o->chunk - 1) / o->chunk;
     SPCONV_OMP(omp parallel for schedule(static) collapse(2))
     for (int q = 0; q < OFFSETS; ++q)
@@ -231,14 +252,14 @@ int main(int argc, char **argv) {
     for (int l = 0; l < NUM_LAYERS; ++l)
         have[ENGINE_FUSED_IN_PLACE] &= spconv__fused_reads_b(SPCONV_F32, layers[l].c_out);
     spconv__gemm_prepare();
-    printf("bench_gemm_libs: basic's conv products, 27 offsets x pairs / 27 rows, chunks of %d rows, "
-           "%d thread%s, median of %d\n", CHUNK, threads, threads == 1 ? "" : "s", repeat);
+    printf("bench_gemm_libs: basic's conv products, 27 offsets x pairs / 27 rows, chunks of %d "
+           "rows, %d thread%s, median of %d\n", CHUNK, threads, threads == 1 ? "" : "s", repeat);
     printf("  fused:   %s\n", have[ENGINE_FUSED] ? "our kernels, W[k] packed once a layer"
                                                 : "not on this machine");
     printf("  in place: %s\n", have[ENGINE_FUSED_IN_PLACE] ? "our kernels, W[k] read where it lies"
                                                           : "-");
     printf("  blas:    %s\n", have[ENGINE_BLAS] ? spconv__blas_name() : "not built in");
-    printf("  blis:    %s\n", have[ENGINE_BLIS] ? blis_arch : "libblis.so.4 not found");
+    printf("  blis:    %s\n", blis_arch);
 #ifdef SPCONV_HAVE_LIBXSMM
     printf("  libxsmm: %s, JIT kernels of %d-row strips\n", LIBXSMM_VERSION, STRIP);
 #else
@@ -260,13 +281,13 @@ int main(int argc, char **argv) {
         /* Cache-line aligned, as the engine's tensors and workspaces are. */
         o.w = aligned(sizeof(float) * (size_t)(OFFSETS * o.k * o.n));
         o.packed = aligned((size_t)OFFSETS * o.packed_bytes);
-        o.scratch = aligned(sizeof(float) * (size_t)(threads * o.chunk * (o.k + o.n)));
+        o.scratch = aligned(sizeof(float) * (size_t)(threads * thread_floats(&o)));
         if (o.w == NULL || o.packed == NULL || o.scratch == NULL) {
             fprintf(stderr, "bench_gemm_libs: out of memory\n");
             rc = 1;
         }
         uint64_t state = 0x2545f4914f6cdd1dULL + (uint64_t)l;
-        for (int64_t i = 0; rc == 0 && i < threads * o.chunk * (o.k + o.n); ++i) {
+        for (int64_t i = 0; rc == 0 && i < threads * thread_floats(&o); ++i) {
             state = state * 6364136223846793005ULL + 1442695040888963407ULL;
             o.scratch[i] = (float)(state >> 40) * 0x1.0p-23f - 1.0f;
         }
@@ -305,7 +326,7 @@ int main(int argc, char **argv) {
         free(o.w);
         free(o.packed);
     }
-    if (rc != 0) return rc;
+    if (rc != 0) return 1;
     printf("%-27s", "all layers, ms");
     for (int e = 0; e < NUM_ENGINES; ++e)
         if (have[e]) printf(" %9.1f", total_ms[e]);

@@ -102,16 +102,21 @@ void bench_report_capture_needs(bench_run *run, const spconv_net *net) {
     double params = 0.0;
     for (int i = 0; i < spconv_net_num_params(net); ++i) {
         const spconv_tensor *t = spconv_net_param(net, i);
-        params += (double)spconv_tensor_numel(t) * (double)spconv_dtype_size(spconv_tensor_dtype(t));
+        params +=
+            (double)spconv_tensor_numel(t) * (double)spconv_dtype_size(spconv_tensor_dtype(t));
     }
     double most = 0.0;
     for (int l = 0; l < run->num_layers; ++l) {
         double bytes = layer_needs(run, l, element);
-        /* Tensors saved before l - 1 (the layer after a SAVE reads it as its input) that a CONCAT
-         * at l or later still takes: their features. */
-        for (int s = 0; s < l - 1; ++s) {
+        /* Tensors saved before l that a CONCAT at l or later still takes: their features, unless
+         * only SAVEs stand between the save and l (then the saved tensor is l's input). */
+        for (int s = 0; s < l; ++s) {
             const spconv_layer_desc *d = spconv_net_layer(net, s);
             if (d->kind != SPCONV_LAYER_SAVE) continue;
+            int passed_on = 1;
+            for (int m = s + 1; m < l; ++m)
+                passed_on &= spconv_net_layer(net, m)->kind == SPCONV_LAYER_SAVE;
+            if (passed_on) continue;
             for (int c = l; c < run->num_layers; ++c) {
                 const spconv_layer_desc *e = spconv_net_layer(net, c);
                 if (e->kind == SPCONV_LAYER_CONCAT && strcmp(e->key, d->key) == 0) {
@@ -285,11 +290,14 @@ static void print_pass(bench_run *run, bench_samples *s, const char *title, int 
             "[%.1f, %.1f] (%.2f KiB per input site)\n", title,
             run->sites > 0 ? 1e3 * p.wall.median / (double)run->sites : 0.0, mib.median, mib.min,
             mib.max, run->sites > 0 ? 1024.0 * mib.median / (double)run->sites : 0.0);
-    if (!backward && run->needed_mib > 0.0)
+    if (!backward && run->needed_mib > 0.0) {
         fprintf(out, "%s: at least %.1f MiB needed (parameters, and what layer %d '%s' reads and "
-                "writes at once); engine tensors at their most %.2fx that\n", title,
-                run->needed_mib, run->needed_layer, run->layers[run->needed_layer].name,
-                mib.median / run->needed_mib);
+                "writes at once)", title, run->needed_mib, run->needed_layer,
+                run->layers[run->needed_layer].name);
+        if (mib.median > 0.0) /* 0 where the C library does not tell allocation sizes */
+            fprintf(out, "; engine tensors at their most %.2fx that", mib.median / run->needed_mib);
+        fputc('\n', out);
+    }
 }
 
 void bench_report_print(bench_run *run, FILE *out) {

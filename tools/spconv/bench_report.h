@@ -75,13 +75,14 @@ typedef struct bench_run {
 int bench_report_capture_layers(bench_run *run, const spconv_net *net);
 
 /** The least memory an engine that builds rulebooks holds to run an inference forward of
- *  @p net as the last pass did (after bench_report_capture_layers): the parameters, plus the largest over the layers of
- *  the features and coordinates the layer reads and writes, its rulebook's pairs without the
- *  centre of a subm (two int32 rows a pair) and the saved tensors a later CONCAT still needs.
- *  Batch norm and ReLU count their input only (they can work in place). Kept rulebooks, the
- *  input of a layer once its output exists and every workspace are left out, so such an
- *  engine could not hold less (one that probes a hash table per output instead of keeping the
- *  pairs would hold the table instead). Leaves needed_mib at 0 for a training forward. */
+ *  @p net as the last pass did (after bench_report_capture_layers): the parameters, plus the
+ *  largest over the layers of the features and coordinates the layer reads and writes, its
+ *  rulebook's pairs without the centre of a subm (two int32 rows a pair) and the saved tensors
+ *  a later CONCAT still needs. Batch norm and ReLU count their input only (they can work in
+ *  place). Kept rulebooks, the input of a layer once its output exists and every workspace are
+ *  left out, so such an engine could not hold less (one that probes a hash table per output
+ *  instead of keeping the pairs would hold the table instead). Leaves needed_mib at 0 for a
+ *  training forward. For a network on the CPU, whose tensors the report counts. */
 void bench_report_capture_needs(bench_run *run, const spconv_net *net);
 
 /** The human-readable report. */

@@ -244,7 +244,8 @@ static int bench_steps(bench_job *job) {
     job->run.rss_peak_mib = peak_resident_mib();
     if (bench_report_capture_layers(&job->run, job->net) != 0)
         return cli_error(job->cmd, "out of memory for the report");
-    bench_report_capture_needs(&job->run, job->net);
+    if (spconv_context_device(job->ctx).type == SPCONV_DEVICE_CPU) /* its tensors are counted */
+        bench_report_capture_needs(&job->run, job->net);
     bench_report_print(&job->run, stdout);
     return job->args.json != NULL ? finish_json(job) : 0;
 }
