@@ -3,8 +3,8 @@
  * filling an open-addressing table of packed 64-bit keys with a checked capacity.
  *
  * Thrust: under nvcc the CUDA system on the context's stream (thrust::cuda::par.on); in the host
- * emulation its CPP system on the calling thread (CMake defines THRUST_DEVICE_SYSTEM there), which
- * is what the emulated stream order is anyway: work runs when it is queued. */
+ * emulation its CPP system on the calling thread (CMake defines THRUST_DEVICE_SYSTEM there), after
+ * the work queued on the stream has run, which is where the CUDA system's algorithm would run. */
 #ifndef SPCONV_CUDA_MAPS_COMMON_H
 #define SPCONV_CUDA_MAPS_COMMON_H
 
@@ -37,7 +37,9 @@
 #include "rulebook/hash.h"
 
 #if SPCONV_CUDA_EMULATION
-#define SPCONV_THRUST_ON(stream) thrust::cpp::par
+/* Thrust's CUDA system runs an algorithm after the stream's earlier work and returns when it is
+ * done; the emulation runs the stream's queued work, then the algorithm on the calling thread. */
+#define SPCONV_THRUST_ON(stream) (spconv__emu::run_queued(stream), thrust::cpp::par)
 #else
 #define SPCONV_THRUST_ON(stream) thrust::cuda::par.on(stream)
 #endif

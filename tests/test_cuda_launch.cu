@@ -2,14 +2,16 @@
  * GPU in the nvcc build, the CPU in the host emulation (cuda/emulation/). Both builds compile this
  * one file, so a GPU run (tools/gpu-check.sh) confirms that the emulation promises only what a GPU
  * does: every thread of a grid runs once and sees its own indices, atomics under contention give
- * exact totals, bad configurations fail through cudaGetLastError without running the kernel, and
- * events time a stream. Launches go through SPCONV_CUDA_LAUNCH, as the backend's do. Skips
- * without a device. */
+ * exact totals, bad configurations fail through cudaGetLastError without running the kernel,
+ * events time a stream and order work across streams. Launches go through SPCONV_CUDA_LAUNCH, as
+ * the backend's do. Skips without a device. The emulation's own promises (work runs only when
+ * waited for; threads run in the order SPCONV_CUDA_EMULATION_SCHEDULE names) are checked last. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* CMocka's header declares C functions without saying so to C++. */
@@ -216,6 +218,81 @@ static void test_stream_orders_work_and_events_time_it(void **state) {
     CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+/* Work on one stream that uses what another stream makes waits for it through an event. In the
+ * emulation nothing runs until the host waits, so without the wait the copy would read the old
+ * values (test_emulation_runs_work_when_waited_for shows that). */
+static void test_event_wait_orders_two_streams(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const int n = 1 << 16;
+    cudaStream_t maker = NULL, user = NULL;
+    cudaEvent_t made = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&maker, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreate(&made));
+    float *values = NULL, *copy = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&values, n * sizeof *values));
+    CHECK_CUDA(cudaMalloc((void **)&copy, n * sizeof *copy));
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 4, 256, 0, maker, values, n, 1.0f);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaStreamSynchronize(maker));
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 64, 256, 0, maker, values, n, 7.0f);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaEventRecord(made, maker));
+    CHECK_CUDA(cudaEventDestroy(made)); /* the queued wait below still holds */
+    made = NULL;
+    CHECK_CUDA(cudaEventCreate(&made));
+    CHECK_CUDA(cudaEventRecord(made, maker));
+    CHECK_CUDA(cudaStreamWaitEvent(user, made, 0));
+    CHECK_CUDA(cudaMemcpyAsync(copy, values, n * sizeof *copy, cudaMemcpyDeviceToDevice, user));
+    static float host[1 << 16];
+    CHECK_CUDA(cudaMemcpyAsync(host, copy, sizeof host, cudaMemcpyDeviceToHost, user));
+    CHECK_CUDA(cudaStreamSynchronize(user));
+    for (int i = 0; i < n; ++i)
+        if (host[i] != 7.0f) fail_msg("element %d is %g, not 7: the wait did not order", i,
+                                      (double)host[i]);
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaFree(copy));
+    CHECK_CUDA(cudaEventDestroy(made));
+    CHECK_CUDA(cudaStreamDestroy(maker));
+    CHECK_CUDA(cudaStreamDestroy(user));
+}
+
+/* Each thread takes the next number from a counter: the numbers say in which order the threads
+ * ran. Any order is a permutation, whatever runs them. */
+__global__ void record_order_kernel(unsigned int *order, unsigned int *counter) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    order[i] = atomicAdd(counter, 1u);
+}
+
+static void run_order(unsigned int *host, dim3 grid, dim3 block, size_t threads) {
+    unsigned int *order = NULL, *counter = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&order, threads * sizeof *order));
+    CHECK_CUDA(cudaMalloc((void **)&counter, sizeof *counter));
+    CHECK_CUDA(cudaMemset(counter, 0, sizeof *counter));
+    SPCONV_CUDA_LAUNCH(record_order_kernel, grid, block, 0, cudaStreamLegacy, order, counter);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpy(host, order, threads * sizeof *host, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaFree(order));
+    CHECK_CUDA(cudaFree(counter));
+}
+
+static void test_threads_run_once_in_some_order(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const dim3 grid(5), block(96);
+    enum { threads = 5 * 96 };
+    unsigned int host[threads];
+    char seen[threads];
+    run_order(host, grid, block, threads);
+    memset(seen, 0, sizeof seen);
+    for (size_t i = 0; i < threads; ++i) {
+        if (host[i] >= threads || seen[host[i]])
+            fail_msg("thread %zu got turn %u: not a permutation", i, host[i]);
+        seen[host[i]] = 1;
+    }
+}
+
 /* ---- the emulation's own promises ------------------------------------------------------------ */
 
 /* Host memory is not device memory, even where both are host memory: what would fault or fail
@@ -246,6 +323,60 @@ static void test_emulation_keeps_host_and_device_apart(void **state) {
     (void)cudaGetLastError();
 }
 
+/* The emulation runs queued work as late as CUDA allows: a copy to the host is not there until the
+ * host waits for its stream (its bytes are 0xa5 until then), and a stream that does not wait for
+ * another's work through an event runs before it. Both would be bugs on a GPU that happen to work
+ * when work runs at once; here they show. */
+static void test_emulation_runs_work_when_waited_for(void **state) {
+    (void)state;
+    if (!SPCONV_CUDA_EMULATION) skip();
+    const char *mode = getenv("SPCONV_CUDA_EMULATION_STREAMS");
+    if (mode != NULL && strcmp(mode, "eager") == 0) skip();
+    const int n = 1000;
+    cudaStream_t maker = NULL, user = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&maker, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking));
+    float *values = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&values, n * sizeof *values));
+    CHECK_CUDA(cudaMemset(values, 0, n * sizeof *values));
+    CHECK_CUDA(cudaDeviceSynchronize());
+
+    static float host[1000];
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 2, 128, 0, maker, values, n, 3.0f);
+    CHECK_CUDA(cudaMemcpyAsync(host, values, sizeof host, cudaMemcpyDeviceToHost, maker));
+    uint32_t bits;
+    memcpy(&bits, &host[n - 1], sizeof bits);
+    assert_int_equal(bits, 0xa5a5a5a5u); /* not waited for: not there */
+    CHECK_CUDA(cudaStreamSynchronize(maker));
+    assert_true(host[0] == 3.0f && host[n - 1] == 3.0f);
+
+    /* No event: the user stream's copy runs first and reads the 3s, not the 5s. */
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 2, 128, 0, maker, values, n, 5.0f);
+    CHECK_CUDA(cudaMemcpyAsync(host, values, sizeof host, cudaMemcpyDeviceToHost, user));
+    CHECK_CUDA(cudaStreamSynchronize(user));
+    assert_true(host[0] == 3.0f && host[n - 1] == 3.0f);
+    /* cudaFree waits for the whole device, so the 5s are written before the memory goes. */
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaStreamDestroy(maker));
+    CHECK_CUDA(cudaStreamDestroy(user));
+}
+
+/* The schedule: forward runs threads in index order, reverse in the opposite one, and a shuffle
+ * some permutation (test_threads_run_once_in_some_order). The environment picks it. */
+static void test_emulation_follows_its_schedule(void **state) {
+    (void)state;
+    if (!SPCONV_CUDA_EMULATION) skip();
+    const char *schedule = getenv("SPCONV_CUDA_EMULATION_SCHEDULE");
+    const int forward = schedule == NULL || *schedule == '\0' || strcmp(schedule, "forward") == 0;
+    const int reverse = schedule != NULL && strcmp(schedule, "reverse") == 0;
+    if (!forward && !reverse) skip();
+    enum { threads = 6 * 16 };
+    unsigned int host[threads];
+    run_order(host, dim3(6), dim3(16), threads);
+    for (unsigned int i = 0; i < threads; ++i)
+        assert_int_equal(host[i], forward ? i : threads - 1 - i);
+}
+
 int main(void) {
     if (!device_present()) printf("skipped: no CUDA device; the launch checks need one\n");
     const struct CMUnitTest tests[] = {
@@ -253,7 +384,11 @@ int main(void) {
         cmocka_unit_test(test_atomics_give_exact_totals),
         cmocka_unit_test(test_bad_configurations_fail_without_running),
         cmocka_unit_test(test_stream_orders_work_and_events_time_it),
+        cmocka_unit_test(test_event_wait_orders_two_streams),
+        cmocka_unit_test(test_threads_run_once_in_some_order),
         cmocka_unit_test(test_emulation_keeps_host_and_device_apart),
+        cmocka_unit_test(test_emulation_runs_work_when_waited_for),
+        cmocka_unit_test(test_emulation_follows_its_schedule),
     };
     return cmocka_run_group_tests_name("cuda_launch", tests, NULL, NULL);
 }

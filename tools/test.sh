@@ -4,7 +4,10 @@
 #   tools/test.sh --sanitize  ASan+UBSan build of the CPU library in build-asan/, all tests
 #   tools/test.sh --emulate-cuda
 #                             the CUDA backend as the host emulation (docs/cuda.md) in build-emu/:
-#                             cuda/*.cu compiled by g++, every CUDA test runs its kernels on the CPU
+#                             cuda/*.cu compiled by g++, every CUDA test runs its kernels on the CPU,
+#                             queued work as late as CUDA allows, threads of each launch in a
+#                             shuffled order (SPCONV_CUDA_EMULATION_SCHEDULE=shuffle:SEED, a fresh
+#                             seed each run, printed; set the variable to repeat one)
 #   tools/test.sh --emulate-cuda --sanitize
 #                             the same under ASan+UBSan in build-emu-asan/ (kernels included)
 #   tools/test.sh --no-openmp the CPU library built without OpenMP in build-noomp/ (every parallel
@@ -64,6 +67,12 @@ if [ $emulate = 1 ]; then
   # The emulation is this build's CUDA backend: nvcc is not asked for even where it exists.
   build=build-emu
   configure+=(-DSPCONV_CUDA=OFF -DSPCONV_CUDA_EMULATION=ON)
+  # A GPU runs a launch's threads in any order: a kernel whose result depends on the order is
+  # wrong, and a scrambled order shows it where the index order would hide it.
+  if [ -z "${SPCONV_CUDA_EMULATION_SCHEDULE:-}" ]; then
+    export SPCONV_CUDA_EMULATION_SCHEDULE=shuffle:$(( (RANDOM << 15) | RANDOM ))
+  fi
+  echo "emulated CUDA: SPCONV_CUDA_EMULATION_SCHEDULE=$SPCONV_CUDA_EMULATION_SCHEDULE"
 elif [ $noomp = 1 ]; then
   # OpenMP is optional: without it the library, the tools and the tests must still build
   # warning-free and pass (a stray omp_* call outside core/parallel.h fails here).

@@ -57,7 +57,8 @@ struct tf32_input {
 };
 
 /* C = alpha op(A) op(B) + beta C, column-major; beta 0 ignores C's old contents (NaN included),
- * as cuBLAS does. Arguments are checked as cuBLAS checks them. */
+ * as cuBLAS does. Arguments are checked as cuBLAS checks them, and alpha and beta read, when it
+ * is called (host pointer mode); the product itself is queued on the handle's stream. */
 template <typename T, typename Input = exact_input>
 static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const T *alpha, const T *A,
@@ -68,19 +69,22 @@ static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
     if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) ||
         ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1) || alpha == NULL || beta == NULL)
         return CUBLAS_STATUS_INVALID_VALUE;
-    for (int j = 0; j < n; ++j)
-        for (int i = 0; i < m; ++i) {
-            T sum = 0;
-            for (int p = 0; p < k; ++p) {
-                const T a = input(transa == CUBLAS_OP_N ? A[i + (size_t)p * lda]
-                                                        : A[p + (size_t)i * lda]);
-                const T b = input(transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb]
-                                                        : B[j + (size_t)p * ldb]);
-                sum += a * b;
+    const T al = *alpha, be = *beta;
+    spconv__emu::enqueue(handle->stream, [=] {
+        for (int j = 0; j < n; ++j)
+            for (int i = 0; i < m; ++i) {
+                T sum = 0;
+                for (int p = 0; p < k; ++p) {
+                    const T a = input(transa == CUBLAS_OP_N ? A[i + (size_t)p * lda]
+                                                            : A[p + (size_t)i * lda]);
+                    const T b = input(transb == CUBLAS_OP_N ? B[p + (size_t)j * ldb]
+                                                            : B[j + (size_t)p * ldb]);
+                    sum += a * b;
+                }
+                T *c = &C[i + (size_t)j * ldc];
+                *c = be == 0 ? al * sum : al * sum + be * *c;
             }
-            T *c = &C[i + (size_t)j * ldc];
-            *c = *beta == 0 ? *alpha * sum : *alpha * sum + *beta * *c;
-        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

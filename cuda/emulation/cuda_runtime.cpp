@@ -4,21 +4,38 @@
  * working by accident because everything is host memory. */
 #include "cuda_runtime.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
+/* A stream's queue: work[k] is the (done + k + 1)-th item ever queued on it. Ids are never
+ * reused, so a wait on a destroyed stream (whose work all ran when it was destroyed) is seen to
+ * be satisfied, even when a new stream has its address. */
 struct spconv__emu_stream {
     unsigned int flags;
+    uint64_t id;
+    std::deque<std::function<void()>> work;
+    uint64_t queued = 0, done = 0;
+    bool running = false;
 };
 
+/* The record that completes the event: (stream id, its item count after the record); 0 when it
+ * was never recorded. Destroying an event whose record is still queued frees it when the record
+ * runs, as the runtime does. */
 struct spconv__emu_event {
     bool recorded;
     std::chrono::steady_clock::time_point when;
+    uint64_t stream_id = 0, item = 0;
+    int records_queued = 0;
+    bool destroyed = false;
 };
 
 namespace {
@@ -50,6 +67,104 @@ struct runtime_state {
     std::set<cudaStream_t> streams;
     std::set<cudaEvent_t> events;
 };
+
+/* ---- queued work ----------------------------------------------------------------------------
+ * One lock for every queue, held while work runs (work queued from several host threads runs one
+ * item at a time); recursive, since running an item that waits runs other streams' items. The
+ * legacy default stream and the per-thread default stream (one for the whole process here) are
+ * blocking streams that always exist. */
+struct queue_state {
+    std::recursive_mutex mutex;
+    spconv__emu_stream legacy{cudaStreamDefault, 1, {}, 0, 0, false};
+    spconv__emu_stream per_thread{cudaStreamDefault, 2, {}, 0, 0, false};
+    std::map<uint64_t, spconv__emu_stream *> by_id{{1, &legacy}, {2, &per_thread}};
+    uint64_t next_id = 3;
+    bool eager = false;
+};
+
+queue_state &queues() {
+    static queue_state *the_queues = [] {
+        queue_state *q = new queue_state; /* never destroyed: work may be queued at exit */
+        const char *mode = getenv("SPCONV_CUDA_EMULATION_STREAMS");
+        if (mode != NULL && strcmp(mode, "eager") == 0) {
+            q->eager = true;
+        } else if (mode != NULL && *mode != '\0' && strcmp(mode, "deferred") != 0) {
+            fprintf(stderr, "spconv CUDA emulation: SPCONV_CUDA_EMULATION_STREAMS=%s is neither "
+                            "\"deferred\" nor \"eager\"\n", mode);
+            exit(2);
+        }
+        return q;
+    }();
+    return *the_queues;
+}
+
+spconv__emu_stream *resolve(cudaStream_t stream) {
+    queue_state &q = queues();
+    if (stream == NULL || stream == cudaStreamLegacy) return &q.legacy;
+    if (stream == cudaStreamPerThread) return &q.per_thread;
+    return stream;
+}
+
+void run_until(spconv__emu_stream *s, uint64_t item);
+
+/* Runs, in order, the items of stream @p id up to its @p item-th (all of them, if it is gone). */
+void run_stream_until(uint64_t id, uint64_t item) {
+    queue_state &q = queues();
+    auto found = q.by_id.find(id);
+    if (found != q.by_id.end()) run_until(found->second, item);
+}
+
+void run_until(spconv__emu_stream *s, uint64_t item) {
+    while (s->done < item && !s->work.empty()) {
+        if (s->running) {
+            /* Work only ever waits for work queued before it, so this cannot happen. */
+            fprintf(stderr, "spconv CUDA emulation: stream %llu waits for itself\n",
+                    (unsigned long long)s->id);
+            abort();
+        }
+        std::function<void()> next = std::move(s->work.front());
+        s->work.pop_front();
+        s->running = true;
+        next();
+        s->running = false;
+        ++s->done;
+    }
+}
+
+void run_all(spconv__emu_stream *s) { run_until(s, s->queued); }
+
+void run_every_stream() {
+    queue_state &q = queues();
+    for (auto &entry : q.by_id) run_all(entry.second);
+}
+
+/* The implicit order of the legacy default stream: its work waits for the work queued before it
+ * on every blocking stream, and a blocking stream's work waits for the legacy stream's. Queued as
+ * waits, so that nothing runs before it must. */
+void queue_implicit_waits(spconv__emu_stream *s) {
+    queue_state &q = queues();
+    std::vector<std::pair<uint64_t, uint64_t>> before;
+    if (s == &q.legacy) {
+        for (auto &entry : q.by_id)
+            if (entry.second != s && (entry.second->flags & cudaStreamNonBlocking) == 0 &&
+                entry.second->queued > entry.second->done)
+                before.emplace_back(entry.first, entry.second->queued);
+    } else if ((s->flags & cudaStreamNonBlocking) == 0 && q.legacy.queued > q.legacy.done) {
+        before.emplace_back(q.legacy.id, q.legacy.queued);
+    }
+    for (const auto &wait : before) {
+        s->work.push_back([wait] { run_stream_until(wait.first, wait.second); });
+        ++s->queued;
+    }
+}
+
+void push(spconv__emu_stream *s, std::function<void()> work) {
+    queue_state &q = queues();
+    queue_implicit_waits(s);
+    s->work.push_back(std::move(work));
+    ++s->queued;
+    if (q.eager) run_all(s);
+}
 
 runtime_state &state() {
     static runtime_state the_state; /* built on first use, so static initialisation order is moot */
@@ -202,7 +317,11 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    std::lock_guard<std::recursive_mutex> lock(queues().mutex);
+    run_every_stream();
+    return cudaSuccess;
+}
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
@@ -221,8 +340,13 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
     return cudaSuccess;
 }
 
+/* cudaFree waits for the whole device first, as the runtime's does. */
 cudaError_t cudaFree(void *ptr) {
     if (ptr == NULL) return cudaSuccess;
+    {
+        std::lock_guard<std::recursive_mutex> lock(queues().mutex);
+        run_every_stream();
+    }
     {
         runtime_state &s = state();
         std::lock_guard<std::mutex> lock(s.mutex);
@@ -239,27 +363,77 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream) {
+namespace {
+
+enum copy_direction { host_to_host, to_device_from_host, to_host_from_device, device_to_device };
+
+copy_direction direction_of(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    switch (kind) {
+    case cudaMemcpyHostToHost: return host_to_host;
+    case cudaMemcpyHostToDevice: return to_device_from_host;
+    case cudaMemcpyDeviceToHost: return to_host_from_device;
+    case cudaMemcpyDeviceToDevice: return device_to_device;
+    case cudaMemcpyDefault: break;
+    }
+    const bool dst_device = is_device_range(dst, count), src_device = is_device_range(src, count);
+    return dst_device ? (src_device ? device_to_device : to_device_from_host)
+                      : (src_device ? to_host_from_device : host_to_host);
+}
+
+/* The copy of cudaMemcpy(Async): checked now, then done as the header says. Returns the
+ * direction, for cudaMemcpy's wait. */
+cudaError_t queue_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                       cudaStream_t stream, copy_direction *direction) {
+    *direction = host_to_host;
     if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
     if (count == 0) return cudaSuccess;
     if (dst == NULL || src == NULL || !copy_sides_valid(dst, src, count, kind))
         return record(cudaErrorInvalidValue);
+    *direction = direction_of(dst, src, count, kind);
     /* memcpy, not memmove: overlapping ranges are undefined for cudaMemcpy too, and the
      * sanitizer build then says so. */
-    memcpy(dst, src, count);
+    switch (*direction) {
+    case host_to_host: memcpy(dst, src, count); break;
+    case to_device_from_host: {
+        auto staged = std::make_shared<std::vector<unsigned char>>(
+            (const unsigned char *)src, (const unsigned char *)src + count);
+        spconv__emu::enqueue(stream, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+        break;
+    }
+    case to_host_from_device:
+        /* Undefined until the copy is done: a host that reads it too early sees this. */
+        memset(dst, 0xa5, count);
+        spconv__emu::enqueue(stream, [dst, src, count] { memcpy(dst, src, count); });
+        break;
+    case device_to_device:
+        spconv__emu::enqueue(stream, [dst, src, count] { memcpy(dst, src, count); });
+        break;
+    }
     return cudaSuccess;
 }
 
+} // namespace
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    copy_direction direction;
+    return queue_copy(dst, src, count, kind, stream, &direction);
+}
+
+/* On the legacy default stream; only a copy to the host makes the caller wait for it. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
-    return cudaMemcpyAsync(dst, src, count, kind, cudaStreamLegacy);
+    copy_direction direction;
+    cudaError_t error = queue_copy(dst, src, count, kind, cudaStreamLegacy, &direction);
+    if (error == cudaSuccess && direction == to_host_from_device)
+        spconv__emu::run_queued(cudaStreamLegacy);
+    return error;
 }
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t count, cudaStream_t stream) {
     if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
     if (count == 0) return cudaSuccess;
     if (!is_device_range(dst, count)) return record(cudaErrorInvalidValue);
-    memset(dst, value, count);
+    spconv__emu::enqueue(stream, [dst, value, count] { memset(dst, value, count); });
     return cudaSuccess;
 }
 
@@ -272,7 +446,10 @@ cudaError_t cudaMemset(void *dst, int value, size_t count) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
     if (stream == NULL || (flags & ~(unsigned int)cudaStreamNonBlocking) != 0)
         return record(cudaErrorInvalidValue);
-    cudaStream_t created = new spconv__emu_stream{flags};
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> queue_lock(q.mutex);
+    cudaStream_t created = new spconv__emu_stream{flags, q.next_id++, {}, 0, 0, false};
+    q.by_id[created->id] = created;
     runtime_state &s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
     s.streams.insert(created);
@@ -284,28 +461,51 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) {
     return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
+/* The runtime finishes a destroyed stream's work later; here it runs now. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> queue_lock(q.mutex);
     {
         runtime_state &s = state();
         std::lock_guard<std::mutex> lock(s.mutex);
         if (stream == NULL || s.streams.erase(stream) == 0)
             return record(cudaErrorInvalidResourceHandle);
     }
+    run_all(stream);
+    q.by_id.erase(stream->id);
     delete stream;
     return cudaSuccess;
 }
 
-/* Work finished when it was queued, so a live stream is always idle. */
+/* The legacy default stream's synchronisation also waits for the blocking streams. */
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    return is_live_stream(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    spconv__emu_stream *s = resolve(stream);
+    if (s == &q.legacy) {
+        for (auto &entry : q.by_id)
+            if ((entry.second->flags & cudaStreamNonBlocking) == 0) run_all(entry.second);
+    }
+    run_all(s);
+    return cudaSuccess;
 }
 
+/* Nothing runs unless someone waits, so a query waits: a host polling for completion ends. */
 cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
 
+/* An event never recorded is complete: the wait is a no-op, as in the runtime. */
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     if (!is_live_stream(stream) || !is_live_event(event))
         return record(cudaErrorInvalidResourceHandle);
-    return flags == 0 ? cudaSuccess : record(cudaErrorInvalidValue);
+    if (flags != 0) return record(cudaErrorInvalidValue);
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    if (event->stream_id != 0) {
+        const uint64_t id = event->stream_id, item = event->item;
+        spconv__emu::enqueue(stream, [id, item] { run_stream_until(id, item); });
+    }
+    return cudaSuccess;
 }
 
 /* ---- events -------------------------------------------------------------------------------- */
@@ -321,36 +521,59 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> queue_lock(q.mutex);
     {
         runtime_state &s = state();
         std::lock_guard<std::mutex> lock(s.mutex);
         if (event == NULL || s.events.erase(event) == 0)
             return record(cudaErrorInvalidResourceHandle);
     }
-    delete event;
+    if (event->records_queued == 0)
+        delete event;
+    else
+        event->destroyed = true;
     return cudaSuccess;
 }
 
-/* The stream's earlier work is done, so the event is reached now: elapsed times between events
- * are the host time the emulated work took. */
+/* The event is reached when the stream's earlier work has run: elapsed times between events are
+ * the host time the emulated work between them took. */
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!is_live_event(event) || !is_live_stream(stream))
         return record(cudaErrorInvalidResourceHandle);
-    event->recorded = true;
-    event->when = std::chrono::steady_clock::now();
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    event->recorded = false;
+    ++event->records_queued;
+    spconv__emu_stream *s = resolve(stream);
+    spconv__emu::enqueue(stream, [event] {
+        event->recorded = true;
+        event->when = std::chrono::steady_clock::now();
+        if (--event->records_queued == 0 && event->destroyed) delete event;
+    });
+    event->stream_id = s->id;
+    event->item = s->queued;
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    return is_live_event(event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!is_live_event(event)) return record(cudaErrorInvalidResourceHandle);
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    if (event->stream_id != 0) run_stream_until(event->stream_id, event->item);
+    return cudaSuccess;
 }
 
+/* As cudaStreamQuery: the query waits. */
 cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     if (ms == NULL) return record(cudaErrorInvalidValue);
-    if (!is_live_event(start) || !is_live_event(end) || !start->recorded || !end->recorded)
+    if (!is_live_event(start) || !is_live_event(end) || start->stream_id == 0 ||
+        end->stream_id == 0)
         return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::recursive_mutex> lock(queues().mutex);
+    if (!start->recorded || !end->recorded) return record(cudaErrorNotReady);
     *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
     return cudaSuccess;
 }
@@ -374,4 +597,98 @@ bool spconv__emu::launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cud
     valid = valid && threads <= (unsigned long long)max_threads_per_block;
     if (!valid) record(cudaErrorInvalidConfiguration);
     return valid;
+}
+
+/* ---- queued work and schedules ------------------------------------------------------------- */
+
+void spconv__emu::enqueue(cudaStream_t stream, std::function<void()> work) {
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    push(resolve(stream), std::move(work));
+}
+
+void spconv__emu::run_queued(cudaStream_t stream) {
+    queue_state &q = queues();
+    std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    run_all(resolve(stream));
+}
+
+namespace {
+
+/* The thread order of SPCONV_CUDA_EMULATION_SCHEDULE. A shuffled launch visits flat thread i at
+ * step (a * i + b) mod total, with a coprime to total, both drawn from a generator seeded by
+ * SEED and advanced by every launch: neighbouring threads run far apart, in another order at each
+ * launch, and the same orders come again for the same seed. */
+struct schedule {
+    enum { forward, reverse, shuffle } kind = forward;
+    uint64_t state = 0;
+};
+
+schedule &the_schedule() {
+    static schedule *chosen = [] {
+        schedule *s = new schedule;
+        const char *name = getenv("SPCONV_CUDA_EMULATION_SCHEDULE");
+        char *end = NULL;
+        if (name == NULL || *name == '\0' || strcmp(name, "forward") == 0) {
+            s->kind = schedule::forward;
+        } else if (strcmp(name, "reverse") == 0) {
+            s->kind = schedule::reverse;
+        } else if (strncmp(name, "shuffle:", 8) == 0 && name[8] != '\0' &&
+                   (s->state = strtoull(name + 8, &end, 10), *end == '\0')) {
+            s->kind = schedule::shuffle;
+        } else {
+            fprintf(stderr, "spconv CUDA emulation: SPCONV_CUDA_EMULATION_SCHEDULE=%s is not "
+                            "forward, reverse or shuffle:SEED\n", name);
+            exit(2);
+        }
+        return s;
+    }();
+    return *chosen;
+}
+
+/* splitmix64: a well-mixed 64-bit value per call. */
+uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t gcd(uint64_t a, uint64_t b) {
+    while (b != 0) {
+        const uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+} // namespace
+
+void spconv__emu::run_grid(dim3 grid, dim3 block, const std::function<void()> &thread) {
+    const uint64_t per_block = (uint64_t)block.x * block.y * block.z;
+    const uint64_t total = (uint64_t)grid.x * grid.y * grid.z * per_block;
+    schedule &order = the_schedule();
+    uint64_t a = 1, b = 0;
+    if (order.kind == schedule::shuffle && total > 1) {
+        std::lock_guard<std::recursive_mutex> lock(queues().mutex);
+        do a = next_random(&order.state) % total; while (a == 0 || gcd(a, total) != 1);
+        b = next_random(&order.state) % total;
+    }
+    thread_position &at = position;
+    at.grid_dim = grid;
+    at.block_dim = block;
+    for (uint64_t step = 0; step < total; ++step) {
+        uint64_t i = step;
+        if (order.kind == schedule::reverse) i = total - 1 - step;
+        /* (a * step + b) mod total, in 128 bits so that nothing overflows. */
+        if (order.kind == schedule::shuffle)
+            i = (uint64_t)(((unsigned __int128)a * step + b) % total);
+        const uint64_t t = i % per_block, blk = i / per_block;
+        at.thread_idx = uint3{(unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
+                              (unsigned)(t / block.x / block.y)};
+        at.block_idx = uint3{(unsigned)(blk % grid.x), (unsigned)(blk / grid.x % grid.y),
+                             (unsigned)(blk / grid.x / grid.y)};
+        thread();
+    }
 }

@@ -4,11 +4,21 @@
  * backend. docs/cuda.md says what this can and cannot show.
  *
  * The model: one device ("host emulation", no GPU); device memory is host memory, registered so
- * that transfers and frees of pointers that are not device memory fail as they would on a GPU;
- * every stream runs its work at once, in call order, on the calling thread, so a stream is always
- * idle and events record the time of the call; a kernel launch checks its configuration against
- * the emulated device's limits and then runs every thread of every block in turn, blocks in
- * order, threads in order, on the calling thread.
+ * that transfers and frees of pointers that are not device memory fail as they would on a GPU.
+ * Work queued on a stream (kernels, copies, memsets, cuBLAS products, event records, waits) is
+ * checked when it is queued and *run as late as CUDA allows*: when the host waits for it
+ * (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a blocking copy to the
+ * host, cudaFree, a Thrust call on the stream) or when work it must precede is run. So a host that
+ * reads a result it did not wait for reads stale bytes here too (a device-to-host copy fills its
+ * destination with 0xa5 bytes until it runs), and work on one stream that uses what another
+ * stream makes without an event wait runs before it. Setting SPCONV_CUDA_EMULATION_STREAMS=eager
+ * runs work when it is queued instead (for debugging).
+ *
+ * A kernel runs every thread of every block on the calling thread, one thread after another, in
+ * the order SPCONV_CUDA_EMULATION_SCHEDULE names: `forward` (the default: blocks and threads in
+ * index order), `reverse`, or `shuffle:SEED` (a different scrambled order every launch, the same
+ * orders again for the same seed). A GPU runs threads in any order, so a kernel whose result
+ * depends on the order is wrong, and the other orders show it.
  *
  * What a kernel may use here: the built-in indices, atomics (real atomics, GCC __atomic builtins,
  * relaxed like CUDA's), and any __host__ __device__ code. Deliberately absent, so that a kernel
@@ -32,6 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -144,8 +155,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
-/* Transfers run to completion before returning (the stream is only checked): the host side of
- * an "async" copy may be reused at once, which is allowed here and merely unordered on a GPU. */
+/* As the runtime documents them for pageable host memory: a copy from the host reads its source
+ * when it is called (the staging copy), so the caller may reuse that buffer at once; a copy to the
+ * host writes its destination only when it runs, which cudaMemcpy waits for and cudaMemcpyAsync
+ * does not; device-to-device copies and memsets are queued (cudaMemcpy and cudaMemset included,
+ * which do not wait for those either). Host to host is a plain copy at once. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream = 0);
@@ -287,29 +301,30 @@ namespace spconv__emu {
  * error and returns false, and the kernel does not run. */
 bool launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
 
-/* Runs @p kernel as a grid of grid x block threads, every one of them in turn on the calling
- * thread, each with its own copy of the arguments (which, as on a GPU, are converted to the
- * parameter types once, at the launch). */
+/* Queues @p work on @p stream (NULL is the legacy default stream), after the work the stream
+ * must wait for, as the runtime orders it; run now in the eager mode. */
+void enqueue(cudaStream_t stream, std::function<void()> work);
+
+/* Runs everything queued on @p stream and what it waits for: the host waits for the stream, as
+ * Thrust's CUDA system does around each algorithm on it. */
+void run_queued(cudaStream_t stream);
+
+/* Runs @p thread once for every thread of a grid x block launch, with the built-in indices set,
+ * in the order of SPCONV_CUDA_EMULATION_SCHEDULE. */
+void run_grid(dim3 grid, dim3 block, const std::function<void()> &thread);
+
+/* Queues @p kernel as a grid of grid x block threads on @p stream, each thread with its own copy
+ * of the arguments (which, as on a GPU, are converted to the parameter types once, at the
+ * launch). */
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
             cudaStream_t stream, Args &&...args) {
     static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
     if (!launch_allowed(grid, block, shared_bytes, stream)) return;
-    const std::tuple<std::decay_t<Params>...> parameters(std::forward<Args>(args)...);
-    thread_position &at = position;
-    at.grid_dim = grid;
-    at.block_dim = block;
-    for (unsigned int bz = 0; bz < grid.z; ++bz)
-        for (unsigned int by = 0; by < grid.y; ++by)
-            for (unsigned int bx = 0; bx < grid.x; ++bx) {
-                at.block_idx = uint3{bx, by, bz};
-                for (unsigned int tz = 0; tz < block.z; ++tz)
-                    for (unsigned int ty = 0; ty < block.y; ++ty)
-                        for (unsigned int tx = 0; tx < block.x; ++tx) {
-                            at.thread_idx = uint3{tx, ty, tz};
-                            std::apply(kernel, parameters);
-                        }
-            }
+    std::tuple<std::decay_t<Params>...> parameters(std::forward<Args>(args)...);
+    enqueue(stream, [kernel, grid, block, parameters]() {
+        run_grid(grid, block, [&]() { std::apply(kernel, parameters); });
+    });
 }
 
 } // namespace spconv__emu
