@@ -205,8 +205,10 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
     DENSE_LAUNCH(call, (mark_sites_kernel<T>), sites, mask.get(), dense, g.batch, c, cells);
     int64_t n = 0;
     if (sites > 0) {
-        thrust::exclusive_scan(SPCONV_THRUST_ON(call.stream), mask.get(), mask.get() + sites,
-                               pos.get());
+        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(call.ctx, func, call.stream,
+                                              "numbering the active sites",
+                                              thrust::exclusive_scan, mask.get(),
+                                              mask.get() + sites, pos.get()));
         int64_t last[2] = {0, 0};
         CUDA_TRY(cudaMemcpyAsync(&last[0], mask.get() + sites - 1, sizeof last[0],
                                  cudaMemcpyDeviceToHost, call.stream));

@@ -2,14 +2,22 @@
  * the device, the Thrust execution policy of a stream, grid sizes of grid-stride launches, and
  * filling an open-addressing table of packed 64-bit keys with a checked capacity.
  *
- * Thrust: under nvcc the CUDA system on the context's stream (thrust::cuda::par.on); in the host
- * emulation its CPP system on the calling thread (CMake defines THRUST_DEVICE_SYSTEM there), after
- * the work queued on the stream has run, which is where the CUDA system's algorithm would run. */
+ * Thrust (SPCONV_THRUST): under nvcc the CUDA system on the context's stream without a host wait
+ * where none is needed (thrust::cuda::par_nosync), in the host emulation its CPP system on the
+ * calling thread (CMake defines THRUST_DEVICE_SYSTEM there) after the work queued on the stream
+ * has run, which is where the CUDA system's algorithm would run. Either way its temporary storage
+ * comes from the call's context, as the builders' own arrays do, and whatever it throws comes back
+ * as a status: an exception never crosses into C. */
 #ifndef SPCONV_CUDA_MAPS_COMMON_H
 #define SPCONV_CUDA_MAPS_COMMON_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include <exception>
+#include <new>
+#include <vector>
 
 #include "spconv/config.h"
 
@@ -35,14 +43,6 @@
 #include "cuda_check.h"
 #include "cuda_common.h"
 #include "rulebook/hash.h"
-
-#if SPCONV_CUDA_EMULATION
-/* Thrust's CUDA system runs an algorithm after the stream's earlier work and returns when it is
- * done; the emulation runs the stream's queued work, then the algorithm on the calling thread. */
-#define SPCONV_THRUST_ON(stream) (spconv__emu::run_queued(stream), thrust::cpp::par)
-#else
-#define SPCONV_THRUST_ON(stream) thrust::cuda::par.on(stream)
-#endif
 
 /* Threads per block of the map kernels (all grid-stride loops). */
 #define SPCONV_CUDA_MAP_THREADS 256
@@ -83,6 +83,95 @@ public:
 private:
     spconv__allocation memory_ = {};
 };
+
+/* Thrust's temporary storage for one algorithm, from the call's context: its allocator hook
+ * when it has one for the current device (stream-ordered, context.h, so it may be handed back
+ * before the algorithm's kernels are done), cudaMalloc otherwise (whose cudaFree waits for the
+ * device). A request that fails is remembered and thrown as std::bad_alloc, which
+ * spconv__thrust_run turns back into its status; whatever Thrust does not hand back is freed at
+ * the end. */
+class spconv__thrust_scratch {
+public:
+    typedef char value_type;
+
+    spconv__thrust_scratch(const spconv_context *ctx, const char *func) : ctx_(ctx), func_(func) {}
+    spconv__thrust_scratch(const spconv__thrust_scratch &) = delete;
+    spconv__thrust_scratch &operator=(const spconv__thrust_scratch &) = delete;
+    ~spconv__thrust_scratch() {
+        for (const spconv__allocation &a : live_) spconv__context_free(&a);
+    }
+
+    char *allocate(std::ptrdiff_t n) {
+        int device = 0;
+        const cudaError_t err = cudaGetDevice(&device);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            failure_ = spconv__error(SPCONV_ERR_CUDA, "%s: no current CUDA device: %s", func_,
+                                     cudaGetErrorString(err));
+            throw std::bad_alloc();
+        }
+        live_.reserve(live_.size() + 1); /* may throw, before anything is allocated */
+        spconv__allocation a = {};
+        failure_ = spconv__context_alloc(func_, ctx_, spconv_cuda(device),
+                                         (size_t)(n > 0 ? n : 1), &a);
+        if (failure_ != SPCONV_OK) throw std::bad_alloc();
+        live_.push_back(a);
+        return (char *)a.data;
+    }
+
+    void deallocate(char *p, size_t) {
+        for (size_t i = 0; i < live_.size(); ++i)
+            if (live_[i].data == p) {
+                spconv__context_free(&live_[i]);
+                live_.erase(live_.begin() + (std::ptrdiff_t)i);
+                return;
+            }
+    }
+
+    spconv_status failure() const { return failure_; }
+
+private:
+    const spconv_context *ctx_;
+    const char *func_;
+    std::vector<spconv__allocation> live_;
+    spconv_status failure_ = SPCONV_OK;
+};
+
+#if SPCONV_CUDA_EMULATION
+#define SPCONV__THRUST_POLICY(scratch, stream)                                                   \
+    (spconv__emu::run_queued(stream), thrust::cpp::par(scratch))
+#else
+#define SPCONV__THRUST_POLICY(scratch, stream) thrust::cuda::par_nosync(scratch).on(stream)
+#endif
+
+/* Runs algorithm(policy) with a policy on @p stream whose temporary storage comes from @p ctx;
+ * what it throws becomes a status naming @p func and @p what (the step). */
+template <typename Algorithm>
+static inline spconv_status spconv__thrust_run(const spconv_context *ctx, const char *func,
+                                               cudaStream_t stream, const char *what,
+                                               Algorithm &&algorithm) {
+    spconv__thrust_scratch scratch(ctx, func);
+    try {
+        algorithm(SPCONV__THRUST_POLICY(scratch, stream));
+    } catch (const std::bad_alloc &) {
+        if (scratch.failure() == SPCONV_OK)
+            return spconv__error(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory while %s", func,
+                                 what);
+        char detail[320];
+        snprintf(detail, sizeof detail, "%s", spconv_last_error());
+        return spconv__error(scratch.failure(), "%s (while %s)", detail, what);
+    } catch (const std::exception &e) {
+        (void)cudaGetLastError();
+        return spconv__error(SPCONV_ERR_CUDA, "%s: %s failed: %s", func, what, e.what());
+    }
+    return SPCONV_OK;
+}
+
+/* One Thrust algorithm on the call's stream with the context's memory, as a status:
+ * SPCONV_THRUST(ctx, func, stream, "sorting the keys", thrust::sort_by_key, k, k + n, v). */
+#define SPCONV_THRUST(ctx, func, stream, what, algorithm, ...)                                  \
+    spconv__thrust_run((ctx), (func), (stream), (what),                                          \
+                       [&](const auto &policy) { algorithm(policy, __VA_ARGS__); })
 
 /* Blocks of SPCONV_CUDA_MAP_THREADS for a grid-stride loop over n elements: enough to fill the
  * device, no more than the elements need, at least one. */

@@ -329,7 +329,8 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
     if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
     uint64_t *keys = pair_keys->get();
-    thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), keys, keys + n, pair_in);
+    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
+                                          thrust::sort_by_key, keys, keys + n, pair_in));
     LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
                (int32_t *)spconv_tensor_data(rb->pairs_out));
     spconv__device_array<int64_t> active, counts;
@@ -337,10 +338,14 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
     SPCONV_FORWARD_IF_ERROR(active.alloc(s->ctx, func, most, "active offsets"));
     SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, most, "pair counts"));
     const auto offsets_begin = thrust::make_transform_iterator(keys, offset_of_pair());
-    const auto ends = thrust::reduce_by_key(
-        SPCONV_THRUST_ON(s->stream), offsets_begin, offsets_begin + n,
-        thrust::make_constant_iterator<int64_t>(1), active.get(), counts.get());
-    const int64_t num_active = ends.first - active.get();
+    int64_t num_active = 0;
+    SPCONV_FORWARD_IF_ERROR(spconv__thrust_run(
+        s->ctx, func, s->stream, "counting the pairs per offset", [&](const auto &policy) {
+            const auto ends = thrust::reduce_by_key(policy, offsets_begin, offsets_begin + n,
+                                                    thrust::make_constant_iterator<int64_t>(1),
+                                                    active.get(), counts.get());
+            num_active = ends.first - active.get();
+        }));
     int64_t *host = (int64_t *)malloc((size_t)(2 * num_active) * sizeof *host);
     SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for %" PRId64 " offset counts", func,
@@ -364,7 +369,9 @@ static spconv_status exclusive_sums(const build_state *s, const int64_t *counts,
                                     int64_t *starts, int64_t *total) {
     *total = 0;
     if (n == 0) return SPCONV_OK;
-    thrust::exclusive_scan(SPCONV_THRUST_ON(s->stream), counts, counts + n, starts, (int64_t)0);
+    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, s->func, s->stream, "summing the counts",
+                                          thrust::exclusive_scan, counts, counts + n, starts,
+                                          (int64_t)0));
     int64_t last_start = 0, last_count = 0;
     CUDA_TRY(cudaMemcpyAsync(&last_start, starts + n - 1, sizeof last_start,
                              cudaMemcpyDeviceToHost, s->stream));
@@ -434,15 +441,17 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
                    out_keys.get(), values.get());
     counts.release();
     starts.release();
-    thrust::sort_by_key(SPCONV_THRUST_ON(s->stream), out_keys.get(), out_keys.get() + total,
-                        values.get());
+    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the candidates",
+                                          thrust::sort_by_key, out_keys.get(),
+                                          out_keys.get() + total, values.get()));
     spconv__device_array<int64_t> heads;
     SPCONV_FORWARD_IF_ERROR(heads.alloc(s->ctx, func, total, "output numbers"));
     int64_t num_out = 0;
     if (total > 0) {
         LAUNCH_MAP(s->stream, total, output_heads_kernel, out_keys.get(), total, heads.get());
-        thrust::inclusive_scan(SPCONV_THRUST_ON(s->stream), heads.get(), heads.get() + total,
-                               heads.get());
+        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream,
+                                              "numbering the output sites", thrust::inclusive_scan,
+                                              heads.get(), heads.get() + total, heads.get()));
         CUDA_TRY(cudaMemcpyAsync(&num_out, heads.get() + total - 1, sizeof num_out,
                                  cudaMemcpyDeviceToHost, s->stream));
         CUDA_TRY(cudaStreamSynchronize(s->stream));

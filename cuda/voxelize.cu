@@ -229,8 +229,10 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
                              cudaMemcpyDeviceToHost, b->stream));
     CUDA_TRY(cudaStreamSynchronize(b->stream));
     const int64_t D = (int64_t)num_distinct;
-    thrust::sort_by_key(SPCONV_THRUST_ON(b->stream), first_points.get(), first_points.get() + D,
-                        s->voxel_keys.get());
+    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(b->ctx, func, b->stream,
+                                          "ordering voxels by their first point",
+                                          thrust::sort_by_key, first_points.get(),
+                                          first_points.get() + D, s->voxel_keys.get()));
     s->num_voxels = D < b->params->max_voxels ? D : b->params->max_voxels;
 
     spconv__device_array<int32_t> rank_of_first, point_row, sort_rows;
@@ -245,8 +247,9 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     if (D > 0) LAUNCH_GRID(D, rank_voxels_kernel, first_points.get(), D, rank_of_first.get());
     LAUNCH_GRID(P, point_rows_kernel, table, keys.get(), P, rank_of_first.get(), s->num_voxels,
                 point_row.get(), sort_rows.get(), s->members.get(), b->counts);
-    thrust::stable_sort_by_key(SPCONV_THRUST_ON(b->stream), sort_rows.get(), sort_rows.get() + P,
-                               s->members.get());
+    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(b->ctx, func, b->stream, "grouping points by voxel",
+                                          thrust::stable_sort_by_key, sort_rows.get(),
+                                          sort_rows.get() + P, s->members.get()));
     LAUNCH_GRID(P, voxel_starts_kernel, sort_rows.get(), P, s->starts.get());
     LAUNCH_GRID(P, point_voxel_kernel, point_row.get(), P, s->first_row,
                 point_voxel + s->first_point);

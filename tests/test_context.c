@@ -23,6 +23,8 @@ typedef struct counting_allocator {
     int allocs, frees;
     size_t live_bytes;
     int fail;                        /* 1: return NULL */
+    int fail_at;                     /* > 0: the fail_at-th request (from 1) returns NULL */
+    int requests;                    /* requests seen, failed ones included */
     int misalign;                    /* 1: return a pointer 8 bytes past an aligned block */
     int bad_frees;                   /* frees of a pointer the hook did not hand out, or twice */
     spconv_device last_device;
@@ -34,7 +36,8 @@ typedef struct counting_allocator {
 static void *counting_alloc(size_t nbytes, spconv_device device, void *user) {
     counting_allocator *a = user;
     a->last_device = device;
-    if (a->fail || a->allocs == MAX_BLOCKS) return NULL;
+    a->requests++;
+    if (a->fail || a->requests == a->fail_at || a->allocs == MAX_BLOCKS) return NULL;
     spconv_storage *block = NULL;
     /* Spare bytes to align the block's start to 256 (CPU storages are 64-byte aligned) and to
      * hand out a misaligned pointer when asked. */
@@ -436,6 +439,100 @@ static void test_cuda_hook_returning_null_is_out_of_memory(void **state) {
     spconv_tensor_release(host_sites);
 }
 
+/* The CUDA map builders (rulebooks of every kind, the voxelizer) allocate scratch as they go, and
+ * Thrust's sorts and scans their temporary storage from the same hook. Whichever request fails
+ * first, the call must end with SPCONV_ERR_OUT_OF_MEMORY, no output and every block given back:
+ * never an exception escaping into C, a leak or a crash. Each build is run once to count its
+ * requests, then once per request with that one failing. */
+typedef struct map_build_case {
+    const char *name;
+    spconv_conv_kind type;
+    int kernel, stride;
+} map_build_case;
+
+static spconv_status run_map_build(spconv_context *ctx, const map_build_case *c,
+                                   const spconv_tensor *sites, const spconv_tensor *points,
+                                   const int64_t shape[3], int *outputs) {
+    if (c->kernel == 0) {
+        spconv_voxelize_params vp = {{0.5f, 0.5f, 0.5f}, {0, 0, 0, 4, 4, 4}, 3, 1000,
+                                     SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN};
+        spconv_voxels v;
+        memset(&v, 0xff, sizeof v);
+        const spconv_status st = spconv_voxelize(ctx, points, &vp, &v);
+        *outputs = v.voxels != NULL || v.features != NULL || v.coords != NULL ||
+                   v.num_points != NULL || v.point_voxel != NULL;
+        spconv_voxels_release(&v);
+        return st;
+    }
+    spconv_conv_params p = spconv_conv_params_default(c->type);
+    for (int i = 0; i < 3; ++i) p.kernel[i] = c->kernel, p.stride[i] = c->stride;
+    spconv_rulebook *rb = (spconv_rulebook *)&p;
+    const spconv_status st = spconv_rulebook_build(ctx, sites, shape, 2, &p, &rb);
+    *outputs = rb != NULL;
+    spconv_rulebook_release(rb);
+    return st;
+}
+
+static void test_cuda_map_builds_survive_every_failed_allocation(void **state) {
+    (void)state;
+    if (!have_cuda()) {
+        printf("no CUDA device (nor the emulation): skipped\n");
+        skip();
+    }
+    const spconv_device dev = spconv_cuda(0);
+    const int64_t shape[3] = {6, 7, 8};
+    spconv_tensor *host_sites = random_sites(2, shape, 0.3), *sites = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, host_sites, dev, &sites));
+    const int64_t point_sizes[2] = {300, 4};
+    spconv_tensor *points = random_floats(dev, 2, point_sizes);
+    spconv_tensor *scaled = NULL; /* points in [0, 4)^3 and beyond, some voxels shared */
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, points, spconv_cpu(), &scaled));
+    float *xyz = spconv_tensor_data(scaled);
+    for (int64_t i = 0; i < 300 * 4; ++i) xyz[i] = xyz[i] * 2.5f + 2.0f;
+    spconv_tensor_release(points);
+    points = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, scaled, dev, &points));
+    const map_build_case cases[] = {
+        {"subm 3", SPCONV_CONV_SUBM, 3, 1},
+        {"regular 3 stride 2", SPCONV_CONV_REGULAR, 3, 2},
+        {"transposed 2 stride 2", SPCONV_CONV_TRANSPOSED, 2, 2},
+        {"voxelize", SPCONV_CONV_REGULAR, 0, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        int requests = 0;
+        for (int fail_at = 0; fail_at == 0 || fail_at <= requests; ++fail_at) {
+            counting_allocator a = {0};
+            a.fail_at = fail_at;
+            spconv_context *ctx = NULL;
+            SPCONV_ASSERT_OK(spconv_context_create(dev, &ctx));
+            SPCONV_ASSERT_OK(spconv_context_set_allocator(ctx, counting_alloc, counting_free, &a));
+            int outputs = 0;
+            const spconv_status st = run_map_build(ctx, &cases[c], sites, points, shape, &outputs);
+            spconv_context_destroy(ctx);
+            if (fail_at == 0) {
+                if (st != SPCONV_OK) fail_msg("%s: %s", cases[c].name, spconv_last_error());
+                requests = a.requests;
+                assert_true(requests > 1);
+            } else {
+                if (st != SPCONV_ERR_OUT_OF_MEMORY)
+                    fail_msg("%s, request %d of %d failing: status %d (%s)", cases[c].name,
+                             fail_at, requests, (int)st, spconv_last_error());
+                if (strstr(spconv_last_error(), "allocator hook") == NULL)
+                    fail_msg("%s, request %d failing: message \"%s\" does not name the hook",
+                             cases[c].name, fail_at, spconv_last_error());
+                assert_false(outputs);
+            }
+            assert_all_returned(&a);
+        }
+        printf("%s: each of its %d allocations failed in turn, cleanly\n", cases[c].name,
+               requests);
+    }
+    spconv_tensor_release(points);
+    spconv_tensor_release(scaled);
+    spconv_tensor_release(sites);
+    spconv_tensor_release(host_sites);
+}
+
 static void test_cuda_stream_setter_round_trip(void **state) {
     (void)state;
     if (!have_cuda()) {
@@ -464,6 +561,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_op_outputs_come_from_the_hook),
         cmocka_unit_test(test_cuda_op_outputs_come_from_the_hook),
         cmocka_unit_test(test_cuda_hook_returning_null_is_out_of_memory),
+        cmocka_unit_test(test_cuda_map_builds_survive_every_failed_allocation),
         cmocka_unit_test(test_cuda_stream_setter_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -90,15 +90,22 @@ typedef void (*spconv_free_fn)(void *ptr, size_t nbytes, spconv_device device, v
  * Not through the hook: memory on other devices (the host staging buffers of a CUDA context),
  * the outputs of the CPU backend's own ops (conv, pooling, rulebooks, voxels, sparse <-> dense:
  * a CPU context's hook sees the tensor functions, the network's layer outputs and the
- * workspace), Thrust's temporary storage inside sorts and scans, spconv_tensor_empty and
- * spconv_storage_create (which take no context), and zero-byte tensors (which have no memory).
+ * workspace), spconv_tensor_empty and spconv_storage_create (which take no context), and
+ * zero-byte tensors (which have no memory). On the CUDA backend Thrust's temporary storage inside
+ * sorts and scans does come from the hook, as the builders' other scratch arrays do.
  *
  * A tensor made through the hook remembers @p free_fn and @p user_data: releasing its last
  * reference calls free_fn, even after the context is destroyed or given another allocator, so
- * @p user_data must stay valid until every such tensor is released. A block may be freed while
- * work queued on the context's stream still uses it only when the caller releases a tensor before
- * that work is done, as with cudaFreeAsync; a stream-ordered allocator (c10's CUDA caching
- * allocator, cudaMallocAsync) handles that, others must synchronise first.
+ * @p user_data must stay valid until every such tensor is released.
+ *
+ * On CUDA the hook must be stream-ordered on the context's stream, as c10's CUDA caching
+ * allocator and cudaMallocAsync / cudaFreeAsync are: a block given to free_fn may still be in use
+ * by work queued on that stream, and may be handed out again only to work queued after it (or
+ * after the stream has been waited for). The library relies on this: it gives back its own
+ * scratch blocks as soon as the work that uses them is queued, without waiting, and so may a
+ * caller that releases a tensor. A hook that is not stream-ordered must wait for the context's
+ * stream (spconv_context_synchronize, or cudaStreamSynchronize on spconv_context_cuda_stream) in
+ * free_fn before reusing the block.
  *
  * When alloc_fn returns NULL the call fails with SPCONV_ERR_OUT_OF_MEMORY and a message naming
  * the hook, the size and the device; a pointer that is not aligned to SPCONV_ALLOCATOR_ALIGNMENT
