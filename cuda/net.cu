@@ -20,6 +20,34 @@
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
+/* A product, a sum and a difference in double, each rounded on its own as the CPU computes them
+ * (GCC does not contract in ISO C mode): nvcc would otherwise fuse a product into the sum that
+ * follows it (one fma, one rounding) and change last bits. The emulation compiles the plain
+ * operators, as the CPU does. */
+static __device__ __forceinline__ double mul_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+static __device__ __forceinline__ double add_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+static __device__ __forceinline__ double sub_rn(double a, double b) {
+#ifdef __CUDA_ARCH__
+    return __dsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+
 /* partial[blk, ch] = sum over the block's rows of x (center NULL) or (x - center)^2. */
 template <typename T>
 __global__ void sum_rows_kernel(double *__restrict__ partial, const T *__restrict__ x,
@@ -32,7 +60,7 @@ __global__ void sum_rows_kernel(double *__restrict__ partial, const T *__restric
         double acc = 0.0;
         for (int64_t r = blk * BLOCK_ROWS; r < end; ++r) {
             const double v = center != NULL ? x[r * c + ch] - center[ch] : x[r * c + ch];
-            acc += center != NULL ? v * v : v;
+            acc = add_rn(acc, center != NULL ? mul_rn(v, v) : v);
         }
         partial[i] = acc;
     }
@@ -51,7 +79,8 @@ __global__ void sum_grad_rows_kernel(double *__restrict__ partial, const T *__re
         double sum_dy = 0.0, sum_dy_xhat = 0.0;
         for (int64_t r = blk * BLOCK_ROWS; r < end; ++r) {
             sum_dy += dy[r * c + ch];
-            sum_dy_xhat += dy[r * c + ch] * ((x[r * c + ch] - mean[ch]) * invstd[ch]);
+            sum_dy_xhat = add_rn(sum_dy_xhat,
+                                 mul_rn(dy[r * c + ch], (x[r * c + ch] - mean[ch]) * invstd[ch]));
         }
         partial[blk * 2 * c + ch] = sum_dy;
         partial[blk * 2 * c + c + ch] = sum_dy_xhat;
@@ -64,13 +93,7 @@ __global__ void bn_apply_kernel(T *y, const T *x,
                                 int relu, int64_t n, int64_t c) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
-        /* A product and a sum each rounded, as the CPU computes them: nvcc would otherwise
-         * contract them into one fma and change the last bit. */
-#ifdef __CUDA_ARCH__
-        const T v = (T)__dadd_rn(__dmul_rn((double)x[i], scale[i % c]), shift[i % c]);
-#else
-        const T v = (T)((double)x[i] * scale[i % c] + shift[i % c]);
-#endif
+        const T v = (T)add_rn(mul_rn((double)x[i], scale[i % c]), shift[i % c]);
         /* a NaN as the default quiet NaN, as on the CPU (which NaN an add returns varies) */
         y[i] = v != v ? (T)NAN : relu && v < 0 ? (T)0 : v;
     }
@@ -88,7 +111,7 @@ __global__ void bn_backward_kernel(T *dx, const T *x,
         const double gamma = v[ch], invstd = v[c + ch], mean = v[2 * c + ch];
         const double dbeta = v[3 * c + ch], dgamma = v[4 * c + ch];
         const double xhat = (x[i] - mean) * invstd;
-        const double g = (double)dy[i] - (dbeta + xhat * dgamma) * inv_n;
+        const double g = sub_rn((double)dy[i], mul_rn(add_rn(dbeta, mul_rn(xhat, dgamma)), inv_n));
         dx[i] = (T)(gamma * invstd * g);
     }
 }
@@ -114,7 +137,7 @@ template <typename T>
 __global__ void axpy_kernel(T *__restrict__ y, const T *__restrict__ x, double alpha, int64_t n) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-        y[i] = (T)(y[i] + alpha * x[i]);
+        y[i] = (T)add_rn((double)y[i], mul_rn(alpha, (double)x[i]));
 }
 
 struct grid_dims {
