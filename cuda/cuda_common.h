@@ -53,6 +53,27 @@ static inline cudaStream_t spconv__cuda_stream_for(const spconv_context *ctx, in
     return cudaStreamLegacy;
 }
 
+/* One range to read back to the host: bytes at device address src into host memory dst. */
+typedef struct spconv__host_read {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} spconv__host_read;
+
+/* Queue the @p count copies of @p reads to the host on @p stream and wait for the stream. The wait
+ * comes even when a copy cannot be queued, so that no copy into the caller's memory (often its
+ * stack) is still queued when this returns; the first error is the result. */
+static inline cudaError_t spconv__cuda_read_back(cudaStream_t stream,
+                                                 const spconv__host_read *reads, int count) {
+    cudaError_t err = cudaSuccess;
+    for (int i = 0; i < count && err == cudaSuccess; ++i)
+        if (reads[i].bytes > 0)
+            err = cudaMemcpyAsync(reads[i].dst, reads[i].src, reads[i].bytes,
+                                  cudaMemcpyDeviceToHost, stream);
+    const cudaError_t waited = cudaStreamSynchronize(stream);
+    return err != cudaSuccess ? err : waited;
+}
+
 /* Scratch memory of one call, carved into pieces: the context's workspace when the call's context
  * is a CUDA context of its device (calls on one context are ordered on its stream, so the next
  * call may reuse the workspace at once), otherwise memory the call allocates and frees. Ask for

@@ -210,11 +210,9 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
                                               thrust::exclusive_scan, mask.get(),
                                               mask.get() + sites, pos.get()));
         int64_t last[2] = {0, 0};
-        CUDA_TRY(cudaMemcpyAsync(&last[0], mask.get() + sites - 1, sizeof last[0],
-                                 cudaMemcpyDeviceToHost, call.stream));
-        CUDA_TRY(cudaMemcpyAsync(&last[1], pos.get() + sites - 1, sizeof last[1],
-                                 cudaMemcpyDeviceToHost, call.stream));
-        CUDA_TRY(cudaStreamSynchronize(call.stream));
+        const spconv__host_read reads[2] = {{&last[0], mask.get() + sites - 1, sizeof last[0]},
+                                            {&last[1], pos.get() + sites - 1, sizeof last[1]}};
+        CUDA_TRY(spconv__cuda_read_back(call.stream, reads, 2));
         n = last[0] + last[1];
     }
     const spconv_device device = spconv_tensor_device(d);

@@ -350,12 +350,10 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
     SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for %" PRId64 " offset counts", func,
                            num_active);
-    cudaError_t err = cudaMemcpyAsync(host, active.get(), (size_t)num_active * sizeof *host,
-                                      cudaMemcpyDeviceToHost, s->stream);
-    if (err == cudaSuccess)
-        err = cudaMemcpyAsync(host + num_active, counts.get(), (size_t)num_active * sizeof *host,
-                              cudaMemcpyDeviceToHost, s->stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(s->stream);
+    const spconv__host_read reads[2] = {
+        {host, active.get(), (size_t)num_active * sizeof *host},
+        {host + num_active, counts.get(), (size_t)num_active * sizeof *host}};
+    const cudaError_t err = spconv__cuda_read_back(s->stream, reads, 2);
     spconv_status st = SPCONV_OK;
     if (err == cudaSuccess) st = set_offset_counts(func, rb, num_active, host, host + num_active);
     free(host);
@@ -373,11 +371,9 @@ static spconv_status exclusive_sums(const build_state *s, const int64_t *counts,
                                           thrust::exclusive_scan, counts, counts + n, starts,
                                           (int64_t)0));
     int64_t last_start = 0, last_count = 0;
-    CUDA_TRY(cudaMemcpyAsync(&last_start, starts + n - 1, sizeof last_start,
-                             cudaMemcpyDeviceToHost, s->stream));
-    CUDA_TRY(cudaMemcpyAsync(&last_count, counts + n - 1, sizeof last_count,
-                             cudaMemcpyDeviceToHost, s->stream));
-    CUDA_TRY(cudaStreamSynchronize(s->stream));
+    const spconv__host_read reads[2] = {{&last_start, starts + n - 1, sizeof last_start},
+                                        {&last_count, counts + n - 1, sizeof last_count}};
+    CUDA_TRY(spconv__cuda_read_back(s->stream, reads, 2));
     *total = last_start + last_count;
     return SPCONV_OK;
 }
