@@ -202,4 +202,5 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .axpy            = */ spconv__cuda_axpy,
     /* .to_dense_scatter = */ spconv__cuda_to_dense_scatter,
     /* .to_dense_gather = */ spconv__cuda_to_dense_gather,
+    /* .conv_half_native = */ 1,
 };

@@ -1,4 +1,5 @@
-/* indice_conv and max pooling on the GPU, in f32 and f64: per active kernel offset, in increasing
+/* indice_conv and max pooling on the GPU, in f32 and f64, and the conv in f16 and bf16 as well
+ * (below): per active kernel offset, in increasing
  * k, gather the source rows of a chunk of its pairs, one cuBLAS product with W[k], scatter-add
  * into the target rows; the subm centre offset (pairs (r, r)) is one product on the features
  * themselves. Within an offset every target row appears at most once, so a scatter needs no
@@ -11,7 +12,14 @@
  *
  * What a call uses comes from its context (context.h): the stream, the cuBLAS handle, the
  * workspace for the gathered operands and products, the allocator for the outputs, and whether
- * f32 products may use TF32. */
+ * f32 products may use TF32.
+ *
+ * f16 and bf16 convs keep their operands in 16 bits: rows are gathered as they are, the products
+ * take the 16-bit values (cublasGemmEx, CUBLAS_COMPUTE_32F: tensor cores, sums in f32) into f32
+ * results, which are scatter-added into f32 outputs and gradients, and each of those is rounded
+ * once to the operands' dtype at the end (conv/half.h's contract: the numbers of converting the
+ * operands to f32 first, with half the gather traffic and 16-bit products). Max pooling in 16
+ * bits goes through conv/half.c. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -25,6 +33,7 @@
 #include "cuda_check.h"
 #include "cuda_common.h"
 #include "rulebook/rulebook_impl.h"
+#include "tensor/convert.h"
 #include "tensor/tensor_impl.h"
 
 extern "C" {
@@ -35,6 +44,30 @@ extern "C" {
 /* Bytes of gathered operands per chunk: large enough for long products, small enough that the
  * workspace stays modest whatever the layer. */
 #define CONV_CHUNK_BYTES ((size_t)64 << 20)
+
+/* ---- element types ---------------------------------------------------------------------------
+ * The 16-bit dtypes as distinct types holding their bits, so that the overloads below pick the
+ * cuBLAS data type: the kernels only move them, and read their values through tensor/convert.h. */
+struct f16_bits {
+    uint16_t bits;
+};
+struct bf16_bits {
+    uint16_t bits;
+};
+
+static __device__ __forceinline__ double as_double(float v) { return (double)v; }
+static __device__ __forceinline__ double as_double(double v) { return v; }
+static __device__ __forceinline__ double as_double(f16_bits v) {
+    return (double)spconv__f16_to_f32(v.bits);
+}
+static __device__ __forceinline__ double as_double(bf16_bits v) {
+    return (double)spconv__bf16_to_f32(v.bits);
+}
+
+/* The dtype of the accumulation type. */
+template <typename A> static spconv_dtype dtype_of();
+template <> spconv_dtype dtype_of<float>() { return SPCONV_F32; }
+template <> spconv_dtype dtype_of<double>() { return SPCONV_F64; }
 
 /* ---- kernels (grid-stride loops) ------------------------------------------------------------ */
 
@@ -70,14 +103,14 @@ __global__ void init_rows_kernel(T *__restrict__ dst, const T *__restrict__ bias
 }
 
 /* out[c] = sum over rows r, in increasing r, of src[r, c]: one thread per column, in double. */
-template <typename T>
-__global__ void column_sums_kernel(T *__restrict__ out, const T *__restrict__ src, int64_t n,
+template <typename Out, typename In>
+__global__ void column_sums_kernel(Out *__restrict__ out, const In *__restrict__ src, int64_t n,
                                    int64_t cols) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += step) {
         double sum = 0.0;
-        for (int64_t r = 0; r < n; ++r) sum += (double)src[r * cols + c];
-        out[c] = (T)sum;
+        for (int64_t r = 0; r < n; ++r) sum += as_double(src[r * cols + c]);
+        out[c] = (Out)sum;
     }
 }
 
@@ -244,6 +277,28 @@ static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, 
                         CUBLAS_GEMM_DEFAULT);
 }
 
+/* 16-bit operands, f32 results: CUBLAS_COMPUTE_32F, so the products accumulate in f32. */
+static cublasStatus_t gemm_rm_16(const conv_call &call, cudaDataType type, int ta, int tb,
+                                 int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                                 const void *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    const float one = 1.0f;
+    return cublasGemmEx(call.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        (int)n, (int)m, (int)k, &one, b, type, (int)ldb, a, type, (int)lda, &beta,
+                        c, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, int64_t n,
+                              int64_t k, const f16_bits *a, int64_t lda, const f16_bits *b,
+                              int64_t ldb, float beta, float *c, int64_t ldc) {
+    return gemm_rm_16(call, CUDA_R_16F, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
+static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, int64_t n,
+                              int64_t k, const bf16_bits *a, int64_t lda, const bf16_bits *b,
+                              int64_t ldb, float beta, float *c, int64_t ldc) {
+    return gemm_rm_16(call, CUDA_R_16BF, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+}
+
 static cublasStatus_t gemm_rm(const conv_call &call, int ta, int tb, int64_t m, int64_t n,
                               int64_t k, const double *a, int64_t lda, const double *b,
                               int64_t ldb, double beta, double *c, int64_t ldc) {
@@ -265,7 +320,9 @@ static spconv_status check_gemm_sizes(const char *func, int64_t rows, int64_t c_
 }
 
 static spconv_status check_dtype(const char *func, spconv_dtype dtype) {
-    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64, SPCONV_ERR_NOT_SUPPORTED,
+    SPCONV_RETURN_ERROR_IF(dtype != SPCONV_F32 && dtype != SPCONV_F64 && dtype != SPCONV_F16 &&
+                               dtype != SPCONV_BF16,
+                           SPCONV_ERR_NOT_SUPPORTED,
                            "%s: the cuda backend's conv kernels compute on floating-point features (f16, bf16, "
                            "f32, f64), not %s",
                            func, spconv_dtype_name(dtype));
@@ -301,35 +358,48 @@ static size_t scratch_bytes(int64_t elems, size_t elem) {
     return (size_t)(elems > 0 ? elems : 1) * elem;
 }
 
-/* The call's gathered operands and products, @p count buffers of elems[i] elements of @p elem
+/* The call's gathered operands and products, @p count buffers of elems[i] elements of elem[i]
  * bytes, in the call's scratch (the context's workspace). */
 static spconv_status scratch_buffers(const char *func, conv_call &call, spconv_context *ctx,
-                                     spconv_device dev, size_t elem, int count,
+                                     spconv_device dev, const size_t *elem, int count,
                                      const int64_t *elems, void **buffers) {
     size_t total = 0;
     for (int i = 0; i < count; ++i)
-        total += spconv__cuda_scratch::piece_bytes(scratch_bytes(elems[i], elem));
+        total += spconv__cuda_scratch::piece_bytes(scratch_bytes(elems[i], elem[i]));
     SPCONV_FORWARD_IF_ERROR(call.scratch.reserve(func, ctx, dev, total));
-    for (int i = 0; i < count; ++i) buffers[i] = call.scratch.take(scratch_bytes(elems[i], elem));
+    for (int i = 0; i < count; ++i)
+        buffers[i] = call.scratch.take(scratch_bytes(elems[i], elem[i]));
     return SPCONV_OK;
+}
+
+/* Replace the result *t (if any) by its rounding to @p dtype (tensor/convert.h's rules, on the
+ * call's stream); on failure *t is released and set to NULL. */
+static spconv_status narrow_result(spconv_context *ctx, spconv_dtype dtype, spconv_tensor **t) {
+    if (*t == NULL || spconv_tensor_dtype(*t) == dtype) return SPCONV_OK;
+    spconv_tensor *rounded = NULL;
+    const spconv_status st = spconv_tensor_to_dtype(ctx, *t, dtype, &rounded);
+    spconv_tensor_release(*t);
+    *t = rounded;
+    return st;
 }
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-template <typename T>
+/* S: the operands' element type; A: the products' and sums' (S itself, or f32 for 16 bits). */
+template <typename S, typename A>
 static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
-                                     const spconv__conv_dims &d, const T *x, const T *w,
-                                     const int32_t *pin, const int32_t *pout, T *gathered,
-                                     T *product, int64_t chunk, T *out) {
+                                     const spconv__conv_dims &d, const S *x, const S *w,
+                                     const int32_t *pin, const int32_t *pout, S *gathered,
+                                     A *product, int64_t chunk, A *out) {
     const char *func = "spconv_conv_forward";
     const int64_t identity = rb->center_is_identity ? d.kernel_volume / 2 : -1;
     for (int64_t j = 0; j < rb->num_active && d.c_in > 0; ++j) {
         const int64_t k = rb->active_offsets[j];
-        const T *w_k = w + k * d.c_in * d.c_out;
+        const S *w_k = w + k * d.c_in * d.c_out;
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_out, d.c_in, d.c_out));
             CUBLAS_TRY(gemm_rm(call, 0, 0, d.num_out, d.c_out, d.c_in, x, d.c_in, w_k,
-                               d.c_out, (T)1, out, d.c_out));
+                               d.c_out, (A)1, out, d.c_out));
             continue;
         }
         for (int64_t first = rb->active_starts[j]; first < rb->active_starts[j + 1];
@@ -340,7 +410,7 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, rows, d.c_in, d.c_out));
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, gathered, x, pin + first, rows, d.c_in));
             CUBLAS_TRY(gemm_rm(call, 0, 0, rows, d.c_out, d.c_in, gathered, d.c_in, w_k,
-                               d.c_out, (T)0, product, d.c_out));
+                               d.c_out, (A)0, product, d.c_out));
             SPCONV_FORWARD_IF_ERROR(
                 launch_scatter_add(call, out, pout + first, product, rows, d.c_out));
         }
@@ -348,7 +418,7 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
     return SPCONV_OK;
 }
 
-template <typename T>
+template <typename S, typename A>
 static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *rb,
                                    const spconv__conv_dims &d, const spconv_tensor *features,
                                    const spconv_tensor *weight, const spconv_tensor *bias,
@@ -358,32 +428,39 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
     const void *x = NULL, *w = NULL, *b = NULL;
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, features, d.device, &x));
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, weight, d.device, &w));
-    if (bias != NULL) SPCONV_FORWARD_IF_ERROR(call.operand(ctx, bias, d.device, &b));
+    if (bias != NULL) {
+        /* a 16-bit bias starts the f32 sums exactly (every 16-bit value is an f32 one) */
+        spconv_tensor *wide = NULL;
+        SPCONV_FORWARD_IF_ERROR(spconv_tensor_to_dtype(ctx, bias, dtype_of<A>(), &wide));
+        b = call.hold(wide);
+    }
     const int32_t *pin = NULL, *pout = NULL;
     SPCONV_FORWARD_IF_ERROR(device_pairs(call, ctx, rb, d.device, &pin, &pout));
-    const int64_t chunk = chunk_pairs(rb, d.c_in + d.c_out, sizeof(T));
+    const int64_t chunk = chunk_pairs(rb, d.c_in + d.c_out, sizeof(A));
     const int64_t elems[2] = {chunk * d.c_in, chunk * d.c_out};
+    const size_t elem[2] = {sizeof(S), sizeof(A)};
     void *buffers[2] = {};
-    SPCONV_FORWARD_IF_ERROR(scratch_buffers("spconv_conv_forward", call, ctx, d.device, sizeof(T),
-                                            2, elems, buffers));
+    SPCONV_FORWARD_IF_ERROR(
+        scratch_buffers("spconv_conv_forward", call, ctx, d.device, elem, 2, elems, buffers));
     void *gathered = buffers[0], *product = buffers[1];
     const int64_t sizes[2] = {d.num_out, d.c_out};
     spconv_tensor *result = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in("spconv_conv_forward", ctx, d.device, d.dtype,
-                                                    2, sizes, &result));
-    T *y = (T *)spconv_tensor_data(result);
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in("spconv_conv_forward", ctx, d.device,
+                                                    dtype_of<A>(), 2, sizes, &result));
+    A *y = (A *)spconv_tensor_data(result);
     spconv_status st = SPCONV_OK;
     if (d.num_out * d.c_out > 0) {
-        SPCONV_CUDA_LAUNCH((init_rows_kernel<T>), call.grid(d.num_out * d.c_out), CONV_THREADS, 0,
-                           call.stream, y, (const T *)b, d.num_out, d.c_out);
+        SPCONV_CUDA_LAUNCH((init_rows_kernel<A>), call.grid(d.num_out * d.c_out), CONV_THREADS, 0,
+                           call.stream, y, (const A *)b, d.num_out, d.c_out);
         const cudaError_t err = cudaGetLastError();
         st = err == cudaSuccess ? SPCONV_OK
                                 : spconv__error(SPCONV_ERR_CUDA, "spconv_conv_forward: %s",
                                                 cudaGetErrorString(err));
         if (st == SPCONV_OK)
-            st = forward_offsets<T>(call, rb, d, (const T *)x, (const T *)w, pin, pout,
-                                    (T *)gathered, (T *)product, chunk, y);
+            st = forward_offsets<S, A>(call, rb, d, (const S *)x, (const S *)w, pin, pout,
+                                       (S *)gathered, (A *)product, chunk, y);
     }
+    if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &result);
     /* Operand copies (and the scratch of a call without a context of this device) are released
      * when the call ends: wait for the work that uses them. */
     if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
@@ -407,31 +484,36 @@ extern "C" spconv_status spconv__cuda_conv_forward(spconv_context *ctx, const sp
     spconv__conv_dims d;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &d));
     SPCONV_FORWARD_IF_ERROR(check_dtype(func, d.dtype));
-    return d.dtype == SPCONV_F32 ? forward_typed<float>(ctx, rb, d, features, weight, bias, out)
-                                 : forward_typed<double>(ctx, rb, d, features, weight, bias, out);
+    switch (d.dtype) {
+    case SPCONV_F32: return forward_typed<float, float>(ctx, rb, d, features, weight, bias, out);
+    case SPCONV_F16: return forward_typed<f16_bits, float>(ctx, rb, d, features, weight, bias, out);
+    case SPCONV_BF16:
+        return forward_typed<bf16_bits, float>(ctx, rb, d, features, weight, bias, out);
+    default: return forward_typed<double, double>(ctx, rb, d, features, weight, bias, out);
+    }
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
 
-template <typename T>
+template <typename S, typename A>
 static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb,
-                                      const spconv__conv_dims &d, const T *x, const T *w,
-                                      const T *g, const int32_t *pin, const int32_t *pout,
-                                      T *g_buf, T *x_buf, T *d_buf, int64_t chunk, T *dx, T *dw) {
+                                      const spconv__conv_dims &d, const S *x, const S *w,
+                                      const S *g, const int32_t *pin, const int32_t *pout,
+                                      S *g_buf, S *x_buf, A *d_buf, int64_t chunk, A *dx, A *dw) {
     const char *func = "spconv_conv_backward";
     const int64_t identity = rb->center_is_identity ? d.kernel_volume / 2 : -1;
     for (int64_t j = 0; j < rb->num_active && d.c_in > 0 && d.c_out > 0; ++j) {
         const int64_t k = rb->active_offsets[j];
-        const T *w_k = w + k * d.c_in * d.c_out;
-        T *dw_k = dw != NULL ? dw + k * d.c_in * d.c_out : NULL;
+        const S *w_k = w + k * d.c_in * d.c_out;
+        A *dw_k = dw != NULL ? dw + k * d.c_in * d.c_out : NULL;
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_in, d.c_in, d.c_out));
             if (dx != NULL)
                 CUBLAS_TRY(gemm_rm(call, 0, 1, d.num_in, d.c_in, d.c_out, g, d.c_out, w_k,
-                                   d.c_out, (T)1, dx, d.c_in));
+                                   d.c_out, (A)1, dx, d.c_in));
             if (dw_k != NULL)
                 CUBLAS_TRY(gemm_rm(call, 1, 0, d.c_in, d.c_out, d.num_in, x, d.c_in, g,
-                                   d.c_out, (T)1, dw_k, d.c_out));
+                                   d.c_out, (A)1, dw_k, d.c_out));
             continue;
         }
         for (int64_t first = rb->active_starts[j]; first < rb->active_starts[j + 1];
@@ -443,21 +525,21 @@ static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, g_buf, g, pout + first, rows, d.c_out));
             if (dx != NULL) {
                 CUBLAS_TRY(gemm_rm(call, 0, 1, rows, d.c_in, d.c_out, g_buf, d.c_out, w_k,
-                                   d.c_out, (T)0, d_buf, d.c_in));
+                                   d.c_out, (A)0, d_buf, d.c_in));
                 SPCONV_FORWARD_IF_ERROR(
                     launch_scatter_add(call, dx, pin + first, d_buf, rows, d.c_in));
             }
             if (dw_k != NULL) {
                 SPCONV_FORWARD_IF_ERROR(launch_gather(call, x_buf, x, pin + first, rows, d.c_in));
                 CUBLAS_TRY(gemm_rm(call, 1, 0, d.c_in, d.c_out, rows, x_buf, d.c_in, g_buf,
-                                   d.c_out, (T)1, dw_k, d.c_out));
+                                   d.c_out, (A)1, dw_k, d.c_out));
             }
         }
     }
     return SPCONV_OK;
 }
 
-template <typename T>
+template <typename S, typename A>
 static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *rb,
                                     const spconv__conv_dims &d, const spconv_tensor *features,
                                     const spconv_tensor *weight, const spconv_tensor *grad_out,
@@ -471,26 +553,27 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, grad_out, d.device, &g));
     const int32_t *pin = NULL, *pout = NULL;
     SPCONV_FORWARD_IF_ERROR(device_pairs(call, ctx, rb, d.device, &pin, &pout));
-    const int64_t chunk = chunk_pairs(rb, d.c_out + 2 * d.c_in, sizeof(T));
+    const int64_t chunk = chunk_pairs(rb, d.c_out + 2 * d.c_in, sizeof(A));
     const int64_t elems[3] = {chunk * d.c_out, chunk * d.c_in, chunk * d.c_in};
+    const size_t elem[3] = {sizeof(S), sizeof(S), sizeof(A)};
     void *buffers[3] = {};
-    SPCONV_FORWARD_IF_ERROR(scratch_buffers("spconv_conv_backward", call, ctx, d.device,
-                                            sizeof(T), 3, elems, buffers));
+    SPCONV_FORWARD_IF_ERROR(
+        scratch_buffers("spconv_conv_backward", call, ctx, d.device, elem, 3, elems, buffers));
     void *g_buf = buffers[0], *x_buf = buffers[1], *d_buf = buffers[2];
     spconv_tensor *dx = NULL, *dw = NULL, *db = NULL;
     const int64_t in_sizes[2] = {d.num_in, d.c_in}, bias_size = d.c_out;
     spconv_status st = SPCONV_OK;
-    if (grad_features != NULL)
-        st = spconv_tensor_zeros(ctx, d.device, d.dtype, 2, in_sizes, &dx);
+    const spconv_dtype wide = dtype_of<A>();
+    if (grad_features != NULL) st = spconv_tensor_zeros(ctx, d.device, wide, 2, in_sizes, &dx);
     if (st == SPCONV_OK && grad_weight != NULL)
-        st = spconv_tensor_zeros(ctx, d.device, d.dtype, spconv_tensor_ndim(weight),
+        st = spconv_tensor_zeros(ctx, d.device, wide, spconv_tensor_ndim(weight),
                                  spconv_tensor_sizes(weight), &dw);
     if (st == SPCONV_OK && grad_bias != NULL)
-        st = spconv__tensor_empty_in("spconv_conv_backward", ctx, d.device, d.dtype, 1,
-                                     &bias_size, &db);
+        st = spconv__tensor_empty_in("spconv_conv_backward", ctx, d.device, wide, 1, &bias_size,
+                                     &db);
     if (st == SPCONV_OK && db != NULL && d.c_out > 0) {
-        SPCONV_CUDA_LAUNCH((column_sums_kernel<T>), call.grid(d.c_out), CONV_THREADS, 0,
-                           call.stream, (T *)spconv_tensor_data(db), (const T *)g, d.num_out,
+        SPCONV_CUDA_LAUNCH((column_sums_kernel<A, S>), call.grid(d.c_out), CONV_THREADS, 0,
+                           call.stream, (A *)spconv_tensor_data(db), (const S *)g, d.num_out,
                            d.c_out);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess)
@@ -498,10 +581,13 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
                                cudaGetErrorString(err));
     }
     if (st == SPCONV_OK && (dx != NULL || dw != NULL))
-        st = backward_offsets<T>(call, rb, d, (const T *)x, (const T *)w, (const T *)g, pin, pout,
-                                 (T *)g_buf, (T *)x_buf, (T *)d_buf, chunk,
-                                 dx != NULL ? (T *)spconv_tensor_data(dx) : NULL,
-                                 dw != NULL ? (T *)spconv_tensor_data(dw) : NULL);
+        st = backward_offsets<S, A>(call, rb, d, (const S *)x, (const S *)w, (const S *)g, pin,
+                                    pout, (S *)g_buf, (S *)x_buf, (A *)d_buf, chunk,
+                                    dx != NULL ? (A *)spconv_tensor_data(dx) : NULL,
+                                    dw != NULL ? (A *)spconv_tensor_data(dw) : NULL);
+    if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dx);
+    if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dw);
+    if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &db);
     if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
         st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_backward: %s",
                            cudaGetErrorString(cudaGetLastError()));
@@ -526,11 +612,20 @@ extern "C" spconv_status spconv__cuda_conv_backward(
     spconv__conv_dims d;
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, NULL, grad_out, &d));
     SPCONV_FORWARD_IF_ERROR(check_dtype(func, d.dtype));
-    return d.dtype == SPCONV_F32
-               ? backward_typed<float>(ctx, rb, d, features, weight, grad_out, grad_features,
-                                       grad_weight, grad_bias)
-               : backward_typed<double>(ctx, rb, d, features, weight, grad_out, grad_features,
-                                        grad_weight, grad_bias);
+    switch (d.dtype) {
+    case SPCONV_F32:
+        return backward_typed<float, float>(ctx, rb, d, features, weight, grad_out, grad_features,
+                                            grad_weight, grad_bias);
+    case SPCONV_F16:
+        return backward_typed<f16_bits, float>(ctx, rb, d, features, weight, grad_out,
+                                               grad_features, grad_weight, grad_bias);
+    case SPCONV_BF16:
+        return backward_typed<bf16_bits, float>(ctx, rb, d, features, weight, grad_out,
+                                                grad_features, grad_weight, grad_bias);
+    default:
+        return backward_typed<double, double>(ctx, rb, d, features, weight, grad_out,
+                                              grad_features, grad_weight, grad_bias);
+    }
 }
 
 /* ---- max pooling --------------------------------------------------------------------------- */

@@ -12,7 +12,13 @@
  * at most 2 gamma_n S, element by element; S is computed in f64 by the CPU backend on |operands|.
  * f16 and bf16 accumulate in f32 (conv/half.h) and then round each result once, which moves it by
  * at most u_h times its f32 value (u_h = 2^-11 for f16, 2^-8 for bf16) or half a subnormal
- * spacing: so add u_h / (1 - u_h) (|cuda| + |cpu|) and that spacing twice. */
+ * spacing: so add u_h / (1 - u_h) (|cuda| + |cpu|) and that spacing twice.
+ *
+ * The CUDA backend runs f16 and bf16 convs on their 16-bit operands (gathered as they are, products
+ * on 16-bit values summed in f32, conv.cu), which conv/half.h's contract says must give the numbers
+ * of the f32 conv on the widened operands, rounded once: in the host emulation, whose products are
+ * one f32 loop, bit for bit; on a GPU, whose tensor cores sum in another order, within the bound
+ * above. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +27,7 @@
 
 #include "common/rulebook_testing.h"
 #include "common/test_util.h"
+#include "spconv/config.h"
 #include "spconv/spconv.h"
 
 static const int64_t SHAPE[3] = {13, 12, 11};
@@ -166,6 +173,51 @@ static geometry random_geometry(int kind_index) {
     return g;
 }
 
+/* @p t as @p dtype (a new tensor on its device). */
+static spconv_tensor *as_dtype(const spconv_tensor *t, spconv_dtype dtype) {
+    spconv_tensor *out = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_to_dtype(NULL, t, dtype, &out));
+    return out;
+}
+
+/* @p got (16-bit, from the device) against @p wide, the device's f32 result on the widened
+ * operands, rounded to @p got's dtype: the same bytes in the emulation, the bound of
+ * assert_within on a GPU. */
+static void assert_widened(const char *what, const spconv_tensor *got, const spconv_tensor *wide,
+                           const spconv_tensor *bound, spconv_dtype dtype, int64_t n) {
+    spconv_tensor *rounded = as_dtype(wide, dtype);
+    if (SPCONV_CUDA_EMULATION)
+        assert_same_bytes(what, got, rounded);
+    else
+        assert_within(what, got, rounded, bound, dtype, n);
+    spconv_tensor_release(rounded);
+}
+
+/* f16 / bf16 on the device against the device's f32 conv of the widened operands. */
+static void check_half_against_widened(const spconv_rulebook *rb, spconv_dtype dtype,
+                                       spconv_tensor *xd, spconv_tensor *wd, spconv_tensor *bd,
+                                       spconv_tensor *gd, const spconv_tensor *got,
+                                       const spconv_tensor *cdx, const spconv_tensor *cdw,
+                                       const spconv_tensor *cdb, const spconv_tensor *bound,
+                                       const spconv_tensor *bdx, const spconv_tensor *bdw,
+                                       const spconv_tensor *bdb, int64_t c_in, int64_t c_out) {
+    const int64_t kv = spconv_rulebook_kernel_volume(rb);
+    spconv_tensor *x32 = as_dtype(xd, SPCONV_F32), *w32 = as_dtype(wd, SPCONV_F32);
+    spconv_tensor *b32 = as_dtype(bd, SPCONV_F32), *g32 = as_dtype(gd, SPCONV_F32);
+    spconv_tensor *y32 = NULL, *dx32 = NULL, *dw32 = NULL, *db32 = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, x32, w32, b32, &y32));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, x32, w32, g32, &dx32, &dw32, &db32));
+    assert_widened("16-bit forward against widened f32", got, y32, bound, dtype, kv * c_in);
+    assert_widened("16-bit grad features against widened f32", cdx, dx32, bdx, dtype,
+                   kv * c_out);
+    assert_widened("16-bit grad weight against widened f32", cdw, dw32, bdw, dtype,
+                   spconv_rulebook_num_pairs(rb));
+    assert_widened("16-bit grad bias against widened f32", cdb, db32, bdb, dtype,
+                   spconv_rulebook_num_out(rb));
+    spconv_tensor *all[] = {x32, w32, b32, g32, y32, dx32, dw32, db32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+}
+
 static void check_conv_case(const geometry *g, spconv_dtype dtype, int64_t c_in, int64_t c_out) {
     const spconv_rulebook *rb = g->rb;
     const int64_t kv = spconv_rulebook_kernel_volume(rb);
@@ -199,6 +251,9 @@ static void check_conv_case(const geometry *g, spconv_dtype dtype, int64_t c_in,
     assert_same_bytes("grad features alone", rdx, cdx);
     SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, NULL, &rdw, NULL));
     assert_same_bytes("grad weight alone", rdw, cdw);
+    if (is_half(dtype))
+        check_half_against_widened(rb, dtype, xd, wd, bd, gd, got, cdx, cdw, cdb, bound, bdx, bdw,
+                                   bdb, c_in, c_out);
 
     spconv_tensor *all[] = {x, w, b, gy, xd, wd, bd, gd, want, got, again, bound, ax, aw, ab, ag,
                             dx, dw, db, cdx, cdw, cdb, bdx, bdw, bdb, rdx, rdw};

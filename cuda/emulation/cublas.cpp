@@ -6,6 +6,8 @@
 
 #include <new>
 
+#include "tensor/convert.h"
+
 struct spconv__emu_cublas {
     cudaStream_t stream;
 };
@@ -35,9 +37,17 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-/* The element as the product reads it: unchanged, or rounded to TF32. */
+/* The element as the product reads it: unchanged, rounded to TF32, or a 16-bit value widened. */
 struct exact_input {
     template <typename T> T operator()(T v) const { return v; }
+};
+
+struct f16_input {
+    float operator()(uint16_t bits) const { return spconv__f16_to_f32(bits); }
+};
+
+struct bf16_input {
+    float operator()(uint16_t bits) const { return spconv__bf16_to_f32(bits); }
 };
 
 /* Round to the nearest float with a 10-bit mantissa, ties to even; infinities and NaN stay. The
@@ -59,10 +69,10 @@ struct tf32_input {
 /* C = alpha op(A) op(B) + beta C, column-major; beta 0 ignores C's old contents (NaN included),
  * as cuBLAS does. Arguments are checked as cuBLAS checks them, and alpha and beta read, when it
  * is called (host pointer mode); the product itself is queued on the handle's stream. */
-template <typename T, typename Input = exact_input>
+template <typename T, typename In = T, typename Input = exact_input>
 static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
-                           cublasOperation_t transb, int m, int n, int k, const T *alpha, const T *A,
-                           int lda, const T *B, int ldb, const T *beta, T *C, int ldc,
+                           cublasOperation_t transb, int m, int n, int k, const T *alpha,
+                           const In *A, int lda, const In *B, int ldb, const T *beta, T *C, int ldc,
                            Input input = Input()) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
@@ -109,12 +119,21 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
                             cublasGemmAlgo_t algo) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F ||
-        algo != CUBLAS_GEMM_DEFAULT)
+    if (Atype != Btype || Ctype != CUDA_R_32F || algo != CUBLAS_GEMM_DEFAULT)
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    const float *a = (const float *)A, *b = (const float *)B;
     const float *al = (const float *)alpha, *be = (const float *)beta;
     float *c = (float *)C;
+    if (Atype == CUDA_R_16F || Atype == CUDA_R_16BF) {
+        if (computeType != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+        const uint16_t *a16 = (const uint16_t *)A, *b16 = (const uint16_t *)B;
+        if (Atype == CUDA_R_16F)
+            return gemm(handle, transa, transb, m, n, k, al, a16, lda, b16, ldb, be, c, ldc,
+                        f16_input());
+        return gemm(handle, transa, transb, m, n, k, al, a16, lda, b16, ldb, be, c, ldc,
+                    bf16_input());
+    }
+    if (Atype != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float *a = (const float *)A, *b = (const float *)B;
     switch (computeType) {
     case CUBLAS_COMPUTE_32F:
         return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc);

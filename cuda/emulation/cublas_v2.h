@@ -5,7 +5,7 @@
  * two computations. cublasGemmEx with CUBLAS_COMPUTE_32F is the loop of cublasSgemm (the same
  * bits); with CUBLAS_COMPUTE_32F_FAST_TF32 it first rounds every element of A and B to TF32 (a
  * 10-bit mantissa, to nearest even) and then runs that loop, which is what a tensor core's TF32
- * product does to its inputs. */
+ * product does to its inputs; f16 and bf16 operands are widened to f32 and run that loop too. */
 #ifndef SPCONV_CUDA_EMULATION_CUBLAS_V2_H
 #define SPCONV_CUDA_EMULATION_CUBLAS_V2_H
 
@@ -25,7 +25,12 @@ typedef struct spconv__emu_cublas *cublasHandle_t;
 
 /* The values of the CUDA toolkit's headers (library_types.h, cublas_api.h); only the ones used
  * here are declared. */
-typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_64F = 1 } cudaDataType;
+typedef enum cudaDataType_t {
+    CUDA_R_32F = 0,
+    CUDA_R_64F = 1,
+    CUDA_R_16F = 2,
+    CUDA_R_16BF = 14,
+} cudaDataType;
 typedef enum {
     CUBLAS_COMPUTE_32F = 68,
     CUBLAS_COMPUTE_64F = 70,
@@ -45,9 +50,10 @@ cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const double *alpha,
                            const double *A, int lda, const double *B, int ldb, const double *beta,
                            double *C, int ldc);
-/* f32 operands only (Atype = Btype = Ctype = CUDA_R_32F, compute type CUBLAS_COMPUTE_32F or
- * CUBLAS_COMPUTE_32F_FAST_TF32, alpha and beta float); anything else is
- * CUBLAS_STATUS_NOT_SUPPORTED. */
+/* A and B both f32, f16 or bf16, C f32, compute type CUBLAS_COMPUTE_32F (or, for f32 operands,
+ * CUBLAS_COMPUTE_32F_FAST_TF32), alpha and beta float; anything else is
+ * CUBLAS_STATUS_NOT_SUPPORTED. 16-bit operands are widened exactly to f32 (tensor/convert.h) and
+ * the product is then cublasSgemm's loop. */
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                             cublasOperation_t transb, int m, int n, int k, const void *alpha,
                             const void *A, cudaDataType Atype, int lda, const void *B,

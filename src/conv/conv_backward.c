@@ -718,7 +718,7 @@ spconv_status spconv__conv_backward_ex(spconv_context *ctx, const spconv_ruleboo
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, dims.device, conv_backward, "sparse conv backward", &backend);
     if (grad_features == NULL && grad_weight == NULL && grad_bias == NULL) return SPCONV_OK;
-    if (spconv__is_half_dtype(dims.dtype))
+    if (spconv__is_half_dtype(dims.dtype) && !backend->conv_half_native)
         return spconv__half_conv_backward(backend, ctx, rb, features, weight, grad_out, options,
                                           grad_features, grad_weight, grad_bias);
     return backend->conv_backward(ctx, rb, features, weight, grad_out, options, grad_features,

@@ -422,7 +422,8 @@ static spconv_status check_entry(const char *func, const spconv_rulebook *rb,
     return spconv__conv_check(func, rb, features, weight, bias, NULL, dims);
 }
 
-/* The checked call to the backend of @p dims's device (16-bit features through f32). */
+/* The checked call to the backend of @p dims's device (16-bit features through f32 unless the
+ * backend takes them as they are). */
 static spconv_status dispatch_forward(const char *func, spconv_context *ctx,
                                       const spconv_rulebook *rb, const spconv_tensor *features,
                                       const spconv_tensor *weight, const spconv_tensor *bias,
@@ -436,7 +437,7 @@ static spconv_status dispatch_forward(const char *func, spconv_context *ctx,
                            "%s: the affine epilogue runs on f32 / f64 CPU features only", func);
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, dims->device, conv_forward, "sparse conv forward", &backend);
-    if (spconv__is_half_dtype(dims->dtype))
+    if (spconv__is_half_dtype(dims->dtype) && !backend->conv_half_native)
         return spconv__half_conv_forward(backend, ctx, rb, features, weight, bias, options, out);
     return backend->conv_forward(ctx, rb, features, weight, bias, options, out);
 }

@@ -143,6 +143,11 @@ typedef struct spconv_backend {
                                       const spconv_tensor *indices, spconv_tensor *dense);
     spconv_status (*to_dense_gather)(spconv_context *ctx, const spconv_tensor *dense,
                                      const spconv_tensor *indices, spconv_tensor *features);
+
+    /* 1: conv_forward / conv_backward take f16 and bf16 operands as they are (products on the
+     * 16-bit values, sums in f32, each result rounded once to the operands' dtype: conv/half.h's
+     * contract); 0 (the default): the entry points convert them to f32 at the edges for it. */
+    int conv_half_native;
 } spconv_backend;
 
 extern const spconv_backend spconv__cpu_backend;
