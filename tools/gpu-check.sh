@@ -10,6 +10,8 @@
 #   4b. compile the PyTorch extension against this build and run python/tests/test_cuda_binding.py
 #      when python3 has a CUDA torch;
 #   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
+#   5b. run `spconv bench` on whole networks (basic f16 / f32, forward and backward; SECOND) on
+#      both devices;
 #   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
 #      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
 # Full logs go to $OUT (at most 8 files come back from the device machine; we write 8).
@@ -196,6 +198,48 @@ for bench in "$build"/tools/bench_*; do
   done
 done
 echo "$benches benchmark program(s) with --device"
+
+# ---- 5b. whole networks (issue 11's targets) --------------------------------------------------
+# `spconv bench` on the device, rulebooks in every forward as spconv's benchmark counts them:
+# basic on spconv's own voxels in f16 and f32, forward and training backward, and SECOND on a
+# KITTI scan; each case also on the CPU for the ratio. The JSON's wall medians become `result`
+# lines of bench.log, so the summary lists them with the rest.
+section "network benchmarks"
+spconv_cli=$build/tools/spconv
+net_case() { # name device args...
+  local name=$1 device=$2
+  shift 2
+  # Not under $out: only a few files come back from the device machine.
+  local json="$build/net-$name-$device.json"
+  echo "### spconv-bench --device $device $*" >>"$out/bench.log"
+  if timeout 300 "$spconv_cli" bench "$@" --device "$device" --json "$json" >>"$out/bench.log" 2>&1; then
+    python3 - "$json" "$name" >>"$out/bench.log" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for pass_name, p in d["passes"].items():
+    wall = p["wall_ms"]["median"] if isinstance(p["wall_ms"], dict) else p["wall_ms"]
+    print(f"result case={sys.argv[2]}-{pass_name} median_ms={wall:.4f} gflops={p.get('gflops') or 0} gbps=0")
+PY
+  else
+    echo "### exit status $? for spconv bench $* --device $device" >>"$out/bench.log"
+    status=1
+  fi
+}
+if [ -x "$spconv_cli" ] && [ -f "$data_dir/spconv_test_indices.i32" ]; then
+  for device in cuda cpu; do
+    reps=10
+    [ "$device" = cpu ] && reps=2
+    net_case basic-f16 "$device" --net basic --input "$data_dir" --dtype f16 --repeat "$reps" --warmup 2 --peak-size 0
+    net_case basic-f32 "$device" --net basic --input "$data_dir" --dtype f32 --repeat "$reps" --warmup 2 --peak-size 0
+    net_case basic-f16-train "$device" --net basic --input "$data_dir" --dtype f16 --backward --repeat "$reps" --warmup 2 --peak-size 0
+    if [ -f "$data_dir/kitti_000008.bin" ]; then
+      net_case second-f32 "$device" --net second --input "$data_dir/kitti_000008.bin" --repeat "$reps" --warmup 2 --peak-size 0
+    fi
+  done
+  grep '^result case=basic\|^result case=second' "$out/bench.log" || true
+else
+  echo "network benchmarks: skipped (no spconv CLI or no spconv_test_* data in $data_dir)"
+fi
 
 # ---- 6. summary table ------------------------------------------------------------------------
 section "summary"
