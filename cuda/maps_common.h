@@ -5,7 +5,8 @@
  * Thrust (SPCONV_THRUST): under nvcc the CUDA system on the context's stream without a host wait
  * where none is needed (thrust::cuda::par_nosync), in the host emulation its CPP system on the
  * calling thread (CMake defines THRUST_DEVICE_SYSTEM there) after the work queued on the stream
- * has run, which is where the CUDA system's algorithm would run. Either way its temporary storage
+ * has run: one order the GPU may take, though not the latest (docs/cuda.md says what that leaves
+ * unchecked). Either way its temporary storage
  * comes from the call's context, as the builders' own arrays do, and whatever it throws comes back
  * as a status: an exception never crosses into C. */
 #ifndef SPCONV_CUDA_MAPS_COMMON_H
@@ -163,6 +164,9 @@ static inline spconv_status spconv__thrust_run(const spconv_context *ctx, const 
     } catch (const std::exception &e) {
         (void)cudaGetLastError();
         return spconv__error(SPCONV_ERR_CUDA, "%s: %s failed: %s", func, what, e.what());
+    } catch (...) {
+        (void)cudaGetLastError();
+        return spconv__error(SPCONV_ERR_CUDA, "%s: %s failed (an unknown exception)", func, what);
     }
     return SPCONV_OK;
 }

@@ -439,7 +439,8 @@ static void test_cuda_hook_returning_null_is_out_of_memory(void **state) {
     spconv_tensor_release(host_sites);
 }
 
-/* The CUDA map builders (rulebooks of every kind, the voxelizer) allocate scratch as they go, and
+/* The CUDA map builders (rulebooks of every kind, the voxelizer, dense to sparse) allocate scratch
+ * as they go, and
  * Thrust's sorts and scans their temporary storage from the same hook. Whichever request fails
  * first, the call must end with SPCONV_ERR_OUT_OF_MEMORY, no output and every block given back:
  * never an exception escaping into C, a leak or a crash. Each build is run once to count its
@@ -452,7 +453,16 @@ typedef struct map_build_case {
 
 static spconv_status run_map_build(spconv_context *ctx, const map_build_case *c,
                                    const spconv_tensor *sites, const spconv_tensor *points,
-                                   const int64_t shape[3], int *outputs) {
+                                   const spconv_tensor *dense, const int64_t shape[3],
+                                   int *outputs) {
+    if (c->kernel < 0) {
+        spconv_tensor *f = (spconv_tensor *)ctx, *i = (spconv_tensor *)ctx;
+        const spconv_status st = spconv_dense_to_sparse(ctx, dense, &f, &i);
+        *outputs = f != NULL || i != NULL;
+        spconv_tensor_release(f);
+        spconv_tensor_release(i);
+        return st;
+    }
     if (c->kernel == 0) {
         spconv_voxelize_params vp = {{0.5f, 0.5f, 0.5f}, {0, 0, 0, 4, 4, 4}, 3, 1000,
                                      SPCONV_VOXELIZE_VOXELS | SPCONV_VOXELIZE_MEAN};
@@ -492,11 +502,15 @@ static void test_cuda_map_builds_survive_every_failed_allocation(void **state) {
     spconv_tensor_release(points);
     points = NULL;
     SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, scaled, dev, &points));
+    const int64_t feature_sizes[2] = {spconv_tensor_size(sites, 0), 3};
+    spconv_tensor *site_features = random_floats(dev, 2, feature_sizes), *dense = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_to_dense(NULL, site_features, sites, shape, 2, &dense));
     const map_build_case cases[] = {
         {"subm 3", SPCONV_CONV_SUBM, 3, 1},
         {"regular 3 stride 2", SPCONV_CONV_REGULAR, 3, 2},
         {"transposed 2 stride 2", SPCONV_CONV_TRANSPOSED, 2, 2},
         {"voxelize", SPCONV_CONV_REGULAR, 0, 0},
+        {"dense to sparse", SPCONV_CONV_REGULAR, -1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
         int requests = 0;
@@ -507,7 +521,8 @@ static void test_cuda_map_builds_survive_every_failed_allocation(void **state) {
             SPCONV_ASSERT_OK(spconv_context_create(dev, &ctx));
             SPCONV_ASSERT_OK(spconv_context_set_allocator(ctx, counting_alloc, counting_free, &a));
             int outputs = 0;
-            const spconv_status st = run_map_build(ctx, &cases[c], sites, points, shape, &outputs);
+            const spconv_status st =
+                run_map_build(ctx, &cases[c], sites, points, dense, shape, &outputs);
             spconv_context_destroy(ctx);
             if (fail_at == 0) {
                 if (st != SPCONV_OK) fail_msg("%s: %s", cases[c].name, spconv_last_error());
@@ -527,6 +542,8 @@ static void test_cuda_map_builds_survive_every_failed_allocation(void **state) {
         printf("%s: each of its %d allocations failed in turn, cleanly\n", cases[c].name,
                requests);
     }
+    spconv_tensor_release(dense);
+    spconv_tensor_release(site_features);
     spconv_tensor_release(points);
     spconv_tensor_release(scaled);
     spconv_tensor_release(sites);

@@ -18,7 +18,8 @@
  * on 16-bit values summed in f32, conv.cu), which conv/half.h's contract says must give the numbers
  * of the f32 conv on the widened operands, rounded once: in the host emulation, whose products are
  * one f32 loop, bit for bit; on a GPU, whose tensor cores sum in another order, within the bound
- * above. */
+ * above. (That bound assumes sums rounded to nearest; tensor cores are reported to truncate in
+ * places, so on a GPU the 16-bit cases rest on the same bound with that caveat.) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -239,7 +239,9 @@ static void test_event_wait_orders_two_streams(void **state) {
     SPCONV_CUDA_LAUNCH(fill_values_kernel, 64, 256, 0, maker, values, n, 7.0f);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaEventRecord(made, maker));
-    CHECK_CUDA(cudaEventDestroy(made)); /* the queued wait below still holds */
+    /* Destroyed with its record still queued: the record still runs (and frees it), and the new
+     * event below is the one waited for. */
+    CHECK_CUDA(cudaEventDestroy(made));
     made = NULL;
     CHECK_CUDA(cudaEventCreate(&made));
     CHECK_CUDA(cudaEventRecord(made, maker));
@@ -355,6 +357,16 @@ static void test_emulation_runs_work_when_waited_for(void **state) {
     CHECK_CUDA(cudaMemcpyAsync(host, values, sizeof host, cudaMemcpyDeviceToHost, user));
     CHECK_CUDA(cudaStreamSynchronize(user));
     assert_true(host[0] == 3.0f && host[n - 1] == 3.0f);
+    /* A destroyed stream's queued work still runs, when the host waits for the device. */
+    cudaStream_t doomed = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&doomed, cudaStreamNonBlocking));
+    SPCONV_CUDA_LAUNCH(fill_values_kernel, 2, 128, 0, doomed, values, n, 9.0f);
+    CHECK_CUDA(cudaMemcpyAsync(host, values, sizeof host, cudaMemcpyDeviceToHost, doomed));
+    CHECK_CUDA(cudaStreamDestroy(doomed));
+    memcpy(&bits, &host[0], sizeof bits);
+    assert_int_equal(bits, 0xa5a5a5a5u);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    assert_true(host[0] == 9.0f && host[n - 1] == 9.0f);
     /* cudaFree waits for the whole device, so the 5s are written before the memory goes. */
     CHECK_CUDA(cudaFree(values));
     CHECK_CUDA(cudaStreamDestroy(maker));

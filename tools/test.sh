@@ -96,6 +96,12 @@ fi
 cmake -S . -B "$build" -G Ninja "${configure[@]}" "$@" >/dev/null
 cmake --build "$build" -j "$jobs"
 ctest --test-dir "$build" --output-on-failure -j "$jobs"
+if [ $emulate = 1 ]; then
+  # The launch checks and the map builders once more with every launch's threads in reverse:
+  # the schedule checks of test_cuda_launch only run under forward or reverse.
+  SPCONV_CUDA_EMULATION_SCHEDULE=reverse ctest --test-dir "$build" --output-on-failure \
+    -j "$jobs" -R 'test_cuda_launch|test_backend_ops'
+fi
 # The PyTorch binding's tests (pytest in .venv/, tools/test-python.sh) after the C tests of the
 # release build (SPCONV_C_SKIP_PYTHON=1: not now).
 if [ $sanitize = 0 ] && [ $emulate = 0 ] && [ $noomp = 0 ] && [ "${SPCONV_C_SKIP_PYTHON:-0}" != 1 ]; then

@@ -25,6 +25,7 @@ struct spconv__emu_stream {
     std::deque<std::function<void()>> work;
     uint64_t queued = 0, done = 0;
     bool running = false;
+    bool destroyed = false; /* by cudaStreamDestroy: freed once its queued work has run */
 };
 
 /* The record that completes the event: (stream id, its item count after the record); 0 when it
@@ -35,6 +36,7 @@ struct spconv__emu_event {
     std::chrono::steady_clock::time_point when;
     uint64_t stream_id = 0, item = 0;
     int records_queued = 0;
+    uint64_t generation = 0; /* of the latest record: only it completes the event */
     bool destroyed = false;
 };
 
@@ -114,6 +116,8 @@ void run_stream_until(uint64_t id, uint64_t item) {
     if (found != q.by_id.end()) run_until(found->second, item);
 }
 
+/* Runs, in order, the items of @p s up to its @p item-th. A destroyed stream is freed once its
+ * work has all run, so @p s may be gone when this returns. */
 void run_until(spconv__emu_stream *s, uint64_t item) {
     while (s->done < item && !s->work.empty()) {
         if (s->running) {
@@ -129,13 +133,20 @@ void run_until(spconv__emu_stream *s, uint64_t item) {
         s->running = false;
         ++s->done;
     }
+    if (s->destroyed && s->work.empty()) {
+        queues().by_id.erase(s->id);
+        delete s;
+    }
 }
 
 void run_all(spconv__emu_stream *s) { run_until(s, s->queued); }
 
+/* Every stream, destroyed ones with work left included (which are then freed). */
 void run_every_stream() {
     queue_state &q = queues();
-    for (auto &entry : q.by_id) run_all(entry.second);
+    std::vector<uint64_t> ids;
+    for (const auto &entry : q.by_id) ids.push_back(entry.first);
+    for (uint64_t id : ids) run_stream_until(id, UINT64_MAX);
 }
 
 /* The implicit order of the legacy default stream: its work waits for the work queued before it
@@ -420,8 +431,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     return queue_copy(dst, src, count, kind, stream, &direction);
 }
 
-/* On the legacy default stream; only a copy to the host makes the caller wait for it. */
+/* On the legacy default stream; a copy from the host waits for the stream's earlier work before
+ * staging its source, a copy to the host makes the caller wait for the copy itself. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    /* From pageable host memory the runtime waits for the stream before staging the source. */
+    if (count > 0 && dst != NULL && src != NULL &&
+        direction_of(dst, src, count, kind) == to_device_from_host)
+        spconv__emu::run_queued(cudaStreamLegacy);
     copy_direction direction;
     cudaError_t error = queue_copy(dst, src, count, kind, cudaStreamLegacy, &direction);
     if (error == cudaSuccess && direction == to_host_from_device)
@@ -461,7 +477,8 @@ cudaError_t cudaStreamCreate(cudaStream_t *stream) {
     return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
 }
 
-/* The runtime finishes a destroyed stream's work later; here it runs now. */
+/* As the runtime: the call returns at once and the stream's queued work still runs later (when
+ * the host waits for the device, or for an event recorded on it); the handle is dead now. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     queue_state &q = queues();
     std::lock_guard<std::recursive_mutex> queue_lock(q.mutex);
@@ -471,9 +488,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
         if (stream == NULL || s.streams.erase(stream) == 0)
             return record(cudaErrorInvalidResourceHandle);
     }
-    run_all(stream);
-    q.by_id.erase(stream->id);
-    delete stream;
+    stream->destroyed = true;
+    run_until(stream, 0); /* frees it now when nothing is queued */
     return cudaSuccess;
 }
 
@@ -484,8 +500,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     std::lock_guard<std::recursive_mutex> lock(q.mutex);
     spconv__emu_stream *s = resolve(stream);
     if (s == &q.legacy) {
-        for (auto &entry : q.by_id)
-            if ((entry.second->flags & cudaStreamNonBlocking) == 0) run_all(entry.second);
+        std::vector<uint64_t> blocking; /* running one may free a destroyed one: ids first */
+        for (const auto &entry : q.by_id)
+            if ((entry.second->flags & cudaStreamNonBlocking) == 0) blocking.push_back(entry.first);
+        for (uint64_t id : blocking) run_stream_until(id, UINT64_MAX);
     }
     run_all(s);
     return cudaSuccess;
@@ -545,10 +563,13 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     std::lock_guard<std::recursive_mutex> lock(q.mutex);
     event->recorded = false;
     ++event->records_queued;
+    const uint64_t generation = ++event->generation;
     spconv__emu_stream *s = resolve(stream);
-    spconv__emu::enqueue(stream, [event] {
-        event->recorded = true;
-        event->when = std::chrono::steady_clock::now();
+    spconv__emu::enqueue(stream, [event, generation] {
+        if (generation == event->generation) { /* an older record completes nothing */
+            event->recorded = true;
+            event->when = std::chrono::steady_clock::now();
+        }
         if (--event->records_queued == 0 && event->destroyed) delete event;
     });
     event->stream_id = s->id;
@@ -573,7 +594,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
         end->stream_id == 0)
         return record(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lock(queues().mutex);
-    if (!start->recorded || !end->recorded) return record(cudaErrorNotReady);
+    /* not recorded as the last error: the runtime's "not ready" is a state, not a failure */
+    if (!start->recorded || !end->recorded) return cudaErrorNotReady;
     *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
     return cudaSuccess;
 }
@@ -604,6 +626,12 @@ bool spconv__emu::launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cud
 void spconv__emu::enqueue(cudaStream_t stream, std::function<void()> work) {
     queue_state &q = queues();
     std::lock_guard<std::recursive_mutex> lock(q.mutex);
+    if (!is_live_stream(stream)) {
+        /* The runtime calls check their stream first; this is cuBLAS on a destroyed stream. */
+        fprintf(stderr, "spconv CUDA emulation: work queued on destroyed stream %p\n",
+                (void *)stream);
+        abort();
+    }
     push(resolve(stream), std::move(work));
 }
 
