@@ -51,10 +51,13 @@ static void cuda_context_destroy(spconv_context *ctx) {
  * the caller's own kernels on spconv_context_cuda_stream() go to the right GPU. */
 static spconv_status cuda_context_make_handles(spconv_context *ctx) {
     CUDA_TRY(cudaSetDevice(ctx->device.index));
-    /* Non-blocking: the context's work does not wait for, nor hold up, unrelated work that
-     * other code queues on the legacy default stream. */
+    /* A blocking stream: work that calls without a context queue on the legacy default stream
+     * (and the caller's own default-stream work) is ordered with the context's, both ways, with
+     * no host wait. The ops do not wait for their work at the end, so that a network's layers
+     * only queue: this ordering is what keeps mixing context and NULL-context calls safe, e.g.
+     * reading a context call's output with spconv_tensor_copy_to_host(NULL, ...). */
     cudaStream_t stream = NULL;
-    CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
     ctx->own_cuda_stream = stream;
     ctx->cuda_stream = stream;
     cublasHandle_t handle = NULL;

@@ -461,11 +461,10 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
                                        (S *)gathered, (A *)product, chunk, y);
     }
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &result);
-    /* Operand copies (and the scratch of a call without a context of this device) are released
-     * when the call ends: wait for the work that uses them. */
-    if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
-        st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_forward: %s",
-                           cudaGetErrorString(cudaGetLastError()));
+    /* No wait for the stream: what the call releases (operand copies, the widened bias, scratch
+     * of a call without a context of this device) goes back stream-ordered through the context's
+     * hook (context.h) or through cudaFree, which waits for the device itself, and the workspace
+     * stays for the next call on the stream. Layer after layer, the host only queues. */
     if (st != SPCONV_OK) {
         spconv_tensor_release(result);
         return st;
@@ -588,9 +587,7 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dx);
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dw);
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &db);
-    if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
-        st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_backward: %s",
-                           cudaGetErrorString(cudaGetLastError()));
+    /* No wait: as in the forward. */
     if (st != SPCONV_OK) {
         spconv_tensor_release(dx);
         spconv_tensor_release(dw);
@@ -663,8 +660,7 @@ static spconv_status pool_forward_typed(spconv_context *ctx, const spconv_rulebo
                                count, c);
             err = cudaGetLastError();
         }
-        if (err == cudaSuccess) err = cudaStreamSynchronize(call.stream);
-        if (err != cudaSuccess) {
+        if (err != cudaSuccess) { /* no wait: as in the conv forward */
             (void)cudaGetLastError();
             st = spconv__error(SPCONV_ERR_CUDA, "spconv_maxpool_forward: %s",
                                cudaGetErrorString(err));
@@ -722,8 +718,7 @@ static spconv_status pool_backward_typed(spconv_context *ctx, const spconv_ruleb
                                pout + first, count, c);
             err = cudaGetLastError();
         }
-        if (err == cudaSuccess) err = cudaStreamSynchronize(call.stream);
-        if (err != cudaSuccess) {
+        if (err != cudaSuccess) { /* no wait: as in the conv forward */
             (void)cudaGetLastError();
             st = spconv__error(SPCONV_ERR_CUDA, "spconv_maxpool_backward: %s",
                                cudaGetErrorString(err));

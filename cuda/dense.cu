@@ -179,8 +179,7 @@ extern "C" spconv_status spconv__cuda_sparse_to_dense(spconv_context *ctx,
              : dtype == SPCONV_F64 ? scatter_typed<double>(call, dense, f, rows, g)
              : dtype == SPCONV_I32 ? scatter_typed<int32_t>(call, dense, f, rows, g)
                                    : scatter_typed<float16_bits>(call, dense, f, rows, g);
-    if (st == SPCONV_OK && cudaStreamSynchronize(call.stream) != cudaSuccess)
-        st = spconv__error(SPCONV_ERR_CUDA, "%s: %s", func, cudaGetErrorString(cudaGetLastError()));
+    /* No wait: the contiguous copies go back stream-ordered or through cudaFree (conv.cu). */
     spconv_tensor_release(f);
     spconv_tensor_release(idx);
     if (st != SPCONV_OK) {
@@ -226,12 +225,9 @@ static spconv_status gather_typed(spconv_context *ctx, dense_call &call, const s
         SPCONV_CUDA_LAUNCH((gather_sites_kernel<T>), call.grid(sites), DENSE_THREADS, 0,
                            call.stream, (T *)spconv_tensor_data(f),
                            (int32_t *)spconv_tensor_data(idx), dense, mask.get(), pos.get(), g, c);
-        cudaError_t err = cudaGetLastError();
-        if (err == cudaSuccess) err = cudaStreamSynchronize(call.stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
+        const cudaError_t err = cudaGetLastError(); /* no wait, as above */
+        if (err != cudaSuccess)
             st = spconv__error(SPCONV_ERR_CUDA, "%s: %s", func, cudaGetErrorString(err));
-        }
     }
     if (st != SPCONV_OK) {
         spconv_tensor_release(f);

@@ -171,6 +171,50 @@ static void test_external_stream_carries_the_work(void **state) {
     for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
 }
 
+/* The ops do not wait for their work before returning, so that a network's layers only queue;
+ * calls with a context and calls without one (the legacy default stream) are still ordered both
+ * ways, since the context's own stream is a blocking one: a value written by a call without a
+ * context is what a context's conv reads, and a context's output is what a copy without a context
+ * reads. (In the emulation work runs only when waited for, so a missing order shows here.) */
+static void test_context_and_null_context_calls_are_ordered(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    const int64_t shape[3] = {3, 4, 5}, c = 3;
+    spconv_tensor *sites = block_sites(shape);
+    const int64_t n = spconv_tensor_size(sites, 0);
+    const int64_t f_sizes[2] = {n, c}, w_sizes[3] = {27, c, c};
+    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
+    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
+    spconv_rulebook *rb = subm_rulebook(ctx, sites, shape, 3);
+    /* y for an input of ones; an input of v = 2^k gives v * y exactly. */
+    CHECK_OK(spconv_tensor_fill(NULL, x, 1.0));
+    spconv_tensor *y_ones = NULL;
+    CHECK_OK(spconv_conv_forward(NULL, rb, x, w, NULL, &y_ones));
+    float *ones = to_host(y_ones);
+    const int64_t count = spconv_tensor_numel(y_ones);
+    spconv_tensor_release(y_ones);
+    for (int k = 1; k <= 3; ++k) {
+        const float value = (float)(1 << k);
+        CHECK_OK(spconv_tensor_fill(NULL, x, value)); /* written without a context */
+        spconv_tensor *y = NULL;
+        CHECK_OK(spconv_conv_forward(ctx, rb, x, w, NULL, &y)); /* read with one */
+        float *got = to_host(y);                                /* read back without one */
+        for (int64_t i = 0; i < count; ++i)
+            if (got[i] != value * ones[i])
+                fail_msg("input %g, element %lld: %g, not %g", (double)value, (long long)i,
+                         (double)got[i], (double)(value * ones[i]));
+        free(got);
+        spconv_tensor_release(y);
+    }
+    free(ones);
+    spconv_rulebook_release(rb);
+    spconv_context_destroy(ctx);
+    spconv_tensor *held[] = {x, w, sites};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+}
+
 static void test_a_dead_stream_is_refused(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();
@@ -321,6 +365,7 @@ static void test_tf32_products_only_when_allowed(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_external_stream_carries_the_work),
+        cmocka_unit_test(test_context_and_null_context_calls_are_ordered),
         cmocka_unit_test(test_a_dead_stream_is_refused),
         cmocka_unit_test(test_f32_products_by_default_are_sgemm_bit_for_bit),
         cmocka_unit_test(test_tf32_products_only_when_allowed),

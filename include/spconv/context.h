@@ -27,9 +27,12 @@ extern "C" {
 typedef struct spconv_context spconv_context;
 
 /**
- * Create a context for @p device. For CUDA this selects the device, creates a non-blocking
- * stream and a cuBLAS handle bound to it. Returns SPCONV_ERR_NO_DEVICE when the device is not
- * built in or not present. *out is returned owned by the caller (free with
+ * Create a context for @p device. For CUDA this selects the device, creates a stream and a
+ * cuBLAS handle bound to it. The stream is a blocking one: the work of calls without a context
+ * (queued on the legacy default stream) and the context's work are ordered both ways, with no
+ * host wait. Ops return once their work is queued (copies to or from host memory excepted), so
+ * the host does not wait between a network's layers. Returns SPCONV_ERR_NO_DEVICE when the
+ * device is not built in or not present. *out is returned owned by the caller (free with
  * spconv_context_destroy).
  */
 spconv_status spconv_context_create(spconv_device device, spconv_context **out);
