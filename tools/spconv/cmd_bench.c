@@ -114,6 +114,9 @@ static int one_pass(bench_job *job, int rep) {
     spconv__cpu_memory_reset_peak();
     double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
+    /* On a GPU the ops return once their work is queued: the pass ends when the device is done
+     * (a no-op on the CPU). */
+    if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
     const double forward_ms = net_now_ms() - start;
     if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
     if (rc == 0 && rep >= 0) {
@@ -129,6 +132,7 @@ static int one_pass(bench_job *job, int rep) {
         spconv_tensor *grad_input = NULL;
         st = spconv_net_backward(job->ctx, job->net, job->grad,
                                  job->args.input_grad ? &grad_input : NULL);
+        if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
         spconv_tensor_release(grad_input);
         const double backward_ms = net_now_ms() - start;
         if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");

@@ -210,6 +210,7 @@ static int forward(run_job *job) {
     const double start = net_now_ms();
     spconv_status st = spconv_net_forward(job->ctx, job->net, input, SPCONV_NET_INFERENCE,
                                           &job->output, &job->out_sparse);
+    if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx); /* GPU work done (cmd_bench.c) */
     job->forward_ms = net_now_ms() - start;
     if (show && ps.tty) fprintf(stderr, "\r\033[K");
     spconv_net_set_progress(job->net, NULL, NULL);

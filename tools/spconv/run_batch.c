@@ -345,6 +345,7 @@ static int forward(const run_batch_config *c, batch *b, batch_totals *totals) {
     const double start = net_now_ms();
     spconv_status st = spconv_net_forward(c->ctx, c->net, input, SPCONV_NET_INFERENCE, &b->output,
                                           &b->out_sparse);
+    if (st == SPCONV_OK) st = spconv_context_synchronize(c->ctx); /* GPU work done (cmd_bench.c) */
     totals->forward_ms += net_now_ms() - start;
     spconv_sparse_release(input);
     if (st != SPCONV_OK) return cli_status_error(c->cmd, st, "running the network");
