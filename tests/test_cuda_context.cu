@@ -175,7 +175,8 @@ static void test_external_stream_carries_the_work(void **state) {
  * calls with a context and calls without one (the legacy default stream) are still ordered both
  * ways, since the context's own stream is a blocking one: a value written by a call without a
  * context is what a context's conv reads, and a context's output is what a copy without a context
- * reads. (In the emulation work runs only when waited for, so a missing order shows here.) */
+ * reads. (In the emulation work runs only when waited for, so a missing order shows here; on a GPU
+ * such small kernels usually finish in time anyway, so there it mostly guards the emulation.) */
 static void test_context_and_null_context_calls_are_ordered(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();
@@ -211,6 +212,103 @@ static void test_context_and_null_context_calls_are_ordered(void **state) {
     free(ones);
     spconv_rulebook_release(rb);
     spconv_context_destroy(ctx);
+    spconv_tensor *held[] = {x, w, sites};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+}
+
+/* ---- a stream-ordered pool as the allocator hook ---------------------------------------------
+ * What context.h asks of a CUDA hook, and no more: a freed block may still be in use by work
+ * queued on the context's stream, and may be handed out again at once to work queued after it.
+ * This pool does exactly that, and queues a fill of 0xff bytes on the context's stream when a
+ * block comes back, so any work that reads a block after the library gave it back (or that runs
+ * on another stream, unordered with the fill) sees garbage. The ops' results must not change. */
+#define POOL_BLOCKS 512
+typedef struct stream_pool {
+    spconv_context *ctx;
+    void *blocks[POOL_BLOCKS];
+    size_t sizes[POOL_BLOCKS];
+    int in_use[POOL_BLOCKS];
+    int count, reused;
+} stream_pool;
+
+static void *pool_alloc(size_t nbytes, spconv_device device, void *user) {
+    stream_pool *p = (stream_pool *)user;
+    (void)device;
+    for (int i = 0; i < p->count; ++i)
+        if (!p->in_use[i] && p->sizes[i] >= nbytes) {
+            p->in_use[i] = 1;
+            p->reused++;
+            return p->blocks[i];
+        }
+    if (p->count == POOL_BLOCKS) return NULL;
+    void *block = NULL;
+    if (cudaMalloc(&block, nbytes > 0 ? nbytes : 1) != cudaSuccess) return NULL;
+    p->blocks[p->count] = block;
+    p->sizes[p->count] = nbytes;
+    p->in_use[p->count++] = 1;
+    return block;
+}
+
+static void pool_free(void *ptr, size_t nbytes, spconv_device device, void *user) {
+    stream_pool *p = (stream_pool *)user;
+    (void)device;
+    for (int i = 0; i < p->count; ++i)
+        if (p->blocks[i] == ptr) {
+            (void)cudaMemsetAsync(ptr, 0xff, nbytes,
+                                  (cudaStream_t)spconv_context_cuda_stream(p->ctx));
+            p->in_use[i] = 0;
+            return;
+        }
+    fail_msg("pool_free: %p is not a block of the pool", ptr);
+}
+
+static void test_ops_are_right_with_a_stream_ordered_pool(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    stream_pool pool;
+    memset(&pool, 0, sizeof pool);
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &pool.ctx));
+    CHECK_OK(spconv_context_set_allocator(pool.ctx, pool_alloc, pool_free, &pool));
+    const int64_t shape[3] = {6, 5, 7}, c_in = 5, c_out = 6;
+    spconv_tensor *sites = block_sites(shape);
+    const int64_t n = spconv_tensor_size(sites, 0);
+    const int64_t f_sizes[2] = {n, c_in}, w_sizes[3] = {27, c_in, c_out};
+    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
+    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
+    spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int i = 0; i < 3; ++i) params.kernel[i] = 3, params.stride[i] = 2, params.padding[i] = 1;
+    for (int round = 0; round < 3; ++round) { /* later rounds run on reused, poisoned blocks */
+        spconv_rulebook *rb = NULL, *rb_plain = NULL;
+        CHECK_OK(spconv_rulebook_build(pool.ctx, sites, shape, 1, &params, &rb));
+        CHECK_OK(spconv_rulebook_build(NULL, sites, shape, 1, &params, &rb_plain));
+        assert_same_bits(spconv_rulebook_out_indices(rb), spconv_rulebook_out_indices(rb_plain));
+        spconv_tensor *y = NULL, *y_plain = NULL, *dx = NULL, *dx_plain = NULL, *dw = NULL,
+                      *dw_plain = NULL, *m = NULL, *m_plain = NULL, *arg = NULL, *arg_plain = NULL;
+        CHECK_OK(spconv_conv_forward(pool.ctx, rb, x, w, NULL, &y));
+        CHECK_OK(spconv_conv_forward(NULL, rb_plain, x, w, NULL, &y_plain));
+        CHECK_OK(spconv_conv_backward(pool.ctx, rb, x, w, y, &dx, &dw, NULL));
+        CHECK_OK(spconv_conv_backward(NULL, rb_plain, x, w, y_plain, &dx_plain, &dw_plain, NULL));
+        CHECK_OK(spconv_maxpool_forward(pool.ctx, rb, x, &m, &arg));
+        CHECK_OK(spconv_maxpool_forward(NULL, rb_plain, x, &m_plain, &arg_plain));
+        spconv_tensor *dense = NULL, *f = NULL, *idx = NULL, *f_plain = NULL, *idx_plain = NULL;
+        CHECK_OK(spconv_sparse_to_dense(pool.ctx, x, sites, shape, 1, &dense));
+        CHECK_OK(spconv_dense_to_sparse(pool.ctx, dense, &f, &idx));
+        CHECK_OK(spconv_dense_to_sparse(NULL, dense, &f_plain, &idx_plain));
+        const spconv_tensor *got[] = {y, dx, dw, m, f};
+        const spconv_tensor *want[] = {y_plain, dx_plain, dw_plain, m_plain, f_plain};
+        for (size_t i = 0; i < sizeof got / sizeof got[0]; ++i) assert_same_bits(got[i], want[i]);
+        spconv_tensor *all[] = {y, y_plain, dx, dx_plain, dw, dw_plain, m, m_plain, arg,
+                                arg_plain, dense, f, idx, f_plain, idx_plain};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+        spconv_rulebook_release(rb);
+        spconv_rulebook_release(rb_plain);
+    }
+    assert_true(pool.reused > 0);
+    spconv_context_destroy(pool.ctx);
+    for (int i = 0; i < pool.count; ++i) {
+        if (pool.in_use[i]) fail_msg("block %d of the pool was never given back", i);
+        CHECK_CUDA(cudaFree(pool.blocks[i]));
+    }
     spconv_tensor *held[] = {x, w, sites};
     for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
 }
@@ -366,6 +464,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_external_stream_carries_the_work),
         cmocka_unit_test(test_context_and_null_context_calls_are_ordered),
+        cmocka_unit_test(test_ops_are_right_with_a_stream_ordered_pool),
         cmocka_unit_test(test_a_dead_stream_is_refused),
         cmocka_unit_test(test_f32_products_by_default_are_sgemm_bit_for_bit),
         cmocka_unit_test(test_tf32_products_only_when_allowed),

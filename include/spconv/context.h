@@ -31,9 +31,14 @@ typedef struct spconv_context spconv_context;
  * cuBLAS handle bound to it. The stream is a blocking one: the work of calls without a context
  * (queued on the legacy default stream) and the context's work are ordered both ways, with no
  * host wait. Ops return once their work is queued (copies to or from host memory excepted), so
- * the host does not wait between a network's layers. Returns SPCONV_ERR_NO_DEVICE when the
- * device is not built in or not present. *out is returned owned by the caller (free with
- * spconv_context_destroy).
+ * an op does not wait for its own work. What is not ordered, as between any two CUDA streams:
+ * two contexts' streams, an external non-blocking stream (spconv_context_set_cuda_stream) and
+ * the legacy stream, and the per-thread default stream of code built with
+ * --default-stream per-thread. Handing a tensor across those, or releasing it while another's
+ * queued work still reads it, needs spconv_context_synchronize first; so does a call without a
+ * context that reads such a tensor on the host (spconv_sparse_create computing the batch size
+ * from CUDA indices is one). Returns SPCONV_ERR_NO_DEVICE when the device is not built in or not
+ * present. *out is returned owned by the caller (free with spconv_context_destroy).
  */
 spconv_status spconv_context_create(spconv_device device, spconv_context **out);
 
