@@ -104,6 +104,29 @@ static spconv_rulebook *subm_rulebook(spconv_context *ctx, const spconv_tensor *
     return rb;
 }
 
+/* A dense block of sites of @p shape with random features [n, c_in] and weights
+ * [kernel_volume, c_in, c_out] in [-1, 1), all on the device. */
+struct conv_operands {
+    spconv_tensor *sites, *x, *w;
+};
+
+static conv_operands make_conv_operands(const int64_t shape[3], int64_t kernel_volume,
+                                        int64_t c_in, int64_t c_out) {
+    conv_operands o;
+    o.sites = block_sites(shape);
+    const int64_t n = spconv_tensor_size(o.sites, 0);
+    const int64_t f_sizes[2] = {n, c_in}, w_sizes[3] = {kernel_volume, c_in, c_out};
+    o.x = device_floats(2, f_sizes, -1, 1, NULL);
+    o.w = device_floats(3, w_sizes, -1, 1, NULL);
+    return o;
+}
+
+static void release_conv_operands(conv_operands *o) {
+    spconv_tensor_release(o->sites);
+    spconv_tensor_release(o->x);
+    spconv_tensor_release(o->w);
+}
+
 static float *to_host(const spconv_tensor *t) {
     const size_t bytes = (size_t)spconv_tensor_numel(t) * sizeof(float);
     float *v = (float *)malloc(bytes > 0 ? bytes : 1);
@@ -131,13 +154,10 @@ static void test_external_stream_carries_the_work(void **state) {
     cublasHandle_t handle = (cublasHandle_t)spconv_context_cublas_handle(ctx);
     assert_non_null(own);
     assert_non_null(handle);
-    const int64_t shape[3] = {5, 4, 6}, c_in = 7, c_out = 5;
-    spconv_tensor *sites = block_sites(shape);
-    const int64_t n = spconv_tensor_size(sites, 0);
-    const int64_t f_sizes[2] = {n, c_in}, w_sizes[3] = {27, c_in, c_out};
-    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
-    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
-    spconv_rulebook *rb = subm_rulebook(ctx, sites, shape, 3);
+    const int64_t shape[3] = {5, 4, 6};
+    conv_operands o = make_conv_operands(shape, 27, 7, 5);
+    spconv_tensor *x = o.x, *w = o.w;
+    spconv_rulebook *rb = subm_rulebook(ctx, o.sites, shape, 3);
     spconv_tensor *y_own = NULL;
     CHECK_OK(spconv_conv_forward(ctx, rb, x, w, NULL, &y_own));
 
@@ -167,8 +187,9 @@ static void test_external_stream_carries_the_work(void **state) {
     CHECK_CUDA(cudaStreamSynchronize(external));
     CHECK_CUDA(cudaStreamDestroy(external));
 
-    spconv_tensor *held[] = {y_own, y_ext, dx, x, w, sites};
+    spconv_tensor *held[] = {y_own, y_ext, dx};
     for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+    release_conv_operands(&o);
 }
 
 /* The ops do not wait for their work before returning, so that a network's layers only queue;
@@ -182,13 +203,10 @@ static void test_context_and_null_context_calls_are_ordered(void **state) {
     SKIP_WITHOUT_DEVICE();
     spconv_context *ctx = NULL;
     CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
-    const int64_t shape[3] = {3, 4, 5}, c = 3;
-    spconv_tensor *sites = block_sites(shape);
-    const int64_t n = spconv_tensor_size(sites, 0);
-    const int64_t f_sizes[2] = {n, c}, w_sizes[3] = {27, c, c};
-    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
-    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
-    spconv_rulebook *rb = subm_rulebook(ctx, sites, shape, 3);
+    const int64_t shape[3] = {3, 4, 5};
+    conv_operands o = make_conv_operands(shape, 27, 3, 3);
+    spconv_tensor *x = o.x, *w = o.w;
+    spconv_rulebook *rb = subm_rulebook(ctx, o.sites, shape, 3);
     /* y for an input of ones; an input of v = 2^k gives v * y exactly. */
     CHECK_OK(spconv_tensor_fill(NULL, x, 1.0));
     spconv_tensor *y_ones = NULL;
@@ -212,8 +230,7 @@ static void test_context_and_null_context_calls_are_ordered(void **state) {
     free(ones);
     spconv_rulebook_release(rb);
     spconv_context_destroy(ctx);
-    spconv_tensor *held[] = {x, w, sites};
-    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+    release_conv_operands(&o);
 }
 
 /* ---- a stream-ordered pool as the allocator hook ---------------------------------------------
@@ -269,12 +286,9 @@ static void test_ops_are_right_with_a_stream_ordered_pool(void **state) {
     memset(&pool, 0, sizeof pool);
     CHECK_OK(spconv_context_create(spconv_cuda(0), &pool.ctx));
     CHECK_OK(spconv_context_set_allocator(pool.ctx, pool_alloc, pool_free, &pool));
-    const int64_t shape[3] = {6, 5, 7}, c_in = 5, c_out = 6;
-    spconv_tensor *sites = block_sites(shape);
-    const int64_t n = spconv_tensor_size(sites, 0);
-    const int64_t f_sizes[2] = {n, c_in}, w_sizes[3] = {27, c_in, c_out};
-    spconv_tensor *x = device_floats(2, f_sizes, -1, 1, NULL);
-    spconv_tensor *w = device_floats(3, w_sizes, -1, 1, NULL);
+    const int64_t shape[3] = {6, 5, 7};
+    conv_operands o = make_conv_operands(shape, 27, 5, 6);
+    spconv_tensor *sites = o.sites, *x = o.x, *w = o.w;
     spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_REGULAR);
     for (int i = 0; i < 3; ++i) params.kernel[i] = 3, params.stride[i] = 2, params.padding[i] = 1;
     for (int round = 0; round < 3; ++round) { /* later rounds run on reused, poisoned blocks */
@@ -309,8 +323,7 @@ static void test_ops_are_right_with_a_stream_ordered_pool(void **state) {
         if (pool.in_use[i]) fail_msg("block %d of the pool was never given back", i);
         CHECK_CUDA(cudaFree(pool.blocks[i]));
     }
-    spconv_tensor *held[] = {x, w, sites};
-    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+    release_conv_operands(&o);
 }
 
 static void test_a_dead_stream_is_refused(void **state) {
