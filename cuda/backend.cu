@@ -1,7 +1,12 @@
-/* The CUDA backend's table, and its device, context and memory slots: cudaMalloc'd storage,
- * transfers ordered on the context's stream, and a cuBLAS handle bound to that stream. */
+/* The CUDA backend's table, and its device, context and memory slots: storage from a
+ * stream-ordered pool per device (or cudaMalloc), transfers ordered on the context's stream, and a cuBLAS handle bound to that stream. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include <mutex>
 
 #include "core/backend.h"
 #include "core/context_impl.h"
@@ -136,6 +141,94 @@ static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr) {
                          cudaGetErrorString(err));
 }
 
+/* Stream-ordered memory for calls (alloc_ordered). One pool per device, made on first use and
+ * kept for the process, which keeps what is given back cached (release threshold: all of it), so
+ * that a network's per-layer tensors neither call cudaMalloc nor wait for the device in cudaFree.
+ * A block is taken on the stream of the call (the context's own stream, or the legacy stream for
+ * a call without a CUDA context of that device) and given back on the legacy stream: that waits
+ * for the work queued before it on every blocking stream (the contexts' own streams are
+ * blocking), whichever context queued it, and needs no stream that may be gone by then. Work on
+ * a non-blocking stream is not ordered that way, so a context working on a caller's stream
+ * (spconv_context_set_cuda_stream, which may be non-blocking) gets cudaMalloc / cudaFree. */
+namespace {
+
+const int max_pooled_devices = 64;
+std::mutex pool_mutex;
+cudaMemPool_t pools[max_pooled_devices];
+
+spconv_status device_pool(int device_index, cudaMemPool_t *out) {
+    *out = NULL;
+    if (device_index < 0 || device_index >= max_pooled_devices) return SPCONV_OK;
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    if (pools[device_index] == NULL) {
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.handleTypes = cudaMemHandleTypeNone;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device_index;
+        cudaMemPool_t pool = NULL;
+        CUDA_TRY(cudaMemPoolCreate(&pool, &props));
+        uint64_t keep_all = UINT64_MAX;
+        const cudaError_t err =
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            (void)cudaMemPoolDestroy(pool);
+            return spconv__error(SPCONV_ERR_CUDA,
+                                 "cuda backend: cannot configure the memory pool of CUDA device "
+                                 "%d: %s",
+                                 device_index, cudaGetErrorString(err));
+        }
+        pools[device_index] = pool;
+    }
+    *out = pools[device_index];
+    return SPCONV_OK;
+}
+
+void pool_free(void *ptr, size_t, spconv_device device, void *) {
+    spconv__cuda_device_guard guard;
+    if (guard.enter(device.index) != SPCONV_OK) return;
+    if (cudaFreeAsync(ptr, cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
+}
+
+} // namespace
+
+static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr);
+
+static spconv_status cuda_alloc_ordered(const spconv_context *ctx, int device_index,
+                                        size_t nbytes, void **ptr, spconv_free_fn *free_fn) {
+    *ptr = NULL;
+    *free_fn = NULL;
+    if (nbytes == 0) return SPCONV_OK;
+    const int on_callers_stream = ctx != NULL && ctx->device.type == SPCONV_DEVICE_CUDA &&
+                                  ctx->device.index == device_index &&
+                                  ctx->cuda_stream != ctx->own_cuda_stream;
+    cudaMemPool_t pool = NULL;
+    if (!on_callers_stream) SPCONV_FORWARD_IF_ERROR(device_pool(device_index, &pool));
+    if (pool == NULL) return cuda_alloc(device_index, nbytes, ptr);
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    const cudaStream_t stream = spconv__cuda_stream_for(ctx, device_index);
+    cudaError_t err = cudaMallocFromPoolAsync(ptr, nbytes, pool, stream);
+    if (err == cudaErrorMemoryAllocation) {
+        /* Blocks given back but not yet reached by their stream, and cached ones, may be what is
+         * missing: wait for them, hand the cache back to the driver, and try once more. */
+        (void)cudaGetLastError();
+        err = cudaDeviceSynchronize();
+        if (err == cudaSuccess) err = cudaMemPoolTrimTo(pool, 0);
+        if (err == cudaSuccess) err = cudaMallocFromPoolAsync(ptr, nbytes, pool, stream);
+    }
+    if (err == cudaSuccess) {
+        *free_fn = pool_free;
+        return SPCONV_OK;
+    }
+    (void)cudaGetLastError();
+    *ptr = NULL;
+    /* cudaMalloc's own account of the failure (free and total memory in the message). */
+    return cuda_alloc(device_index, nbytes, ptr);
+}
+
 /* The slot cannot report failure; cudaFree only fails when the pointer or the runtime is already
  * broken, and the next checked call reports that. */
 static void cuda_free(int device_index, void *ptr) {
@@ -183,6 +276,7 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .context_set_stream = */ cuda_context_set_stream,
     /* .synchronize     = */ cuda_synchronize,
     /* .alloc           = */ cuda_alloc,
+    /* .alloc_ordered   = */ cuda_alloc_ordered,
     /* .free            = */ cuda_free,
     /* .copy_to_device  = */ cuda_copy_to_device,
     /* .copy_to_host    = */ cuda_copy_to_host,

@@ -462,8 +462,9 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
     }
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &result);
     /* No wait for the stream: what the call releases (operand copies, the widened bias, scratch
-     * of a call without a context of this device) goes back stream-ordered through the context's
-     * hook (context.h) or through cudaFree, which waits for the device itself, and the workspace
+     * of a call without a context of this device) goes back stream-ordered, through the context's
+     * hook (context.h) or the backend's pool (backend.cu), or through cudaFree, which waits for
+     * the device itself (a context on a caller's stream), and the workspace
      * stays for the next call on the stream. Layer after layer, the host only queues. */
     if (st != SPCONV_OK) {
         spconv_tensor_release(result);

@@ -179,7 +179,7 @@ extern "C" spconv_status spconv__cuda_sparse_to_dense(spconv_context *ctx,
              : dtype == SPCONV_F64 ? scatter_typed<double>(call, dense, f, rows, g)
              : dtype == SPCONV_I32 ? scatter_typed<int32_t>(call, dense, f, rows, g)
                                    : scatter_typed<float16_bits>(call, dense, f, rows, g);
-    /* No wait: the contiguous copies go back stream-ordered or through cudaFree (conv.cu). */
+    /* No wait: the contiguous copies go back stream-ordered, or through cudaFree (conv.cu). */
     spconv_tensor_release(f);
     spconv_tensor_release(idx);
     if (st != SPCONV_OK) {

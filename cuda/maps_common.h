@@ -50,7 +50,7 @@
 
 /* A device array of n elements on the current device that frees itself. Its memory comes from
  * the call's context (its allocator hook when it has one and the current device is its device,
- * cudaMalloc otherwise: context.h); alloc() reports failure as a status naming @p what. Copying is
+ * the backend's stream-ordered pool otherwise: context.h, backend.cu); alloc() reports failure as a status naming @p what. Copying is
  * not allowed (one owner). */
 template <typename T> class spconv__device_array {
 public:
@@ -87,8 +87,8 @@ private:
 
 /* Thrust's temporary storage for one algorithm, from the call's context: its allocator hook
  * when it has one for the current device (stream-ordered, context.h, so it may be handed back
- * before the algorithm's kernels are done), cudaMalloc otherwise (whose cudaFree waits for the
- * device). A request that fails is remembered and thrown as std::bad_alloc, which
+ * before the algorithm's kernels are done), the backend's stream-ordered pool otherwise (or
+ * cudaMalloc, whose cudaFree waits for the device, for a context on a caller's stream). A request that fails is remembered and thrown as std::bad_alloc, which
  * spconv__thrust_run turns back into its status; whatever Thrust does not hand back is freed at
  * the end. */
 class spconv__thrust_scratch {
@@ -200,7 +200,7 @@ typedef struct spconv__map_counters {
 
 /* A device hash table of the layout of rulebook/hash.h: @p capacity slots (a power of two), the
  * host's seed, every slot free (key SPCONV_HASH_EMPTY, value INT32_MAX). Its slots, and the
- * counters of an insert, come from @p ctx's allocator (NULL: cudaMalloc). */
+ * counters of an insert, come from @p ctx's allocator (NULL: the backend's pool). */
 spconv_status spconv__cuda_hash_table_init(const char *func, const spconv_context *ctx,
                                            cudaStream_t stream, uint64_t capacity,
                                            spconv__device_array<spconv__hash_slot> *slots,

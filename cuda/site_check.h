@@ -21,7 +21,7 @@ typedef struct spconv__site_check {
 
 /* Check the @p n rows of @p idx (device memory) against @p grid (B, D, H, W) on @p stream, with
  * grid-stride launches of up to @p blocks blocks; synchronises to read the answer back. Scratch
- * comes from @p ctx's allocator (NULL: cudaMalloc). Messages name @p func. */
+ * comes from @p ctx's allocator (NULL: the backend's pool). Messages name @p func. */
 spconv_status spconv__cuda_check_sites(const char *func, const spconv_context *ctx,
                                        cudaStream_t stream, int blocks,
                                        const int32_t *idx, int64_t n, const int64_t grid[4],

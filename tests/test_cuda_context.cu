@@ -326,6 +326,67 @@ static void test_ops_are_right_with_a_stream_ordered_pool(void **state) {
     release_conv_operands(&o);
 }
 
+/* ---- the backend's own stream-ordered pool ----------------------------------------------------
+ * Without a hook, the memory of calls comes from the backend's pool and goes back on the legacy
+ * stream, after the work queued before on every blocking stream: an input released while a conv
+ * that reads it is still queued is not overwritten under it (the emulation fills a block with
+ * 0xfe when its free is reached), and neither the op nor the releases make the host wait (the
+ * emulation counts waits). A context on a caller's non-blocking stream, which the legacy stream
+ * does not order, gets cudaFree, which waits. */
+static unsigned long long host_waits(void) {
+#if SPCONV_CUDA_EMULATION
+    return spconv__cuda_emulation_host_waits();
+#else
+    return 0; /* a GPU run checks the results only */
+#endif
+}
+
+static void test_the_backends_pool_gives_memory_back_in_stream_order(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    const int64_t shape[3] = {5, 6, 4};
+    conv_operands o = make_conv_operands(shape, 27, 4, 5);
+    spconv_rulebook *rb = subm_rulebook(ctx, o.sites, shape, 3);
+    spconv_tensor *want = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, rb, o.x, o.w, NULL, &want));
+    CHECK_OK(spconv_context_synchronize(ctx));
+    for (int round = 0; round < 3; ++round) {
+        spconv_tensor *x = NULL; /* a copy of the features, released while the conv is queued */
+        CHECK_OK(spconv_tensor_clone(ctx, o.x, &x));
+        const unsigned long long before = host_waits();
+        spconv_tensor *y = NULL;
+        CHECK_OK(spconv_conv_forward(ctx, rb, x, o.w, NULL, &y));
+        spconv_tensor_release(x);
+        spconv_tensor *scratch = NULL; /* more blocks taken and given back, queued after it */
+        CHECK_OK(spconv_tensor_clone(ctx, y, &scratch));
+        spconv_tensor_release(scratch);
+        assert_int_equal(host_waits() - before, 0);
+        assert_same_bits(y, want);
+        spconv_tensor_release(y);
+    }
+    /* A non-blocking stream of the caller's: its blocks go back through cudaFree. */
+    cudaStream_t external = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&external, cudaStreamNonBlocking));
+    CHECK_OK(spconv_context_set_cuda_stream(ctx, external));
+    spconv_tensor *x = NULL, *y = NULL;
+    CHECK_OK(spconv_tensor_clone(ctx, o.x, &x));
+    CHECK_OK(spconv_conv_forward(ctx, rb, x, o.w, NULL, &y));
+    const unsigned long long before = host_waits();
+    spconv_tensor_release(x);
+    if (SPCONV_CUDA_EMULATION) assert_true(host_waits() - before > 0);
+    CHECK_OK(spconv_context_synchronize(ctx));
+    assert_same_bits(y, want);
+    spconv_tensor_release(y);
+    CHECK_OK(spconv_context_set_cuda_stream(ctx, NULL));
+    spconv_tensor_release(want);
+    spconv_rulebook_release(rb);
+    spconv_context_destroy(ctx);
+    CHECK_CUDA(cudaStreamDestroy(external));
+    release_conv_operands(&o);
+}
+
 static void test_a_dead_stream_is_refused(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();
@@ -478,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_external_stream_carries_the_work),
         cmocka_unit_test(test_context_and_null_context_calls_are_ordered),
         cmocka_unit_test(test_ops_are_right_with_a_stream_ordered_pool),
+        cmocka_unit_test(test_the_backends_pool_gives_memory_back_in_stream_order),
         cmocka_unit_test(test_a_dead_stream_is_refused),
         cmocka_unit_test(test_f32_products_by_default_are_sgemm_bit_for_bit),
         cmocka_unit_test(test_tf32_products_only_when_allowed),

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -55,6 +56,10 @@ constexpr size_t device_alignment = 256;
 
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int current_device = 0;
+
+/* spconv__cuda_emulation_host_waits */
+std::atomic<unsigned long long> host_waits{0};
+void count_host_wait() { host_waits.fetch_add(1, std::memory_order_relaxed); }
 
 /* The result of every call goes through here: an error also becomes the thread's last error
  * (the first one stays until read, as in the runtime). */
@@ -329,6 +334,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    count_host_wait();
     std::lock_guard<std::recursive_mutex> lock(queues().mutex);
     run_every_stream();
     return cudaSuccess;
@@ -336,7 +342,10 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
-cudaError_t cudaMalloc(void **ptr, size_t size) {
+namespace {
+
+/* Device memory: 256-byte aligned host memory, registered as an allocation. */
+cudaError_t allocate_device(void **ptr, size_t size) {
     if (ptr == NULL) return record(cudaErrorInvalidValue);
     *ptr = NULL;
     if (size == 0) return cudaSuccess;
@@ -351,9 +360,14 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
     return cudaSuccess;
 }
 
+} // namespace
+
+cudaError_t cudaMalloc(void **ptr, size_t size) { return allocate_device(ptr, size); }
+
 /* cudaFree waits for the whole device first, as the runtime's does. */
 cudaError_t cudaFree(void *ptr) {
     if (ptr == NULL) return cudaSuccess;
+    count_host_wait();
     {
         std::lock_guard<std::recursive_mutex> lock(queues().mutex);
         run_every_stream();
@@ -428,12 +442,15 @@ cudaError_t queue_copy(void *dst, const void *src, size_t count, enum cudaMemcpy
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
     copy_direction direction;
-    return queue_copy(dst, src, count, kind, stream, &direction);
+    const cudaError_t error = queue_copy(dst, src, count, kind, stream, &direction);
+    if (error == cudaSuccess && direction == to_host_from_device) count_host_wait();
+    return error;
 }
 
 /* On the legacy default stream; a copy from the host waits for the stream's earlier work before
  * staging its source, a copy to the host makes the caller wait for the copy itself. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+    count_host_wait();
     /* From pageable host memory the runtime waits for the stream before staging the source. */
     if (count > 0 && dst != NULL && src != NULL &&
         direction_of(dst, src, count, kind) == to_device_from_host)
@@ -455,6 +472,71 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t count, cudaStream_t str
 
 cudaError_t cudaMemset(void *dst, int value, size_t count) {
     return cudaMemsetAsync(dst, value, count, cudaStreamLegacy);
+}
+
+/* ---- stream-ordered memory ----------------------------------------------------------------- */
+
+struct spconv__emu_mem_pool {
+    int device;
+};
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props) {
+    if (pool == NULL || props == NULL || props->allocType != cudaMemAllocationTypePinned ||
+        props->location.type != cudaMemLocationTypeDevice || props->location.id != 0)
+        return record(cudaErrorInvalidValue);
+    *pool = new spconv__emu_mem_pool{props->location.id};
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+    if (pool == NULL) return record(cudaErrorInvalidValue);
+    delete pool;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+    if (pool == NULL || value == NULL || attr != cudaMemPoolAttrReleaseThreshold)
+        return record(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) {
+    return pool == NULL ? record(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t stream) {
+    if (pool == NULL) return record(cudaErrorInvalidValue);
+    if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    return allocate_device(ptr, size);
+}
+
+/* Checked now; the block is poisoned and freed when @p stream reaches this point. */
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
+    if (ptr == NULL) return cudaSuccess;
+    if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    size_t bytes = 0;
+    {
+        runtime_state &s = state();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        auto found = s.allocations.find((uintptr_t)ptr);
+        if (found == s.allocations.end()) return record(cudaErrorInvalidValue);
+        bytes = found->second;
+    }
+    spconv__emu::enqueue(stream, [ptr, bytes] {
+        memset(ptr, 0xfe, bytes);
+        {
+            runtime_state &s = state();
+            std::lock_guard<std::mutex> lock(s.mutex);
+            s.allocations.erase((uintptr_t)ptr);
+        }
+        free(ptr);
+    });
+    return cudaSuccess;
+}
+
+extern "C" unsigned long long spconv__cuda_emulation_host_waits(void) {
+    return host_waits.load(std::memory_order_relaxed);
 }
 
 /* ---- streams ------------------------------------------------------------------------------- */
@@ -496,6 +578,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 /* The legacy default stream's synchronisation also waits for the blocking streams. */
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    count_host_wait();
     queue_state &q = queues();
     std::lock_guard<std::recursive_mutex> lock(q.mutex);
     spconv__emu_stream *s = resolve(stream);
@@ -579,6 +662,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (!is_live_event(event)) return record(cudaErrorInvalidResourceHandle);
+    count_host_wait();
     queue_state &q = queues();
     std::lock_guard<std::recursive_mutex> lock(q.mutex);
     if (event->stream_id != 0) run_stream_until(event->stream_id, event->item);

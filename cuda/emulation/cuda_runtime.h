@@ -166,6 +166,45 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 cudaError_t cudaMemset(void *dst, int value, size_t count);
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t count, cudaStream_t stream = 0);
 
+/* ---- stream-ordered memory (memory pools) -------------------------------------------------- */
+/* A pool hands out device memory at once (usable by work queued after the call on its stream)
+ * and takes it back when the freeing stream reaches cudaFreeAsync: the block is then filled with
+ * 0xfe bytes and freed, so work that reads it after its free, in stream order, reads garbage here
+ * as it may on a GPU. Only the fields and attributes the backend sets are modelled; a pool keeps
+ * nothing cached (trimming has nothing to do). */
+typedef struct spconv__emu_mem_pool *cudaMemPool_t;
+enum cudaMemAllocationType { cudaMemAllocationTypeInvalid = 0, cudaMemAllocationTypePinned = 1 };
+enum cudaMemAllocationHandleType { cudaMemHandleTypeNone = 0 };
+enum cudaMemLocationType { cudaMemLocationTypeInvalid = 0, cudaMemLocationTypeDevice = 1 };
+struct cudaMemLocation {
+    enum cudaMemLocationType type;
+    int id;
+};
+struct cudaMemPoolProps {
+    enum cudaMemAllocationType allocType;
+    enum cudaMemAllocationHandleType handleTypes;
+    struct cudaMemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+};
+enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 0x4 };
+
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props);
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool);
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep);
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
+
+/* Emulation only: how many times the host has waited for the device so far (stream, event and
+ * device synchronisation, cudaFree, a cudaMemcpy, a device-to-host cudaMemcpyAsync, which waits
+ * for the copy on a GPU when its destination is pageable). Thrust calls are not counted: they run
+ * queued work here only because the emulation runs them on the host. */
+extern "C" unsigned long long spconv__cuda_emulation_host_waits(void);
+
 /* ---- built-in variables -------------------------------------------------------------------- */
 
 struct uint3 {

@@ -102,6 +102,16 @@ typedef void (*spconv_free_fn)(void *ptr, size_t nbytes, spconv_device device, v
  * zero-byte tensors (which have no memory). On the CUDA backend Thrust's temporary storage inside
  * sorts and scans does come from the hook, as the builders' other scratch arrays do.
  *
+ * Without a hook, CUDA memory comes from the backend's pool (one per device, kept for the
+ * process, caching what is given back): taken on the context's own stream (the legacy stream for
+ * a call without a CUDA context), given back with cudaFreeAsync on the legacy stream, which waits
+ * for the work queued before it on every blocking stream, so that releasing a tensor neither
+ * waits for the device nor lets its memory be reused under queued work. Work on a non-blocking
+ * stream is not ordered that way: a context working on a caller's stream
+ * (spconv_context_set_cuda_stream) allocates with cudaMalloc instead, whose cudaFree waits, and
+ * a tensor from the pool that the caller's own non-blocking-stream work uses must be released
+ * after that work is waited for.
+ *
  * A tensor made through the hook remembers @p free_fn and @p user_data: releasing its last
  * reference calls free_fn, even after the context is destroyed or given another allocator, so
  * @p user_data must stay valid until every such tensor is released.
@@ -119,8 +129,8 @@ typedef void (*spconv_free_fn)(void *ptr, size_t nbytes, spconv_device device, v
  * the hook, the size and the device; a pointer that is not aligned to SPCONV_ALLOCATOR_ALIGNMENT
  * is given back through free_fn and the call fails with SPCONV_ERR_INVALID_ARGUMENT.
  *
- * Both functions NULL restore the library's own allocator (cudaMalloc; 64-byte aligned host
- * memory on the CPU); exactly one NULL is SPCONV_ERR_INVALID_ARGUMENT and changes nothing. The
+ * Both functions NULL restore the library's own allocator (64-byte aligned host memory on the
+ * CPU; on CUDA a stream-ordered pool per device, below); exactly one NULL is SPCONV_ERR_INVALID_ARGUMENT and changes nothing. The
  * workspace, which came from the previous allocator, is given back to it first.
  */
 spconv_status spconv_context_set_allocator(spconv_context *ctx, spconv_alloc_fn alloc_fn,

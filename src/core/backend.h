@@ -62,6 +62,11 @@ typedef struct spconv_backend {
 
     /* memory on this backend's device number device_index */
     spconv_status (*alloc)(int device_index, size_t nbytes, void **ptr);
+    /* Memory for a call made with ctx (may be NULL), ordered on the call's stream where the backend
+     * can (the CUDA backend's pool): *free_fn, when set, gives it back (with user data NULL)
+     * instead of free. NULL slot: alloc and free. */
+    spconv_status (*alloc_ordered)(const spconv_context *ctx, int device_index, size_t nbytes,
+                                   void **ptr, spconv_free_fn *free_fn);
     void (*free)(int device_index, void *ptr);
     /* Contiguous bytes between the host and this device, or within this device. For the CPU
      * backend all three are memcpy. Ordered on ctx's stream; the host side is synchronous. */

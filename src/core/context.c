@@ -83,7 +83,10 @@ spconv_status spconv__context_alloc(const char *func, const spconv_context *ctx,
     if (!hooked) {
         const spconv_backend *backend = NULL;
         SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
-        spconv_status st = backend->alloc(device.index, nbytes, &out->data);
+        spconv_status st =
+            backend->alloc_ordered != NULL
+                ? backend->alloc_ordered(ctx, device.index, nbytes, &out->data, &out->free_fn)
+                : backend->alloc(device.index, nbytes, &out->data);
         if (st != SPCONV_OK) {
             out->data = NULL;
             /* Copy the backend's detail first: the new message overwrites the same buffer. */
@@ -137,11 +140,13 @@ static void release_workspace(spconv_context *ctx) {
      * that is left to do. */
     if (backend->synchronize != NULL) (void)backend->synchronize(ctx);
     const spconv__allocation old = {.data = ctx->workspace, .nbytes = ctx->workspace_bytes,
-                                    .device = ctx->device, .free_fn = ctx->free_fn,
-                                    .free_user = ctx->alloc_user};
+                                    .device = ctx->device, .free_fn = ctx->workspace_free,
+                                    .free_user = ctx->workspace_free_user};
     spconv__context_free(&old);
     ctx->workspace = NULL;
     ctx->workspace_bytes = 0;
+    ctx->workspace_free = NULL;
+    ctx->workspace_free_user = NULL;
 }
 
 spconv_status spconv_context_workspace(spconv_context *ctx, size_t nbytes, void **ptr) {
@@ -163,6 +168,8 @@ spconv_status spconv_context_workspace(spconv_context *ctx, size_t nbytes, void 
     release_workspace(ctx);
     ctx->workspace = fresh.data;
     ctx->workspace_bytes = want;
+    ctx->workspace_free = fresh.free_fn;
+    ctx->workspace_free_user = fresh.free_user;
     *ptr = fresh.data;
     return SPCONV_OK;
 }

@@ -26,6 +26,8 @@ struct spconv_context {
                                 (changing the allocator gives it back first); grows, never
                                 shrinks */
     size_t workspace_bytes;
+    spconv_free_fn workspace_free; /* how the workspace goes back (spconv__allocation.free_fn) */
+    void *workspace_free_user;
 };
 
 /* Memory of one allocation made for a call with a context, and how to give it back. */

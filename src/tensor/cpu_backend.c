@@ -355,6 +355,7 @@ const spconv_backend spconv__cpu_backend = {
     .context_set_stream = NULL,
     .synchronize     = NULL,
     .alloc           = cpu_alloc,
+    .alloc_ordered   = NULL,
     .free            = cpu_free,
     .copy_to_device  = cpu_memcpy,
     .copy_to_host    = cpu_memcpy,
