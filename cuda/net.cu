@@ -325,13 +325,9 @@ static spconv_status bn_apply_typed(spconv_context *ctx, const spconv_tensor *x,
     net_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
-    const double *scale_d = NULL, *shift_d = NULL;
-    const int64_t lengths[2] = {c, c};
-    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 2, lengths));
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(scale, c, &scale_d));
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(shift, c, &shift_d));
+    /* scale and shift are device arrays (the slot's contract): nothing to upload, no wait. */
     NET_LAUNCH(call, (bn_apply_kernel<T>), n * c, (T *)spconv_tensor_data(y),
-               (const T *)spconv_tensor_data(x), scale_d, shift_d, relu, n, c);
+               (const T *)spconv_tensor_data(x), scale, shift, relu, n, c);
     return SPCONV_OK;
 }
 

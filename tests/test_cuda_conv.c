@@ -426,6 +426,114 @@ static void test_net_layers_match_cpu(void **state) {
     }
 }
 
+/* ---- parameters kept on the device ----------------------------------------------------------
+ * spconv_net_keep_on_device: a pass reads the kept copy and uploads nothing. On a second inference
+ * pass whose rulebook the input's cache already holds, the layers only queue work: the emulation
+ * counts no host wait at all, where the same network without a kept copy waits for its one
+ * upload. Both give the same bytes; after training (running statistics), an SGD step, and a
+ * write into a parameter followed by keep_on_device again, they still do, so the kept copy follows
+ * every change. */
+#if SPCONV_CUDA_EMULATION
+unsigned long long spconv__cuda_emulation_host_waits(void);
+#define HOST_WAITS() spconv__cuda_emulation_host_waits()
+#else
+#define HOST_WAITS() 0ull /* a GPU run checks the bytes only */
+#endif
+
+static spconv_tensor *net_pass(spconv_context *ctx, spconv_net *net,
+                               const spconv_sparse_tensor *in, spconv_net_mode mode) {
+    spconv_tensor *y = NULL;
+    SPCONV_ASSERT_OK(spconv_net_forward(ctx, net, in, mode, &y, NULL));
+    return y;
+}
+
+static void test_kept_parameters_make_no_host_round_trip(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    static const spconv_layer_desc layers[] = {
+        {.kind = SPCONV_LAYER_SUBM, .name = "c1", .in_channels = 5, .out_channels = 8,
+         .kernel = {3, 3, 3}, .key = "k"},
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "b1", .in_channels = 8},
+        {.kind = SPCONV_LAYER_RELU, .name = "r1"},
+        {.kind = SPCONV_LAYER_SUBM, .name = "c2", .in_channels = 8, .out_channels = 6,
+         .kernel = {3, 3, 3}, .key = "k", .bias = 1},
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "b2", .in_channels = 6},
+        {.kind = SPCONV_LAYER_RELU, .name = "r2"},
+    };
+    const int n_layers = (int)(sizeof layers / sizeof layers[0]);
+    int32_t *rows = spconv_test_random_sites(1, SHAPE, 400);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 400);
+    free(rows);
+    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){400, 5});
+    spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
+    spconv_sparse_tensor *in = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, 1, &in));
+    const uint64_t seed = spconv_test_rand_u64();
+    spconv_net *kept = NULL, *plain = NULL;
+    SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 5, layers, n_layers, seed, &kept));
+    SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 5, layers, n_layers, seed, &plain));
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    SPCONV_ASSERT_OK(spconv_net_keep_on_device(ctx, kept, spconv_cuda(0)));
+
+    spconv_tensor_release(net_pass(ctx, kept, in, SPCONV_NET_INFERENCE)); /* caches the rulebook */
+    unsigned long long before = HOST_WAITS();
+    spconv_tensor *y_kept = net_pass(ctx, kept, in, SPCONV_NET_INFERENCE);
+    assert_int_equal(HOST_WAITS() - before, 0);
+    before = HOST_WAITS();
+    spconv_tensor *y_plain = net_pass(ctx, plain, in, SPCONV_NET_INFERENCE);
+    if (SPCONV_CUDA_EMULATION) assert_true(HOST_WAITS() - before > 0);
+    assert_same_bytes("inference", y_kept, y_plain);
+    spconv_tensor_release(y_kept);
+    spconv_tensor_release(y_plain);
+
+    /* Training (running statistics change), backward, an SGD step: the kept copy follows. */
+    y_kept = net_pass(ctx, kept, in, SPCONV_NET_TRAINING);
+    y_plain = net_pass(ctx, plain, in, SPCONV_NET_TRAINING);
+    assert_same_bytes("training", y_kept, y_plain);
+    spconv_tensor *gy = random_tensor(SPCONV_F32, 2, spconv_tensor_sizes(y_kept));
+    spconv_tensor *gyd = on_cuda(gy), *dx_kept = NULL, *dx_plain = NULL;
+    SPCONV_ASSERT_OK(spconv_net_backward(ctx, kept, gyd, &dx_kept));
+    SPCONV_ASSERT_OK(spconv_net_backward(ctx, plain, gyd, &dx_plain));
+    assert_same_bytes("input gradient", dx_kept, dx_plain);
+    for (int p = 0; p < spconv_net_num_params(kept); ++p)
+        if (spconv_net_param_grad(plain, p) != NULL)
+            assert_same_bytes(spconv_net_param_name(kept, p), spconv_net_param_grad(kept, p),
+                              spconv_net_param_grad(plain, p));
+    SPCONV_ASSERT_OK(spconv_net_sgd_step(ctx, kept, 0.25));
+    SPCONV_ASSERT_OK(spconv_net_sgd_step(ctx, plain, 0.25));
+    spconv_tensor *all[] = {y_kept, y_plain, gy, gyd, dx_kept, dx_plain};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    y_kept = net_pass(ctx, kept, in, SPCONV_NET_INFERENCE);
+    y_plain = net_pass(ctx, plain, in, SPCONV_NET_INFERENCE);
+    assert_same_bytes("inference after a step", y_kept, y_plain);
+    spconv_tensor_release(y_kept);
+    spconv_tensor_release(y_plain);
+
+    /* A write of the caller's, then keep_on_device again. */
+    const int w2 = spconv_net_find_param(kept, "c2.weight");
+    assert_true(w2 >= 0);
+    SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, spconv_net_param(kept, w2), 0.125));
+    SPCONV_ASSERT_OK(spconv_tensor_fill(NULL, spconv_net_param(plain, w2), 0.125));
+    SPCONV_ASSERT_OK(spconv_net_keep_on_device(ctx, kept, spconv_cuda(0)));
+    y_kept = net_pass(ctx, kept, in, SPCONV_NET_INFERENCE);
+    y_plain = net_pass(ctx, plain, in, SPCONV_NET_INFERENCE);
+    assert_same_bytes("inference after a write", y_kept, y_plain);
+    spconv_tensor_release(y_kept);
+    spconv_tensor_release(y_plain);
+    SPCONV_ASSERT_OK(spconv_net_keep_on_device(ctx, kept, spconv_cpu())); /* drops the copy */
+
+    spconv_net_destroy(kept);
+    spconv_net_destroy(plain);
+    spconv_context_destroy(ctx);
+    spconv_sparse_release(in);
+    spconv_tensor *inputs[] = {indices, x, xd, id};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i) spconv_tensor_release(inputs[i]);
+}
+
 /* A repeated site on the device is refused as on the CPU, naming the row, before anything runs. */
 static void test_net_to_dense_bad_sites(void **state) {
     (void)state;
@@ -631,6 +739,7 @@ int main(void) {
         cmocka_unit_test(test_unsupported_dtype),
         cmocka_unit_test(test_net_layers_match_cpu),
         cmocka_unit_test(test_net_to_dense_bad_sites),
+        cmocka_unit_test(test_kept_parameters_make_no_host_round_trip),
         cmocka_unit_test(test_dense_matches_cpu),
         cmocka_unit_test(test_zoo_networks_match_cpu),
     };

@@ -141,14 +141,29 @@ int spconv_net_num_params(const spconv_net *net);
 const char *spconv_net_param_name(const spconv_net *net, int index);
 /** Index of the parameter called @p name, or -1. */
 int spconv_net_find_param(const spconv_net *net, const char *name);
-/** The parameter's contiguous CPU tensor, borrowed; writing into it changes the network. NULL
- *  when out of range. */
+/** The parameter's contiguous CPU tensor, borrowed; writing into it changes the network (from the
+ *  next pass; see spconv_net_keep_on_device for a copy kept on a device). NULL when out of
+ *  range. */
 spconv_tensor *spconv_net_param(const spconv_net *net, int index);
 /** 1 for trained parameters, 0 for buffers (running_mean, running_var) and out of range. */
 int spconv_net_param_trainable(const spconv_net *net, int index);
 /** Gradient of the parameter from the last spconv_net_backward (same shape), borrowed; NULL for
  *  buffers and before the first backward. */
 spconv_tensor *spconv_net_param_grad(const spconv_net *net, int index);
+
+/**
+ * Keep a copy of every parameter (and of each batch norm's inference scale and shift) on
+ * @p device, made now in one transfer, for the passes that run there: they then upload nothing
+ * (without it, a pass on a device other than the CPU makes that copy at its start and drops it at
+ * its end). The parameters stay the CPU tensors above. The library's own changes to them
+ * (spconv_net_load_weights, spconv_net_sgd_step, a training forward's running statistics) make
+ * the next pass on @p device copy them again; after writing into a parameter through
+ * spconv_net_param, call this again, or the kept copy is what passes read. The CPU device drops
+ * the copy. Errors: SPCONV_ERR_NO_DEVICE (no such device, or no backend for it),
+ * SPCONV_ERR_OUT_OF_MEMORY; the network then keeps its previous copy, if any.
+ */
+spconv_status spconv_net_keep_on_device(spconv_context *ctx, spconv_net *net,
+                                        spconv_device device);
 
 /** Weight layouts accepted by spconv_net_load_weights / written by spconv_net_save_weights. */
 typedef enum spconv_net_layout {

@@ -121,9 +121,10 @@ typedef struct spconv_backend {
                                      spconv_tensor **features, spconv_tensor **indices);
 
     /* the network's own layers (src/net/) on contiguous f32/f64 features [n, c] of this device.
-     * Per-channel vectors (double [c]) are host arrays: batch statistics and the scale/shift
-     * gradients come back to the host, scales and shifts go with the call. y may be x (and dx
-     * may be dy) where the net works in place. */
+     * Per-channel vectors (double [c]) are host arrays (batch statistics and the scale/shift
+     * gradients come back to the host, gamma goes with the call), except batchnorm_apply's scale
+     * and shift, which are on this device (the network keeps them there for a pass: no upload
+     * per layer). y may be x (and dx may be dy) where the net works in place. */
     spconv_status (*batchnorm_stats)(spconv_context *ctx, const spconv_tensor *x, double eps,
                                      double *mean, double *invstd, double *var_unbiased);
     /* y = x * scale + shift, then (relu != 0) y < 0 ? 0 : y in the same pass, as the ReLU slot

@@ -358,10 +358,13 @@ void spconv_net_destroy(spconv_net *net) {
     free(net->layers);
     free(net->tape);
     spconv_storage_release(net->dense_storage);
+    spconv__net_mirror_release(net->kept);
     free(net);
 }
 
 void spconv__net_clear_tape(spconv_net *net) {
+    spconv__net_mirror_release(net->tape_mirror);
+    net->tape_mirror = NULL;
     if (net->tape == NULL) return;
     for (int i = 0; i < net->num_layers; ++i) {
         spconv__layer_tape *t = &net->tape[i];

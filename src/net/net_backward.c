@@ -23,6 +23,8 @@ typedef struct back_pass {
     int grad_owned;              /* 1: nothing else holds grad, in-place is safe */
     spconv_tensor **saved_grads; /* [num_layers]: gradient CONCATs hand back to a SAVE layer */
     spconv_phase_ms *phase;
+    spconv_tensor **device_grads; /* [num_params]: gradients computed on another device than the
+                                     CPU, brought to the CPU together at the end (one wait) */
 } back_pass;
 
 /* Replace the running gradient by @p next (whose reference is taken over), a tensor of ours. */
@@ -47,13 +49,29 @@ static void set_param_grad(spconv_net *net, int index, spconv_tensor *grad) {
     net->params[index].grad = grad;
 }
 
-/* Store a parameter gradient computed on any device where its parameter lives: the CPU
- * (reference taken over; on the CPU no copy is made). */
-static spconv_status set_param_grad_from(back_pass *b, int index, spconv_tensor *grad) {
-    spconv_tensor *host = NULL;
-    const spconv_status st = spconv_tensor_to_device(b->ctx, grad, spconv_cpu(), &host);
-    spconv_tensor_release(grad);
-    if (st == SPCONV_OK) set_param_grad(b->net, index, host);
+/* Store a parameter gradient computed on any device (reference taken over). Parameters live on
+ * the CPU: a CPU gradient is stored as it is; one on another device waits in b->device_grads
+ * until the end of the pass, so that the layers run without waiting for the device. */
+static void set_param_grad_from(back_pass *b, int index, spconv_tensor *grad) {
+    if (spconv_tensor_device(grad).type == SPCONV_DEVICE_CPU) {
+        set_param_grad(b->net, index, grad);
+        return;
+    }
+    spconv_tensor_release(b->device_grads[index]);
+    b->device_grads[index] = grad;
+}
+
+/* The gradients left on another device, to the CPU. */
+static spconv_status bring_grads_home(back_pass *b) {
+    spconv_status st = SPCONV_OK;
+    for (int i = 0; i < b->net->num_params; ++i) {
+        spconv_tensor *grad = b->device_grads[i], *host = NULL;
+        b->device_grads[i] = NULL;
+        if (grad == NULL) continue;
+        if (st == SPCONV_OK) st = spconv_tensor_to_device(b->ctx, grad, spconv_cpu(), &host);
+        spconv_tensor_release(grad);
+        if (host != NULL) set_param_grad(b->net, i, host);
+    }
     return st;
 }
 
@@ -65,27 +83,18 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
     /* The first layer's input gradient is wanted only when the caller asked for it. */
     int want_in = layer->stats.index > 0 || b->want_input;
-    spconv_tensor *w = NULL;
-    spconv_status st = spconv_tensor_to_device(
-        b->ctx, params[0].value, spconv_tensor_device(spconv_sparse_features(tape->in)), &w);
-    if (st == SPCONV_OK)
-        st = spconv__conv_backward_ex(b->ctx, tape->rulebook, spconv_sparse_features(tape->in), w,
-                                      b->grad, &options, want_in ? &d_in : NULL, &d_weight,
-                                      layer->desc.bias ? &d_bias : NULL);
-    spconv_tensor_release(w);
+    /* The weight the forward used: its copy on the forward's device, or the CPU parameter. */
+    const spconv_tensor *w = b->net->tape_mirror != NULL
+                                 ? b->net->tape_mirror->params[layer->first_param]
+                                 : params[0].value;
+    spconv_status st =
+        spconv__conv_backward_ex(b->ctx, tape->rulebook, spconv_sparse_features(tape->in), w,
+                                 b->grad, &options, want_in ? &d_in : NULL, &d_weight,
+                                 layer->desc.bias ? &d_bias : NULL);
     spconv__net_add_conv_timing(b->phase, &timing);
     SPCONV_FORWARD_IF_ERROR(st);
-    st = set_param_grad_from(b, layer->first_param, d_weight);
-    if (layer->desc.bias) {
-        if (st == SPCONV_OK)
-            st = set_param_grad_from(b, layer->first_param + 1, d_bias);
-        else
-            spconv_tensor_release(d_bias);
-    }
-    if (st != SPCONV_OK) {
-        spconv_tensor_release(d_in);
-        return st;
-    }
+    set_param_grad_from(b, layer->first_param, d_weight);
+    if (layer->desc.bias) set_param_grad_from(b, layer->first_param + 1, d_bias);
     if (want_in) {
         set_grad(b, d_in);
     } else {
@@ -277,13 +286,15 @@ spconv_status spconv_net_backward(spconv_context *ctx, spconv_net *net,
                    .net = net,
                    .want_input = grad_input != NULL};
     b.saved_grads = calloc((size_t)net->num_layers, sizeof *b.saved_grads);
+    b.device_grads = calloc((size_t)net->num_params + 1, sizeof *b.device_grads);
     spconv_status st = SPCONV_OK;
-    if (b.saved_grads == NULL)
+    if (b.saved_grads == NULL || b.device_grads == NULL)
         st = spconv__error(SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory", backward_func);
     if (st == SPCONV_OK) st = spconv_tensor_contiguous(ctx, grad_out, &b.grad);
     for (int i = net->num_layers - 1; i >= 0 && st == SPCONV_OK && b.grad != NULL; --i)
         st = back_layer(&b, i);
     if (st == SPCONV_OK && grad_input != NULL) st = own_grad(&b);
+    if (st == SPCONV_OK) st = bring_grads_home(&b);
     if (st == SPCONV_OK && grad_input != NULL) {
         *grad_input = b.grad;
         b.grad = NULL;
@@ -293,6 +304,9 @@ spconv_status spconv_net_backward(spconv_context *ctx, spconv_net *net,
     if (b.saved_grads != NULL)
         for (int i = 0; i < net->num_layers; ++i) spconv_tensor_release(b.saved_grads[i]);
     free(b.saved_grads);
+    if (b.device_grads != NULL)
+        for (int i = 0; i < net->num_params; ++i) spconv_tensor_release(b.device_grads[i]);
+    free(b.device_grads);
     spconv__net_clear_tape(net);
     return st;
 }

@@ -27,6 +27,7 @@ typedef struct net_pass {
     spconv_phase_ms *phase;       /* the running layer's forward times */
     int relu_done;                /* the batch norm before has applied the next layer's ReLU */
     int bn_done;                  /* the conv before has applied the next layer's batch norm */
+    spconv__net_mirror *mirror;   /* the parameters on the features' device; NULL on the CPU */
 } net_pass;
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
@@ -49,19 +50,6 @@ static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
         spconv_sparse_get_rulebook(p->ctx, p->cur, &layer->params, layer->desc.key, rb);
     p->phase->rulebook = 1e3 * (spconv__now_s() - start);
     return st;
-}
-
-/* An inference batch norm's per-channel terms, in double: y = x * scale + shift. @p work holds
- * 6 * c doubles: gamma, beta, running mean, running var, then scale and shift. */
-static void inference_bn_terms(const net_pass *p, const spconv__net_layer *bn, double *work) {
-    const int64_t c = bn->c_in;
-    const spconv__net_param *params = &p->net->params[bn->first_param];
-    for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
-    double *scale = work + 4 * c, *shift = work + 5 * c;
-    for (int64_t ch = 0; ch < c; ++ch) {
-        scale[ch] = work[ch] / sqrt(work[3 * c + ch] + bn->desc.eps);
-        shift[ch] = work[c + ch] - work[2 * c + ch] * scale[ch];
-    }
 }
 
 /* The layer after @p layer, or NULL. */
@@ -108,23 +96,19 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
             SPCONV_RETURN_ERROR(SPCONV_ERR_OUT_OF_MEMORY,
                                 "out of host memory for %" PRId64 " channels", bn->c_in);
         }
-        inference_bn_terms(p, bn, bn_work);
+        spconv__net_bn_inference_terms(p->net, bn, bn_work);
         epilogue.scale = bn_work + 4 * bn->c_in;
         epilogue.shift = bn_work + 5 * bn->c_in;
         epilogue.relu = relu != NULL && relu->desc.kind == SPCONV_LAYER_RELU;
     }
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, fold ? &epilogue : NULL};
-    /* Parameters live on the CPU; on another device the conv gets copies there (on the CPU the
-     * same tensors, one more reference). */
-    const spconv_device device = spconv_tensor_device(cur_features(p));
-    spconv_tensor *w = NULL, *b = NULL;
-    spconv_status st = spconv_tensor_to_device(p->ctx, params[0].value, device, &w);
-    if (st == SPCONV_OK && layer->desc.bias)
-        st = spconv_tensor_to_device(p->ctx, params[1].value, device, &b);
-    if (st == SPCONV_OK)
-        st = spconv__conv_forward_ex(p->ctx, rb, cur_features(p), w, b, &options, &y);
-    spconv_tensor_release(w);
-    spconv_tensor_release(b);
+    /* Parameters live on the CPU; on another device the pass reads its copy there. */
+    spconv_tensor *const *values = NULL;
+    if (p->mirror != NULL) values = &p->mirror->params[layer->first_param];
+    const spconv_tensor *w = values != NULL ? values[0] : params[0].value;
+    const spconv_tensor *b =
+        !layer->desc.bias ? NULL : values != NULL ? values[1] : params[1].value;
+    spconv_status st = spconv__conv_forward_ex(p->ctx, rb, cur_features(p), w, b, &options, &y);
     free(bn_work);
     if (st == SPCONV_OK && fold) {
         p->bn_done = 1;
@@ -189,6 +173,7 @@ static spconv_status batchnorm_train_stats(net_pass *p, const spconv__net_layer 
         }
         spconv__net_from_doubles(running, params[2].value);
         spconv__net_from_doubles(running + c, params[3].value);
+        p->net->param_version++; /* a kept copy of the running statistics is stale */
     }
     for (int64_t ch = 0; ch < c; ++ch) {
         scale[ch] = affine[ch] * tape->bn_invstd[ch];
@@ -219,7 +204,7 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
         for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
         SPCONV_TRY_GOTO(st, batchnorm_train_stats(p, layer, tape, work, scale, shift), done);
     } else {
-        inference_bn_terms(p, layer, work);
+        spconv__net_bn_inference_terms(p->net, layer, work);
     }
     spconv_tensor *x = cur_features(p), *y = x;
     int in_place = p->cur_owned && !p->training;
@@ -228,7 +213,25 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
     const spconv__net_layer *after = layer_after(p, layer);
     const int fuse_relu = !p->training && after != NULL && after->desc.kind == SPCONV_LAYER_RELU;
     if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p, n, c, &y), done);
-    st = spconv__net_batchnorm_apply(p->ctx, x, scale, shift, fuse_relu, y);
+    /* The terms go to the kernel on the features' device: in inference the pass's copy has them;
+     * in training they are uploaded now (they depend on the batch statistics just read). */
+    const double *scale_arg = scale, *shift_arg = shift;
+    spconv_tensor *terms = NULL;
+    if (p->mirror != NULL && !p->training) {
+        scale_arg = spconv_tensor_data(p->mirror->bn_terms[layer->stats.index]);
+        shift_arg = scale_arg + c;
+    } else if (p->mirror != NULL) {
+        const int64_t sizes[2] = {2, c};
+        st = spconv_tensor_from_host(p->ctx, p->mirror->device, SPCONV_F64, 2, sizes, scale,
+                                     &terms); /* scale and shift lie next to each other */
+        if (st == SPCONV_OK) {
+            scale_arg = spconv_tensor_data(terms);
+            shift_arg = scale_arg + c;
+        }
+    }
+    if (st == SPCONV_OK)
+        st = spconv__net_batchnorm_apply(p->ctx, x, scale_arg, shift_arg, fuse_relu, y);
+    spconv_tensor_release(terms);
     if (st == SPCONV_OK) p->relu_done = fuse_relu;
     if (st != SPCONV_OK) {
         if (!in_place) spconv_tensor_release(y);
@@ -485,7 +488,11 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
                            forward_func);
     /* The layer kernels want contiguous rows; the cache stays shared with the caller's input. */
     spconv_tensor *features = NULL;
-    spconv_status st = spconv_tensor_contiguous(ctx, spconv_sparse_features(input), &features);
+    spconv_status st =
+        spconv__net_mirror_for(ctx, net, spconv_tensor_device(spconv_sparse_features(input)),
+                               &p.mirror);
+    if (st == SPCONV_OK)
+        st = spconv_tensor_contiguous(ctx, spconv_sparse_features(input), &features);
     if (st == SPCONV_OK) st = spconv_sparse_with_features(input, features, &p.cur);
     spconv_tensor_release(features);
     for (int i = 0; i < net->num_layers && st == SPCONV_OK; ++i) st = run_layer(&p, i);
@@ -500,6 +507,10 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
             p.cur = NULL;
         }
         net->has_tape = p.training;
+        if (p.training) { /* backward reads the same copy */
+            net->tape_mirror = p.mirror;
+            p.mirror = NULL;
+        }
     } else {
         spconv_tensor_release(p.dense);
         spconv__net_clear_tape(net);
@@ -507,5 +518,6 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
     spconv_sparse_release(p.cur);
     for (int i = 0; i < net->num_layers; ++i) spconv_sparse_release(p.saved[i]);
     free(p.saved);
+    spconv__net_mirror_release(p.mirror);
     return st;
 }

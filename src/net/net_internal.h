@@ -43,6 +43,20 @@ typedef struct spconv__net_layer {
     spconv_layer_stats stats;
 } spconv__net_layer;
 
+/* Copies of the parameters on a device other than the CPU, made in one transfer (net_mirror.c):
+ * what a pass there reads instead of uploading each parameter. `version` is the network's
+ * param_version when it was made: a copy of another version is stale. Reference-counted (a pass
+ * and the network may hold it); not for concurrent use, as the network is not. */
+typedef struct spconv__net_mirror {
+    int64_t refcount;
+    spconv_device device;
+    uint64_t version;
+    spconv_tensor **params;   /* [num_params] on `device`, the parameters' dtypes and shapes */
+    spconv_tensor **bn_terms; /* [num_layers]: a batch norm's inference terms, f64 [2, C] (scale
+                                 then shift, net_forward.c's arithmetic); NULL for other layers */
+    int num_params, num_layers;
+} spconv__net_mirror;
+
 struct spconv_net {
     spconv_dtype dtype;
     int64_t in_channels;
@@ -54,6 +68,9 @@ struct spconv_net {
     int has_tape;
     int has_grads;
     spconv_storage *dense_storage; /* the last TO_DENSE map's bytes, reused when free */
+    uint64_t param_version;        /* bumped by each change the library makes to parameters */
+    spconv__net_mirror *kept;      /* spconv_net_keep_on_device's copy, or NULL */
+    spconv__net_mirror *tape_mirror; /* the copy a training forward used, for its backward */
     spconv_net_progress_fn progress;
     void *progress_user;
 };
@@ -71,6 +88,20 @@ void spconv__net_clear_tape(spconv_net *net);
 /* Allocate and initialise the parameters of every layer from @p seed (net_weights.c). */
 spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
 
+/* ---- parameters on a device (net_mirror.c) --------------------------------------------------- */
+
+/* An inference batch norm's per-channel terms, in double: y = x * scale + shift, from the layer's
+ * gamma, beta, running mean and running var. @p work holds 6 * c doubles: those four, then scale
+ * and shift. */
+void spconv__net_bn_inference_terms(const spconv_net *net, const spconv__net_layer *bn,
+                                    double *work);
+
+/* The copy of the parameters a pass on @p device reads (one reference), made now in one transfer
+ * unless the network keeps an up-to-date one for that device; *out NULL on the CPU. */
+spconv_status spconv__net_mirror_for(spconv_context *ctx, spconv_net *net, spconv_device device,
+                                     spconv__net_mirror **out);
+void spconv__net_mirror_release(spconv__net_mirror *mirror);
+
 /* ---- the network's layer kernels, through the backend of the features' device (net_ops.c) ----
  * Contiguous f32/f64 features [n, c]; the slots are described in core/backend.h. An op the
  * device's backend lacks is SPCONV_ERR_NOT_SUPPORTED naming the op and the backend. Messages name
@@ -81,7 +112,8 @@ spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
 spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
                                           double *mean, double *invstd, double *var_unbiased);
 /* y = x * scale[c] + shift[c], then with @p relu the ReLU of that in the same pass (the bits of
- * spconv__net_relu_forward after it); y may be x (in place). */
+ * spconv__net_relu_forward after it); y may be x (in place). scale and shift are double [c] on
+ * x's device. */
 spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                           const double *scale, const double *shift, int relu,
                                           spconv_tensor *y);

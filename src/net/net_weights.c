@@ -309,6 +309,7 @@ spconv_status spconv_net_load_weights(spconv_context *ctx, spconv_net *net, cons
         spconv_tensor_release(staged[i]);
     }
     free(staged);
+    net->param_version++; /* even a failed copy may have changed some */
     return st;
 }
 
@@ -383,6 +384,7 @@ spconv_status spconv_net_sgd_step(spconv_context *ctx, spconv_net *net, double l
                            "%s: the learning rate is not finite (%g)", func, learning_rate);
     SPCONV_RETURN_ERROR_IF(!net->has_grads, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: no gradients yet: run spconv_net_backward first", func);
+    net->param_version++;
     for (int i = 0; i < net->num_params; ++i)
         if (net->params[i].trainable && net->params[i].grad != NULL)
             SPCONV_FORWARD_IF_ERROR(spconv__net_axpy(ctx, -learning_rate, net->params[i].grad,

@@ -417,10 +417,16 @@ int net_build(const char *cmd, spconv_context *ctx, const char *name, spconv_dty
     *out = NULL;
     spconv_status st = spconv_zoo_create(name, dtype, seed, out);
     if (st != SPCONV_OK) return cli_status_error(cmd, st, "--net");
-    if (weights_dir == NULL) return 0;
-    if (!is_dir(weights_dir))
-        return cli_error(cmd, "--weights '%s': not a folder (expected one .npy file per "
-                         "parameter)", weights_dir);
-    st = spconv_net_load_weights(ctx, *out, weights_dir, layout);
-    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "--weights");
+    if (weights_dir != NULL) {
+        if (!is_dir(weights_dir))
+            return cli_error(cmd, "--weights '%s': not a folder (expected one .npy file per "
+                             "parameter)", weights_dir);
+        st = spconv_net_load_weights(ctx, *out, weights_dir, layout);
+        if (st != SPCONV_OK) return cli_status_error(cmd, st, "--weights");
+    }
+    /* On a GPU the parameters stay there for every pass (one upload now, none per layer). */
+    const spconv_device device = spconv_context_device(ctx);
+    if (device.type == SPCONV_DEVICE_CPU) return 0;
+    st = spconv_net_keep_on_device(ctx, *out, device);
+    return st == SPCONV_OK ? 0 : cli_status_error(cmd, st, "copying the parameters to the device");
 }

@@ -85,7 +85,8 @@ void net_input_release(net_input *in);
 
 /** Zoo network @p name in @p dtype initialised from @p seed, then loaded from @p weights_dir when
  *  that is not NULL (every parameter "<name>.npy" in @p layout). Destroy *out also after a
- *  failure (it may hold the network whose weights did not load). */
+ *  failure (it may hold the network whose weights did not load). On a context of a device other
+ *  than the CPU the parameters are kept there (spconv_net_keep_on_device). */
 int net_build(const char *cmd, spconv_context *ctx, const char *name, spconv_dtype dtype,
               uint64_t seed, const char *weights_dir, spconv_net_layout layout, spconv_net **out);
 
