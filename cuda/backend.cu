@@ -113,6 +113,41 @@ static spconv_status cuda_synchronize(spconv_context *ctx) {
     return SPCONV_OK;
 }
 
+/* ---- the device's clock: CUDA events ------------------------------------------------------- */
+
+static spconv_status cuda_mark_create(int device_index, void **mark) {
+    *mark = NULL;
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    cudaEvent_t event = NULL;
+    CUDA_TRY(cudaEventCreate(&event));
+    *mark = event;
+    return SPCONV_OK;
+}
+
+static void cuda_mark_destroy(int device_index, void *mark) {
+    spconv__cuda_device_guard guard;
+    if (guard.enter(device_index) != SPCONV_OK) return;
+    if (cudaEventDestroy((cudaEvent_t)mark) != cudaSuccess) (void)cudaGetLastError();
+}
+
+static spconv_status cuda_mark_record(spconv_context *ctx, int device_index, void *mark) {
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)mark, spconv__cuda_stream_for(ctx, device_index)));
+    return SPCONV_OK;
+}
+
+static spconv_status cuda_mark_elapsed_ms(int device_index, void *start, void *end, double *ms) {
+    spconv__cuda_device_guard guard;
+    SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)end));
+    float elapsed = 0.0f;
+    CUDA_TRY(cudaEventElapsedTime(&elapsed, (cudaEvent_t)start, (cudaEvent_t)end));
+    *ms = (double)elapsed;
+    return SPCONV_OK;
+}
+
 /* ---- memory -------------------------------------------------------------------------------- */
 
 static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr) {
@@ -275,6 +310,10 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .context_destroy = */ cuda_context_destroy,
     /* .context_set_stream = */ cuda_context_set_stream,
     /* .synchronize     = */ cuda_synchronize,
+    /* .mark_create     = */ cuda_mark_create,
+    /* .mark_destroy    = */ cuda_mark_destroy,
+    /* .mark_record     = */ cuda_mark_record,
+    /* .mark_elapsed_ms = */ cuda_mark_elapsed_ms,
     /* .alloc           = */ cuda_alloc,
     /* .alloc_ordered   = */ cuda_alloc_ordered,
     /* .free            = */ cuda_free,

@@ -29,6 +29,7 @@
 
 #include "core/backend.h"
 #include "core/context_impl.h"
+#include "core/device_clock.h"
 #include "core/error.h"
 #include "cuda_check.h"
 #include "cuda_common.h"
@@ -195,6 +196,7 @@ struct conv_call {
     spconv__cuda_scratch scratch;
     spconv_tensor *held[12] = {};
     int num_held = 0;
+    spconv__lap_timer laps = {}; /* phase times on the device clock, when asked for */
 
     conv_call() = default;
     conv_call(const conv_call &) = delete;
@@ -220,6 +222,17 @@ struct conv_call {
         blocks = resident > 0 ? resident : 1;
         return SPCONV_OK;
     }
+
+    /* Time the phases on the device clock the options give, if any. */
+    void time_phases(spconv_context *ctx, const spconv__conv_options *options) {
+        const spconv__conv_timing *t = options != NULL ? options->timing : NULL;
+        if (t != NULL && t->clock != NULL)
+            spconv__lap_init(&laps, t->clock, ctx, t->device_ms[0], t->device_ms[1],
+                             t->device_ms[2]);
+    }
+
+    /* End the running phase and start @p phase (PHASE_END: none). */
+    spconv_status lap(int phase) { return spconv__lap(&laps, phase); }
 
     /* Keep @p t until the call ends and return its data. */
     void *hold(spconv_tensor *t) {
@@ -385,6 +398,9 @@ static spconv_status narrow_result(spconv_context *ctx, spconv_dtype dtype, spco
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
+/* Phases of conv_call::lap, as spconv__conv_timing counts them. */
+enum { PHASE_GATHER = 0, PHASE_GEMM = 1, PHASE_SCATTER = 2, PHASE_END = 3 };
+
 /* S: the operands' element type; A: the products' and sums' (S itself, or f32 for 16 bits). */
 template <typename S, typename A>
 static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
@@ -398,6 +414,7 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
         const S *w_k = w + k * d.c_in * d.c_out;
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_out, d.c_in, d.c_out));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GEMM));
             CUBLAS_TRY(gemm_rm(call, 0, 0, d.num_out, d.c_out, d.c_in, x, d.c_in, w_k,
                                d.c_out, (A)1, out, d.c_out));
             continue;
@@ -408,9 +425,12 @@ static spconv_status forward_offsets(conv_call &call, const spconv_rulebook *rb,
                                      ? rb->active_starts[j + 1] - first
                                      : chunk;
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, rows, d.c_in, d.c_out));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GATHER));
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, gathered, x, pin + first, rows, d.c_in));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GEMM));
             CUBLAS_TRY(gemm_rm(call, 0, 0, rows, d.c_out, d.c_in, gathered, d.c_in, w_k,
                                d.c_out, (A)0, product, d.c_out));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_SCATTER));
             SPCONV_FORWARD_IF_ERROR(
                 launch_scatter_add(call, out, pout + first, product, rows, d.c_out));
         }
@@ -422,9 +442,10 @@ template <typename S, typename A>
 static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *rb,
                                    const spconv__conv_dims &d, const spconv_tensor *features,
                                    const spconv_tensor *weight, const spconv_tensor *bias,
-                                   spconv_tensor **out) {
+                                   const spconv__conv_options *options, spconv_tensor **out) {
     conv_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, d.device));
+    call.time_phases(ctx, options);
     const void *x = NULL, *w = NULL, *b = NULL;
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, features, d.device, &x));
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, weight, d.device, &w));
@@ -450,15 +471,17 @@ static spconv_status forward_typed(spconv_context *ctx, const spconv_rulebook *r
     A *y = (A *)spconv_tensor_data(result);
     spconv_status st = SPCONV_OK;
     if (d.num_out * d.c_out > 0) {
+        st = call.lap(PHASE_SCATTER); /* output initialisation counts as scatter, as on the CPU */
         SPCONV_CUDA_LAUNCH((init_rows_kernel<A>), call.grid(d.num_out * d.c_out), CONV_THREADS, 0,
                            call.stream, y, (const A *)b, d.num_out, d.c_out);
         const cudaError_t err = cudaGetLastError();
-        st = err == cudaSuccess ? SPCONV_OK
-                                : spconv__error(SPCONV_ERR_CUDA, "spconv_conv_forward: %s",
-                                                cudaGetErrorString(err));
+        if (st == SPCONV_OK && err != cudaSuccess)
+            st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_forward: %s",
+                               cudaGetErrorString(err));
         if (st == SPCONV_OK)
             st = forward_offsets<S, A>(call, rb, d, (const S *)x, (const S *)w, pin, pout,
                                        (S *)gathered, (A *)product, chunk, y);
+        if (st == SPCONV_OK) st = call.lap(PHASE_END);
     }
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &result);
     /* No wait for the stream: what the call releases (operand copies, the widened bias, scratch
@@ -485,11 +508,11 @@ extern "C" spconv_status spconv__cuda_conv_forward(spconv_context *ctx, const sp
     SPCONV_FORWARD_IF_ERROR(spconv__conv_check(func, rb, features, weight, bias, NULL, &d));
     SPCONV_FORWARD_IF_ERROR(check_dtype(func, d.dtype));
     switch (d.dtype) {
-    case SPCONV_F32: return forward_typed<float, float>(ctx, rb, d, features, weight, bias, out);
-    case SPCONV_F16: return forward_typed<f16_bits, float>(ctx, rb, d, features, weight, bias, out);
+    case SPCONV_F32: return forward_typed<float, float>(ctx, rb, d, features, weight, bias, options, out);
+    case SPCONV_F16: return forward_typed<f16_bits, float>(ctx, rb, d, features, weight, bias, options, out);
     case SPCONV_BF16:
-        return forward_typed<bf16_bits, float>(ctx, rb, d, features, weight, bias, out);
-    default: return forward_typed<double, double>(ctx, rb, d, features, weight, bias, out);
+        return forward_typed<bf16_bits, float>(ctx, rb, d, features, weight, bias, options, out);
+    default: return forward_typed<double, double>(ctx, rb, d, features, weight, bias, options, out);
     }
 }
 
@@ -508,6 +531,7 @@ static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb
         A *dw_k = dw != NULL ? dw + k * d.c_in * d.c_out : NULL;
         if (k == identity) {
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, d.num_in, d.c_in, d.c_out));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GEMM));
             if (dx != NULL)
                 CUBLAS_TRY(gemm_rm(call, 0, 1, d.num_in, d.c_in, d.c_out, g, d.c_out, w_k,
                                    d.c_out, (A)1, dx, d.c_in));
@@ -522,15 +546,20 @@ static spconv_status backward_offsets(conv_call &call, const spconv_rulebook *rb
                                      ? rb->active_starts[j + 1] - first
                                      : chunk;
             SPCONV_FORWARD_IF_ERROR(check_gemm_sizes(func, rows, d.c_in, d.c_out));
+            SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GATHER));
             SPCONV_FORWARD_IF_ERROR(launch_gather(call, g_buf, g, pout + first, rows, d.c_out));
             if (dx != NULL) {
+                SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GEMM));
                 CUBLAS_TRY(gemm_rm(call, 0, 1, rows, d.c_in, d.c_out, g_buf, d.c_out, w_k,
                                    d.c_out, (A)0, d_buf, d.c_in));
+                SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_SCATTER));
                 SPCONV_FORWARD_IF_ERROR(
                     launch_scatter_add(call, dx, pin + first, d_buf, rows, d.c_in));
             }
             if (dw_k != NULL) {
+                SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GATHER));
                 SPCONV_FORWARD_IF_ERROR(launch_gather(call, x_buf, x, pin + first, rows, d.c_in));
+                SPCONV_FORWARD_IF_ERROR(call.lap(PHASE_GEMM));
                 CUBLAS_TRY(gemm_rm(call, 1, 0, d.c_in, d.c_out, rows, x_buf, d.c_in, g_buf,
                                    d.c_out, (A)1, dw_k, d.c_out));
             }
@@ -543,10 +572,12 @@ template <typename S, typename A>
 static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *rb,
                                     const spconv__conv_dims &d, const spconv_tensor *features,
                                     const spconv_tensor *weight, const spconv_tensor *grad_out,
+                                    const spconv__conv_options *options,
                                     spconv_tensor **grad_features, spconv_tensor **grad_weight,
                                     spconv_tensor **grad_bias) {
     conv_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, d.device));
+    call.time_phases(ctx, options);
     const void *x = NULL, *w = NULL, *g = NULL;
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, features, d.device, &x));
     SPCONV_FORWARD_IF_ERROR(call.operand(ctx, weight, d.device, &w));
@@ -562,9 +593,10 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     void *g_buf = buffers[0], *x_buf = buffers[1], *d_buf = buffers[2];
     spconv_tensor *dx = NULL, *dw = NULL, *db = NULL;
     const int64_t in_sizes[2] = {d.num_in, d.c_in}, bias_size = d.c_out;
-    spconv_status st = SPCONV_OK;
+    /* zeroed outputs and the bias gradient's column sums count as scatter, as on the CPU */
+    spconv_status st = call.lap(PHASE_SCATTER);
     const spconv_dtype wide = dtype_of<A>();
-    if (grad_features != NULL) st = spconv_tensor_zeros(ctx, d.device, wide, 2, in_sizes, &dx);
+    if (st == SPCONV_OK && grad_features != NULL) st = spconv_tensor_zeros(ctx, d.device, wide, 2, in_sizes, &dx);
     if (st == SPCONV_OK && grad_weight != NULL)
         st = spconv_tensor_zeros(ctx, d.device, wide, spconv_tensor_ndim(weight),
                                  spconv_tensor_sizes(weight), &dw);
@@ -585,6 +617,7 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
                                     pout, (S *)g_buf, (S *)x_buf, (A *)d_buf, chunk,
                                     dx != NULL ? (A *)spconv_tensor_data(dx) : NULL,
                                     dw != NULL ? (A *)spconv_tensor_data(dw) : NULL);
+    if (st == SPCONV_OK) st = call.lap(PHASE_END);
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dx);
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &dw);
     if (st == SPCONV_OK) st = narrow_result(ctx, d.dtype, &db);
@@ -612,16 +645,16 @@ extern "C" spconv_status spconv__cuda_conv_backward(
     SPCONV_FORWARD_IF_ERROR(check_dtype(func, d.dtype));
     switch (d.dtype) {
     case SPCONV_F32:
-        return backward_typed<float, float>(ctx, rb, d, features, weight, grad_out, grad_features,
-                                            grad_weight, grad_bias);
+        return backward_typed<float, float>(ctx, rb, d, features, weight, grad_out, options,
+                                            grad_features, grad_weight, grad_bias);
     case SPCONV_F16:
-        return backward_typed<f16_bits, float>(ctx, rb, d, features, weight, grad_out,
+        return backward_typed<f16_bits, float>(ctx, rb, d, features, weight, grad_out, options,
                                                grad_features, grad_weight, grad_bias);
     case SPCONV_BF16:
-        return backward_typed<bf16_bits, float>(ctx, rb, d, features, weight, grad_out,
+        return backward_typed<bf16_bits, float>(ctx, rb, d, features, weight, grad_out, options,
                                                 grad_features, grad_weight, grad_bias);
     default:
-        return backward_typed<double, double>(ctx, rb, d, features, weight, grad_out,
+        return backward_typed<double, double>(ctx, rb, d, features, weight, grad_out, options,
                                               grad_features, grad_weight, grad_bias);
     }
 }

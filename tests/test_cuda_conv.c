@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/rulebook_testing.h"
 #include "common/test_util.h"
@@ -534,6 +535,89 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i) spconv_tensor_release(inputs[i]);
 }
 
+/* ---- layer times on the device's clock ------------------------------------------------------
+ * On a device with its own clock the statistics are spans between events: each layer's total is
+ * at least its named phases (rulebook, and with spconv_net_time_phases the conv's gather, GEMM and
+ * scatter, each of which did some work so took some time), "other" is the rest, and the layers
+ * together take no longer than the pass as the host saw it. Without phase timing the conv phases
+ * stay 0 on the device. */
+static double host_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void check_phase_sums(const spconv_net *net, int backward, int phases, double wall_ms) {
+    double layers_ms = 0.0;
+    for (int i = 0; i < spconv_net_num_layers(net); ++i) {
+        const spconv_layer_stats *st = spconv_net_stats(net, i);
+        const spconv_phase_ms *p = backward ? &st->backward : &st->forward;
+        const double named = p->rulebook + p->gather + p->gemm + p->scatter;
+        if (!(p->total >= 0.0 && named <= p->total * (1 + 1e-9) + 1e-9 &&
+              fabs(p->other - (p->total - named)) <= 1e-9 * (1 + p->total)))
+            fail_msg("layer %d (%s): total %g, named phases %g, other %g", i,
+                     backward ? "backward" : "forward", p->total, named, p->other);
+        const int is_conv = st->kind == SPCONV_LAYER_SUBM || st->kind == SPCONV_LAYER_CONV;
+        if (is_conv && phases && !(p->gather > 0.0 && p->gemm > 0.0 && p->scatter > 0.0))
+            fail_msg("layer %d: conv phases %g %g %g", i, p->gather, p->gemm, p->scatter);
+        if (!phases && (p->gather != 0.0 || p->gemm != 0.0 || p->scatter != 0.0))
+            fail_msg("layer %d: conv phases timed without spconv_net_time_phases", i);
+        layers_ms += p->total;
+    }
+    if (!(layers_ms <= wall_ms * (1 + 1e-6)))
+        fail_msg("the layers took %g ms of a %g ms pass", layers_ms, wall_ms);
+}
+
+static void test_layer_times_come_from_the_device_clock(void **state) {
+    (void)state;
+    if (!have_device()) {
+        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
+        skip();
+    }
+    static const spconv_layer_desc layers[] = {
+        {.kind = SPCONV_LAYER_SUBM, .name = "c1", .in_channels = 3, .out_channels = 8,
+         .kernel = {3, 3, 3}, .key = "k"},
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "b1", .in_channels = 8},
+        {.kind = SPCONV_LAYER_RELU, .name = "r1"},
+        {.kind = SPCONV_LAYER_CONV, .name = "c2", .in_channels = 8, .out_channels = 4,
+         .kernel = {3, 3, 3}, .stride = {2, 2, 2}, .padding = {1, 1, 1}},
+    };
+    int32_t *rows = spconv_test_random_sites(1, SHAPE, 300);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 300);
+    free(rows);
+    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){300, 3});
+    spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
+    spconv_sparse_tensor *in = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, 1, &in));
+    spconv_net *net = NULL;
+    SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 3, layers, 4, spconv_test_rand_u64(), &net));
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    for (int phases = 0; phases <= 1; ++phases) {
+        spconv_net_time_phases(net, phases);
+        double start = host_ms();
+        spconv_tensor *y = net_pass(ctx, net, in, SPCONV_NET_TRAINING);
+        SPCONV_ASSERT_OK(spconv_context_synchronize(ctx));
+        const double forward_ms = host_ms() - start;
+        spconv_tensor *gy = random_tensor(SPCONV_F32, 2, spconv_tensor_sizes(y));
+        spconv_tensor *gyd = on_cuda(gy);
+        start = host_ms();
+        SPCONV_ASSERT_OK(spconv_net_backward(ctx, net, gyd, NULL));
+        SPCONV_ASSERT_OK(spconv_context_synchronize(ctx));
+        const double backward_ms = host_ms() - start;
+        check_phase_sums(net, 0, phases, forward_ms);
+        check_phase_sums(net, 1, phases, backward_ms);
+        spconv_tensor_release(y);
+        spconv_tensor_release(gy);
+        spconv_tensor_release(gyd);
+    }
+    spconv_net_destroy(net);
+    spconv_context_destroy(ctx);
+    spconv_sparse_release(in);
+    spconv_tensor *inputs[] = {indices, x, xd, id};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i) spconv_tensor_release(inputs[i]);
+}
+
 /* A repeated site on the device is refused as on the CPU, naming the row, before anything runs. */
 static void test_net_to_dense_bad_sites(void **state) {
     (void)state;
@@ -740,6 +824,7 @@ int main(void) {
         cmocka_unit_test(test_net_layers_match_cpu),
         cmocka_unit_test(test_net_to_dense_bad_sites),
         cmocka_unit_test(test_kept_parameters_make_no_host_round_trip),
+        cmocka_unit_test(test_layer_times_come_from_the_device_clock),
         cmocka_unit_test(test_dense_matches_cpu),
         cmocka_unit_test(test_zoo_networks_match_cpu),
     };

@@ -159,7 +159,7 @@ static phase_medians run_conv(spconv_context *ctx, const spconv_rulebook *rb,
                               const spconv_tensor *g, int kind, int repeat) {
     double *samples = malloc((size_t)(4 * (repeat + 1)) * sizeof(double));
     for (int r = 0; r <= repeat; ++r) {
-        spconv__conv_timing timing = {0.0, 0.0, 0.0, 0};
+        spconv__conv_timing timing = {0};
         spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
         spconv_tensor *o1 = NULL, *o2 = NULL, *o3 = NULL;
         double t0 = spconv__now_s();

@@ -202,10 +202,13 @@ typedef enum spconv_net_mode {
                                    what spconv_net_backward needs */
 } spconv_net_mode;
 
-/** Milliseconds of one pass of one layer, wall clock. rulebook + gather + gemm + scatter + other
- *  = total; gather/gemm/scatter are the conv executor's phases (their sum over threads divided
- *  by the thread count), 0 for layers without a GEMM; other is the rest (pool kernels, batch
- *  norm, copies). */
+/** Milliseconds of one pass of one layer. rulebook + gather + gemm + scatter + other = total;
+ *  gather/gemm/scatter are the conv executor's phases, 0 for layers without a GEMM; other is the
+ *  rest (pool kernels, batch norm, copies). On the CPU: wall clock, the phases summed over the
+ *  threads and divided by the thread count. On a GPU: the device's clock (CUDA events queued
+ *  between layers and around the rulebook, and with spconv_net_time_phases around each phase of
+ *  each kernel offset), read when spconv_net_stats is first called after the pass, which waits
+ *  for the pass; until then (in the progress callback, say) they are 0. */
 typedef struct spconv_phase_ms {
     double total;
     double rulebook;
@@ -231,13 +234,19 @@ typedef struct spconv_layer_stats {
 } spconv_layer_stats;
 
 /** Statistics of layer @p index from the last pass (zero before the first), borrowed; NULL when
- *  out of range. */
+ *  out of range. After a pass on a GPU the first call waits for the pass (see spconv_phase_ms). */
 const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index);
 
 /** Called after each layer of a pass (in reverse order during backward) with that layer's
  *  statistics; @p backward is 1 during spconv_net_backward. */
 typedef void (*spconv_net_progress_fn)(void *user, const spconv_layer_stats *stats,
                                        int num_layers, int backward);
+
+/** On a GPU, also time each conv's gather, GEMM and scatter on the device's clock (@p on 1), with
+ *  CUDA events around each phase of each kernel offset: that costs the host a few microseconds
+ *  per offset, so it is off by default (the phases then read 0 there and the conv's time is in
+ *  "other"). No effect on the CPU, whose phases are always timed. */
+void spconv_net_time_phases(spconv_net *net, int on);
 
 /** Install (or with NULL remove) the progress callback; @p user is passed back to it. */
 void spconv_net_set_progress(spconv_net *net, spconv_net_progress_fn fn, void *user);

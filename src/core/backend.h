@@ -24,6 +24,11 @@ typedef struct spconv__conv_timing {
     double gemm_s;    /* the products, including the subm centre offset's direct product */
     double scatter_s; /* scatter-adds, output initialisation, ordered reductions of partials */
     int threads;      /* threads of the last call */
+    /* A backend with a device clock (CUDA) times the phases on @p clock instead when it is not
+     * NULL: marks around each phase of each kernel offset, whose device milliseconds are added to
+     * *device_ms[0..2] (gather, gemm, scatter) when the caller resolves the clock. */
+    struct spconv__device_clock *clock;
+    double *device_ms[3];
 } spconv__conv_timing;
 
 /* Knobs of the conv executors that the public API does not expose: which GEMM runs (tests hold
@@ -59,6 +64,13 @@ typedef struct spconv_backend {
     /* queue ctx's work on `stream` (NULL: the context's own) and bind its handles to it */
     spconv_status (*context_set_stream)(spconv_context *ctx, void *stream);
     spconv_status (*synchronize)(spconv_context *ctx);
+    /* the device's clock (core/device_clock.h): a mark queued on ctx's stream (the legacy one
+     * without a context of this device), and the milliseconds between two recorded marks, which
+     * waits for `end`. NULL slots: no device clock (the CPU's is the host's). */
+    spconv_status (*mark_create)(int device_index, void **mark);
+    void (*mark_destroy)(int device_index, void *mark);
+    spconv_status (*mark_record)(spconv_context *ctx, int device_index, void *mark);
+    spconv_status (*mark_elapsed_ms)(int device_index, void *start, void *end, double *ms);
 
     /* memory on this backend's device number device_index */
     spconv_status (*alloc)(int device_index, size_t nbytes, void **ptr);

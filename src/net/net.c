@@ -359,6 +359,7 @@ void spconv_net_destroy(spconv_net *net) {
     free(net->tape);
     spconv_storage_release(net->dense_storage);
     spconv__net_mirror_release(net->kept);
+    spconv__device_clock_destroy(net->clock);
     free(net);
 }
 
@@ -429,8 +430,45 @@ spconv_tensor *spconv_net_param_grad(const spconv_net *net, int index) {
     return param_in_range(net, index) ? net->params[index].grad : NULL;
 }
 
+/* "other" is whatever the named phases leave of the total. */
+static void recompute_other(spconv_phase_ms *phase) {
+    const double other =
+        phase->total - phase->rulebook - phase->gather - phase->gemm - phase->scatter;
+    phase->other = other > 0.0 ? other : 0.0;
+}
+
+spconv_status spconv__net_clock_start(spconv_net *net, spconv_device device) {
+    if (net->clock != NULL && !spconv_device_equal(spconv__device_clock_device(net->clock), device)) {
+        spconv__device_clock_destroy(net->clock);
+        net->clock = NULL;
+    }
+    if (net->clock == NULL && device.type != SPCONV_DEVICE_CPU)
+        SPCONV_FORWARD_IF_ERROR(spconv__device_clock_create(device, &net->clock));
+    spconv__device_clock_reset(net->clock);
+    return SPCONV_OK;
+}
+
+spconv_status spconv__net_clock_mark(spconv_net *net, spconv_context *ctx, int *mark) {
+    return spconv__device_clock_mark(net->clock, ctx, mark);
+}
+
 const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index) {
-    return index >= 0 && index < net->num_layers ? &net->layers[index].stats : NULL;
+    if (index < 0 || index >= net->num_layers) return NULL;
+    if (spconv__device_clock_pending(net->clock)) {
+        /* The spans of the last pass, read now (waiting for the pass): the statistics are the
+         * network's own fields, filled in late, not a change the caller could see otherwise. */
+        spconv_net *mutable_net = (spconv_net *)net;
+        if (spconv__device_clock_resolve(mutable_net->clock) == SPCONV_OK)
+            for (int i = 0; i < net->num_layers; ++i) {
+                recompute_other(&mutable_net->layers[i].stats.forward);
+                recompute_other(&mutable_net->layers[i].stats.backward);
+            }
+    }
+    return &net->layers[index].stats;
+}
+
+void spconv_net_time_phases(spconv_net *net, int on) {
+    if (net != NULL) net->time_phases = on != 0;
 }
 
 void spconv_net_set_progress(spconv_net *net, spconv_net_progress_fn fn, void *user) {

@@ -80,6 +80,12 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     const spconv__net_param *params = &b->net->params[layer->first_param];
     spconv_tensor *d_in = NULL, *d_weight = NULL, *d_bias = NULL;
     spconv__conv_timing timing = {0};
+    if (b->net->time_phases) { /* the conv's phases on the device's clock, where it has one */
+        timing.clock = b->net->clock;
+        timing.device_ms[0] = &b->phase->gather;
+        timing.device_ms[1] = &b->phase->gemm;
+        timing.device_ms[2] = &b->phase->scatter;
+    }
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
     /* The first layer's input gradient is wanted only when the caller asked for it. */
     int want_in = layer->stats.index > 0 || b->want_input;
@@ -261,13 +267,22 @@ static spconv_status back_layer(back_pass *b, int index) {
     spconv_net *net = b->net;
     spconv__net_layer *layer = &net->layers[index];
     const double start = spconv__now_s();
+    int first = -1, last = -1;
+    spconv_status st = spconv__net_clock_mark(net, b->ctx, &first);
+    if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
     b->phase = &layer->stats.backward;
-    spconv_status st = backward_kind(b, layer, &net->tape[index]);
+    st = backward_kind(b, layer, &net->tape[index]);
     if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
     spconv_phase_ms *phase = b->phase;
-    phase->total = 1e3 * (spconv__now_s() - start);
-    double other = phase->total - phase->gather - phase->gemm - phase->scatter;
-    phase->other = other > 0.0 ? other : 0.0;
+    if (net->clock != NULL) { /* on the device's clock: "other" when resolved */
+        st = spconv__net_clock_mark(net, b->ctx, &last);
+        if (st == SPCONV_OK) st = spconv__device_clock_span(net->clock, first, last, &phase->total);
+        if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
+    } else {
+        phase->total = 1e3 * (spconv__now_s() - start);
+        double other = phase->total - phase->gather - phase->gemm - phase->scatter;
+        phase->other = other > 0.0 ? other : 0.0;
+    }
     if (net->progress != NULL) net->progress(net->progress_user, &layer->stats, net->num_layers, 1);
     return SPCONV_OK;
 }

@@ -46,9 +46,21 @@ static spconv_status new_matrix(const net_pass *p, int64_t rows, int64_t cols,
 static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
                                   spconv_rulebook **rb) {
     double start = spconv__now_s();
+    int first = -1, last = -1;
+    SPCONV_FORWARD_IF_ERROR(spconv__net_clock_mark(p->net, p->ctx, &first));
     spconv_status st =
         spconv_sparse_get_rulebook(p->ctx, p->cur, &layer->params, layer->desc.key, rb);
-    p->phase->rulebook = 1e3 * (spconv__now_s() - start);
+    if (p->net->clock == NULL) {
+        p->phase->rulebook = 1e3 * (spconv__now_s() - start);
+    } else if (st == SPCONV_OK) { /* on the device's clock */
+        st = spconv__net_clock_mark(p->net, p->ctx, &last);
+        if (st == SPCONV_OK)
+            st = spconv__device_clock_span(p->net->clock, first, last, &p->phase->rulebook);
+        if (st != SPCONV_OK) {
+            spconv_rulebook_release(*rb);
+            *rb = NULL;
+        }
+    }
     return st;
 }
 
@@ -100,6 +112,12 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
         epilogue.scale = bn_work + 4 * bn->c_in;
         epilogue.shift = bn_work + 5 * bn->c_in;
         epilogue.relu = relu != NULL && relu->desc.kind == SPCONV_LAYER_RELU;
+    }
+    if (p->net->time_phases) { /* the conv's phases on the device's clock, where it has one */
+        timing.clock = p->net->clock;
+        timing.device_ms[0] = &p->phase->gather;
+        timing.device_ms[1] = &p->phase->gemm;
+        timing.device_ms[2] = &p->phase->scatter;
     }
     const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, fold ? &epilogue : NULL};
     /* Parameters live on the CPU; on another device the pass reads its copy there. */
@@ -401,11 +419,18 @@ static spconv_status forward_kind(net_pass *p, spconv__net_layer *layer, spconv_
     SPCONV_RETURN_ERROR(SPCONV_ERR_INTERNAL, "layer kind %d has no forward", (int)layer->desc.kind);
 }
 
-/* "other" is whatever the named phases leave of the total. */
-static void finish_phase(spconv_phase_ms *phase, double start) {
+/* The layer's total from mark @p first (on the device's clock) or @p start (the host's), and
+ * "other", whatever the named phases leave of it (on the device's clock: when resolved). */
+static spconv_status finish_phase(net_pass *p, spconv_phase_ms *phase, double start, int first) {
+    if (p->net->clock != NULL) {
+        int last = -1;
+        SPCONV_FORWARD_IF_ERROR(spconv__net_clock_mark(p->net, p->ctx, &last));
+        return spconv__device_clock_span(p->net->clock, first, last, &phase->total);
+    }
     phase->total = 1e3 * (spconv__now_s() - start);
     double other = phase->total - phase->rulebook - phase->gather - phase->gemm - phase->scatter;
     phase->other = other > 0.0 ? other : 0.0;
+    return SPCONV_OK;
 }
 
 static spconv_status run_layer(net_pass *p, int index) {
@@ -414,6 +439,8 @@ static spconv_status run_layer(net_pass *p, int index) {
     spconv__layer_tape *tape = &net->tape[index];
     spconv_layer_stats *stats = &layer->stats;
     const double start = spconv__now_s();
+    int first = -1;
+    SPCONV_FORWARD_IF_ERROR(spconv__net_clock_mark(net, p->ctx, &first));
     p->phase = &stats->forward;
     stats->sites_in = spconv_sparse_num_sites(p->cur);
     stats->channels_in = layer->c_in;
@@ -433,7 +460,8 @@ static spconv_status run_layer(net_pass *p, int index) {
     }
     spconv_sparse_release(p->cur);
     p->cur = next;
-    finish_phase(&stats->forward, start);
+    st = finish_phase(p, &stats->forward, start, first);
+    if (st != SPCONV_OK) return spconv__net_layer_error(forward_func, layer, st);
     if (net->progress != NULL) net->progress(net->progress_user, stats, net->num_layers, 0);
     return SPCONV_OK;
 }
@@ -480,6 +508,8 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
     SPCONV_FORWARD_IF_ERROR(check_input(net, input, mode));
     spconv__net_clear_tape(net);
     reset_stats(net);
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__net_clock_start(net, spconv_tensor_device(spconv_sparse_features(input))));
     net_pass p = {.ctx = ctx,
                   .net = net,
                   .training = mode == SPCONV_NET_TRAINING};

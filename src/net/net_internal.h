@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "conv/conv_exec.h"
+#include "core/device_clock.h"
 #include "core/parallel.h"
 #include "spconv/net.h"
 
@@ -71,6 +72,8 @@ struct spconv_net {
     uint64_t param_version;        /* bumped by each change the library makes to parameters */
     spconv__net_mirror *kept;      /* spconv_net_keep_on_device's copy, or NULL */
     spconv__net_mirror *tape_mirror; /* the copy a training forward used, for its backward */
+    spconv__device_clock *clock;   /* the device clock of the last pass's device; NULL: the CPU */
+    int time_phases;               /* spconv_net_time_phases */
     spconv_net_progress_fn progress;
     void *progress_user;
 };
@@ -87,6 +90,15 @@ void spconv__net_clear_tape(spconv_net *net);
 
 /* Allocate and initialise the parameters of every layer from @p seed (net_weights.c). */
 spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
+
+/* ---- timing on the device's clock (net.c) ----------------------------------------------------
+ * On a device with its own clock (CUDA), layer times are spans between marks queued as the pass
+ * goes, added into the statistics when spconv_net_stats resolves them. */
+
+/* Make net->clock the clock of @p device (NULL on the CPU), with no marks; a forward calls it. */
+spconv_status spconv__net_clock_start(spconv_net *net, spconv_device device);
+/* A mark on the pass's stream, -1 without a clock. */
+spconv_status spconv__net_clock_mark(spconv_net *net, spconv_context *ctx, int *mark);
 
 /* ---- parameters on a device (net_mirror.c) --------------------------------------------------- */
 
