@@ -356,10 +356,13 @@ static void test_run_on_device(void **state) {
         if (!(err <= 1e-3)) fail_msg("%s: normalised difference %.3g", nets[i], err);
     }
     const char *bench[] = {"bench", "--input", scan, "--net", "unet", "--device", "cuda",
-                           "--repeat", "1", "--warmup", "0", "--peak-size", "0", "--backward",
-                           NULL};
+                           "--repeat", "1", "--warmup", "0", "--peak-size", "32", "--backward",
+                           "--phases", NULL};
     expect_success(f, bench);
     expect_in_stdout(f, "backward:");
+    expect_in_stdout(f, "on the device's clock (CUDA events");
+    expect_in_stdout(f, "device GEMM peak: ");
+    expect_in_stdout(f, "forward (training): gather ");
 }
 
 /* Weights saved from seed 7 (RSCK, and KRSC read as such) give what --seed 7 gives. */
@@ -581,7 +584,8 @@ static void check_bench_json(const char *path, int layers, int backward) {
         "\"scatter\"", "\"other\"", "\"median\"", "\"min\"", "\"max\"", "\"gflops\"",
         "\"gemm_share_of_peak\"", "\"layers\"", "\"forward_ms\"", "\"pairs\"", "\"per_pass\"",
         "\"start_unix_ms\"", "\"forward_ms_per_pass\"", "\"tensor_mib\"", "\"rss_peak_mib\"",
-        "\"input_grad\"", "\"replicate\"", "\"dtype\""};
+        "\"input_grad\"", "\"replicate\"", "\"dtype\"", "\"device_clock\"", "\"time_phases\"",
+        "\"copy_gbps\"", "\"device_ms\"", "\"gather_gbps\"", "\"scatter_gbps\""};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
         if (strstr(text, keys[k]) == NULL) fail_msg("%s has no key %s", path, keys[k]);
     int entries = 0;

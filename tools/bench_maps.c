@@ -3,9 +3,10 @@
  * Cases: voxelizing spconv_benchmark_pc.bin (198,130 points; 0.1 m cells, 5 points, mean mode),
  * and the subm 3x3x3, the stride-2 3x3x3 and the 2x2x2 stride-2 (pool) rulebooks of the 125,562 sites of
  * spconv_test_indices.i32. Inputs are on the device before the clock starts; each repetition is
- * timed from the call to the end of spconv_context_synchronize (monotonic host clock: the ops
- * read counts back, so they end synchronised anyway), after 3 warm-ups; prints the median as
- *   result case=<name> median_ms=<ms> gflops=0 gbps=0
+ * timed after 3 warm-ups, on a GPU with CUDA events queued before and after the call (the
+ * device's clock, read once the context is synchronised), on the CPU from the call to its return
+ * (monotonic host clock); prints the median as
+ *   result case=<name> median_ms=<ms> gflops=0 gbps=0 clock=cuda-events|host
  * On the host emulation the figures are CPU times of the emulated kernels and mean nothing for a
  * GPU. DATA_DIR defaults to $SPCONV_DATA_DIR, else ../shared/data; missing files are skipped. */
 #define _POSIX_C_SOURCE 199309L
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/device_clock.h"
 #include "spconv/spconv.h"
 #include "bench_common.h"
 
@@ -64,10 +66,17 @@ typedef struct map_case {
     const spconv_voxelize_params *voxelize; /* NULL: a rulebook */
     const spconv_conv_params *conv;
     int64_t shape[3];
+    spconv__device_clock *clock; /* NULL: the host's clock */
 } map_case;
 
-static int run_once(const map_case *c) {
-    spconv_status st;
+/* One call, timed on the device's clock into *device_ms when there is one. */
+static int run_once(const map_case *c, double *device_ms) {
+    int first = -1, last = -1;
+    spconv_status st = spconv__device_clock_mark(c->clock, c->ctx, &first);
+    if (st != SPCONV_OK) {
+        fprintf(stderr, "bench_maps: %s: %s\n", c->name, spconv_last_error());
+        return 0;
+    }
     if (c->voxelize != NULL) {
         spconv_voxels v;
         st = spconv_voxelize(c->ctx, c->input, c->voxelize, &v);
@@ -77,21 +86,26 @@ static int run_once(const map_case *c) {
         st = spconv_rulebook_build(c->ctx, c->input, c->shape, 1, c->conv, &rb);
         if (st == SPCONV_OK) spconv_rulebook_release(rb);
     }
+    if (st == SPCONV_OK) st = spconv__device_clock_mark(c->clock, c->ctx, &last);
     if (st == SPCONV_OK) st = spconv_context_synchronize(c->ctx);
+    *device_ms = 0.0;
+    if (st == SPCONV_OK) st = spconv__device_clock_span(c->clock, first, last, device_ms);
+    if (st == SPCONV_OK) st = spconv__device_clock_resolve(c->clock);
     if (st != SPCONV_OK) fprintf(stderr, "bench_maps: %s: %s\n", c->name, spconv_last_error());
     return st == SPCONV_OK;
 }
 
 static int bench_case(const map_case *c, int reps) {
-    double times[MAX_REPS];
+    double times[MAX_REPS], device_ms = 0.0;
     for (int w = 0; w < WARMUPS; ++w)
-        if (!run_once(c)) return 0;
+        if (!run_once(c, &device_ms)) return 0;
     for (int r = 0; r < reps; ++r) {
         const double t0 = now_ms();
-        if (!run_once(c)) return 0;
-        times[r] = now_ms() - t0;
+        if (!run_once(c, &device_ms)) return 0;
+        times[r] = c->clock != NULL ? device_ms : now_ms() - t0;
     }
-    printf("result case=%s median_ms=%.4f gflops=0 gbps=0\n", c->name, bench_median(times, reps));
+    printf("result case=%s median_ms=%.4f gflops=0 gbps=0 clock=%s\n", c->name,
+           bench_median(times, reps), c->clock != NULL ? "cuda-events" : "host");
     return 1;
 }
 
@@ -125,12 +139,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_maps: %s\n", spconv_last_error());
         return 2;
     }
+    spconv__device_clock *clock = NULL;
+    if (spconv__device_clock_create(device, &clock) != SPCONV_OK) {
+        fprintf(stderr, "bench_maps: %s\n", spconv_last_error());
+        return 2;
+    }
     int ok = 1;
     spconv_tensor *points = read_raw(ctx, dir, "spconv_benchmark_pc.bin", SPCONV_F32, 4, device);
     const spconv_voxelize_params vp = {{0.1f, 0.1f, 0.1f}, {-80.0f, -80.0f, -2.0f, 80.0f, 80.0f, 6.0f},
                                        5, INT64_MAX, SPCONV_VOXELIZE_MEAN};
     if (points != NULL) {
-        const map_case c = {"voxelize_benchmark_pc", ctx, points, &vp, NULL, {0, 0, 0}};
+        const map_case c = {"voxelize_benchmark_pc", ctx, points, &vp, NULL, {0, 0, 0}, clock};
         ok &= bench_case(&c, reps);
     }
     spconv_tensor *sites = read_raw(ctx, dir, "spconv_test_indices.i32", SPCONV_I32, 4, device);
@@ -139,20 +158,21 @@ int main(int argc, char **argv) {
         spconv_conv_params down = spconv_conv_params_default(SPCONV_CONV_REGULAR);
         for (int a = 0; a < 3; ++a) down.stride[a] = 2, down.padding[a] = 1;
         const map_case c1 = {"rulebook_subm3_spconv_test", ctx, sites, NULL, &subm,
-                             {80, 1600, 1600}};
+                             {80, 1600, 1600}, clock};
         const map_case c2 = {"rulebook_stride2_spconv_test", ctx, sites, NULL, &down,
-                             {80, 1600, 1600}};
+                             {80, 1600, 1600}, clock};
         /* The first max pool of spconv's bench_basic: a 2^3 window, stride 2, no padding. */
         spconv_conv_params pool = spconv_conv_params_default(SPCONV_CONV_REGULAR);
         for (int a = 0; a < 3; ++a) pool.kernel[a] = 2, pool.stride[a] = 2, pool.padding[a] = 0;
         const map_case c3 = {"rulebook_pool2_spconv_test", ctx, sites, NULL, &pool,
-                             {80, 1600, 1600}};
+                             {80, 1600, 1600}, clock};
         ok &= bench_case(&c1, reps);
         ok &= bench_case(&c2, reps);
         ok &= bench_case(&c3, reps);
     }
     spconv_tensor_release(points);
     spconv_tensor_release(sites);
+    spconv__device_clock_destroy(clock);
     spconv_context_destroy(ctx);
     return ok ? 0 : 1;
 }

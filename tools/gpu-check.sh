@@ -202,8 +202,11 @@ echo "$benches benchmark program(s) with --device"
 # ---- 5b. whole networks (issue 11's targets) --------------------------------------------------
 # `spconv bench` on the device, rulebooks in every forward as spconv's benchmark counts them:
 # basic on spconv's own voxels in f16 and f32, forward and training backward, and SECOND on a
-# KITTI scan; each case also on the CPU for the ratio. The JSON's wall medians become `result`
-# lines of bench.log, so the summary lists them with the rest.
+# KITTI scan; each case also on the CPU for the ratio. The JSON's medians (on the GPU the device's
+# clock, CUDA events; on the CPU the wall clock) become `result` lines of bench.log, so the
+# summary lists them with the rest. One more GPU run, basic-f16-phases, times the conv phases
+# (--phases) and the device's own ceilings (--peak-size): the GEMM phase against cuBLAS on one
+# large product of the same dtype, gather and scatter against the device's copy bandwidth.
 section "network benchmarks"
 spconv_cli=$build/tools/spconv
 net_case() { # name device args...
@@ -216,9 +219,24 @@ net_case() { # name device args...
     python3 - "$json" "$name" >>"$out/bench.log" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
+name = sys.argv[2]
 for pass_name, p in d["passes"].items():
-    wall = p["wall_ms"]["median"] if isinstance(p["wall_ms"], dict) else p["wall_ms"]
-    print(f"result case={sys.argv[2]}-{pass_name} median_ms={wall:.4f} gflops={p.get('gflops') or 0} gbps=0")
+    wall = p["wall_ms"]["median"]
+    device = (p.get("device_ms") or {}).get("median")
+    ms = device if device is not None else wall
+    clock = "cuda-events" if device is not None else "host"
+    print(f"result case={name}-{pass_name} median_ms={ms:.4f} gflops={p.get('gflops') or 0} "
+          f"gbps=0 clock={clock} wall_ms={wall:.4f}")
+    if d.get("time_phases"):
+        print(f"result case={name}-{pass_name}-gemm-phase median_ms={p['phases_ms']['gemm']['median']:.4f} "
+              f"gflops={p.get('gemm_gflops') or 0} gbps=0 share_of_peak={p.get('gemm_share_of_peak')}")
+        for phase in ("gather", "scatter"):
+            if p.get(f"{phase}_gbps"):
+                print(f"result case={name}-{pass_name}-{phase} median_ms={p['phases_ms'][phase]['median']:.4f} "
+                      f"gflops=0 gbps={p[f'{phase}_gbps']:.1f} copy_gbps={d.get('copy_gbps')}")
+if d.get("device_clock") and d.get("sgemm_peak_gflops"):
+    print(f"result case={name}-device-gemm-peak median_ms=0 gflops={d['sgemm_peak_gflops']:.1f} gbps=0")
+    print(f"result case={name}-device-copy median_ms=0 gflops=0 gbps={d.get('copy_gbps') or 0:.1f}")
 PY
   else
     echo "### exit status $? for spconv bench $* --device $device" >>"$out/bench.log"
@@ -230,6 +248,9 @@ if [ -x "$spconv_cli" ] && [ -f "$data_dir/spconv_test_indices.i32" ]; then
     reps=10
     [ "$device" = cpu ] && reps=2
     net_case basic-f16 "$device" --net basic --input "$data_dir" --dtype f16 --repeat "$reps" --warmup 2 --peak-size 0
+    if [ "$device" = cuda ]; then
+      net_case basic-f16-phases cuda --net basic --input "$data_dir" --dtype f16 --repeat 3 --warmup 1 --peak-size 4096 --phases
+    fi
     net_case basic-f32 "$device" --net basic --input "$data_dir" --dtype f32 --repeat "$reps" --warmup 2 --peak-size 0
     net_case basic-f16-train "$device" --net basic --input "$data_dir" --dtype f16 --backward --repeat "$reps" --warmup 2 --peak-size 0
     if [ -f "$data_dir/kitti_000008.bin" ]; then

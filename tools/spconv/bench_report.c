@@ -9,7 +9,7 @@ static const char *const phase_keys[BENCH_PHASES] = {"total",   "rulebook", "gat
                                                      "gemm",    "scatter",  "other"};
 static const char *const phase_titles[BENCH_PHASES] = {"total", "rulebook", "gather",
                                                        "GEMM",  "scatter",  "other"};
-enum { PHASE_TOTAL = 0, PHASE_GEMM = 3 };
+enum { PHASE_TOTAL = 0, PHASE_GATHER = 2, PHASE_GEMM = 3, PHASE_SCATTER = 4 };
 
 int bench_samples_init(bench_samples *s, int repeat, int layers) {
     s->repeat = repeat;
@@ -20,8 +20,9 @@ int bench_samples_init(bench_samples *s, int repeat, int layers) {
     s->start = calloc((size_t)repeat, sizeof *s->start);
     s->tensor_mib = calloc((size_t)repeat, sizeof *s->tensor_mib);
     s->scratch = calloc((size_t)repeat, sizeof *s->scratch);
+    s->device = calloc((size_t)repeat, sizeof *s->device);
     return s->layer != NULL && s->wall != NULL && s->start != NULL && s->tensor_mib != NULL &&
-                   s->scratch != NULL ? 0 : -1;
+                   s->scratch != NULL && s->device != NULL ? 0 : -1;
 }
 
 double *bench_sample(bench_samples *s, int rep, int layer) {
@@ -34,6 +35,7 @@ static void samples_free(bench_samples *s) {
     free(s->start);
     free(s->tensor_mib);
     free(s->scratch);
+    free(s->device);
     memset(s, 0, sizeof *s);
 }
 
@@ -173,6 +175,11 @@ static spread tensor_spread(bench_samples *s) {
     return scratch_spread(s);
 }
 
+static spread device_spread(bench_samples *s) {
+    memcpy(s->scratch, s->device, (size_t)s->repeat * sizeof *s->scratch);
+    return scratch_spread(s);
+}
+
 static spread wall_spread(bench_samples *s) {
     memcpy(s->scratch, s->wall, (size_t)s->repeat * sizeof *s->scratch);
     return scratch_spread(s);
@@ -181,6 +188,8 @@ static spread wall_spread(bench_samples *s) {
 /* One direction's totals. */
 typedef struct pass_summary {
     spread wall;
+    spread device;      /* on the device's clock (bench_run.device_clock) */
+    double gather_gbps, scatter_gbps; /* forward with the device's conv phases timed; else 0 */
     spread phases[BENCH_PHASES];
     double flops;       /* per pass */
     double gflops;      /* flops / median wall */
@@ -201,9 +210,10 @@ static double layer_flops(const bench_run *run, int layer, int backward) {
 
 /* The report's words for bench_run.gemm. */
 static const char *gemm_words(const char *gemm) {
-    return strcmp(gemm, "fused") == 0  ? "the fused kernels"
-           : strcmp(gemm, "blas") == 0 ? "BLAS"
-                                       : "the C fallback";
+    return strcmp(gemm, "fused") == 0    ? "the fused kernels"
+           : strcmp(gemm, "blas") == 0   ? "BLAS"
+           : strcmp(gemm, "cublas") == 0 ? "cuBLAS"
+                                         : "the C fallback";
 }
 
 static double per_second(double flops, double ms) { return ms > 0.0 ? flops / ms * 1e-6 : 0.0; }
@@ -220,8 +230,29 @@ static double pass_over_floor(const bench_run *run, const bench_samples *s, int 
     return least > 0.0 ? s->wall[rep] / least : 0.0;
 }
 
+/* Bytes a forward conv's gather and scatter phases must at least move over the whole pass: each
+ * pair outside a subm's centre reads a row of C_in features and writes it gathered; the scatter
+ * reads each product row and reads and writes the output row it adds to (sums in f32, or f64 for
+ * f64), after writing every output row once (its initialisation). */
+static void forward_traffic(const bench_run *run, double *gather, double *scatter) {
+    const double elem = strcmp(run->dtype, "f64") == 0 ? 8.0
+                        : strcmp(run->dtype, "f32") == 0 ? 4.0 : 2.0;
+    const double sum = elem > 4.0 ? 8.0 : 4.0;
+    *gather = *scatter = 0.0;
+    for (int l = 0; l < run->num_layers; ++l) {
+        const bench_layer *ly = &run->layers[l];
+        if (ly->flops <= 0.0) continue; /* not a conv */
+        const double moved =
+            (double)(ly->pairs - (ly->kind == SPCONV_LAYER_SUBM ? ly->sites_in : 0));
+        *gather += moved * (double)ly->channels_in * elem * 2.0;
+        *scatter += moved * (double)ly->channels_out * sum * 3.0 +
+                    (double)ly->sites_out * (double)ly->channels_out * sum;
+    }
+}
+
 static pass_summary summarize(bench_run *run, bench_samples *s, int backward) {
     pass_summary p = {.wall = wall_spread(s)};
+    if (run->device_clock) p.device = device_spread(s);
     for (int k = 0; k < BENCH_PHASES; ++k) p.phases[k] = phase_spread(s, k);
     for (int l = 0; l < run->num_layers; ++l) p.flops += layer_flops(run, l, backward);
     p.gflops = per_second(p.flops, p.wall.median);
@@ -230,7 +261,18 @@ static pass_summary summarize(bench_run *run, bench_samples *s, int backward) {
     p.floor_ms = floor_ms(p.flops, run->peak_gflops);
     for (int r = 0; r < s->repeat; ++r) s->scratch[r] = pass_over_floor(run, s, r, p.flops);
     p.over_floor = scratch_spread(s);
+    if (run->device_clock && run->time_phases && !backward) {
+        double gather = 0.0, scatter = 0.0;
+        forward_traffic(run, &gather, &scatter);
+        p.gather_gbps = per_second(gather, p.phases[PHASE_GATHER].median);
+        p.scatter_gbps = per_second(scatter, p.phases[PHASE_SCATTER].median);
+    }
     return p;
+}
+
+/* What the report calls the GEMM ceiling. */
+static const char *peak_name(const bench_run *run) {
+    return run->device_clock ? "device GEMM peak" : "sgemm peak";
 }
 
 /* ---- text ------------------------------------------------------------------------------------- */
@@ -279,12 +321,27 @@ static void print_pass(bench_run *run, bench_samples *s, const char *title, int 
     fprintf(out, "%s: %.2f ms median [%.2f, %.2f] wall, %.3f GFLOP, %.1f GFLOP/s; GEMM phase %.1f "
             "GFLOP/s", title, p.wall.median, p.wall.min, p.wall.max, p.flops * 1e-9, p.gflops,
             p.gemm_gflops);
-    if (run->peak_gflops > 0.0) fprintf(out, " = %.1f%% of the sgemm peak", 100.0 * p.gemm_share);
-    fputc('\n', out);
     if (run->peak_gflops > 0.0)
-        fprintf(out, "%s: GEMM floor %.2f ms (GFLOP / sgemm peak); wall / floor %.3f median "
-                "[%.3f, %.3f]%s\n", title, p.floor_ms, p.over_floor.median, p.over_floor.min,
-                p.over_floor.max, run->pass_peak != NULL ? ", each pass against its own peak" : "");
+        fprintf(out, " = %.1f%% of the %s", 100.0 * p.gemm_share, peak_name(run));
+    fputc('\n', out);
+    if (run->device_clock)
+        fprintf(out, "%s: %.3f ms median [%.3f, %.3f] on the device's clock (CUDA events from "
+                "before the first op to after the last)%s\n", title, p.device.median,
+                p.device.min, p.device.max,
+                run->time_phases ? "" : "; conv phases not timed (--phases), so GEMM is 0");
+    if (p.gather_gbps > 0.0 || p.scatter_gbps > 0.0) {
+        fprintf(out, "%s: gather %.1f GB/s, scatter %.1f GB/s (least bytes moved / phase time)",
+                title, p.gather_gbps, p.scatter_gbps);
+        if (run->copy_gbps > 0.0)
+            fprintf(out, " = %.1f%%, %.1f%% of the device's copy bandwidth",
+                    100.0 * p.gather_gbps / run->copy_gbps, 100.0 * p.scatter_gbps / run->copy_gbps);
+        fputc('\n', out);
+    }
+    if (run->peak_gflops > 0.0)
+        fprintf(out, "%s: GEMM floor %.2f ms (GFLOP / %s); wall / floor %.3f median "
+                "[%.3f, %.3f]%s\n", title, p.floor_ms, peak_name(run), p.over_floor.median,
+                p.over_floor.min, p.over_floor.max,
+                run->pass_peak != NULL ? ", each pass against its own peak" : "");
     const spread mib = tensor_spread(s);
     fprintf(out, "%s: %.2f us per input site; engine tensors at their most %.1f MiB median "
             "[%.1f, %.1f] (%.2f KiB per input site)\n", title,
@@ -310,7 +367,13 @@ void bench_report_print(bench_run *run, FILE *out) {
             "builds its rulebooks\n", run->threads, run->threads == 1 ? "" : "s", run->dtype,
             gemm_words(run->gemm), run->repeat, run->repeat == 1 ? "" : "es",
             run->warmup, run->warmup == 1 ? "" : "s");
-    if (run->peak_gflops > 0.0)
+    if (run->peak_gflops > 0.0 && run->device_clock)
+        fprintf(out, "device GEMM peak: %.1f GFLOP/s (%s, a [%lld, %lld] x [%lld, %lld] product "
+                "of %s, the conv's own centre-offset product); device copy: %.1f GB/s read + "
+                "written\n", run->peak_gflops, run->blas != NULL ? run->blas : "cuBLAS",
+                8 * (long long)run->peak_size, (long long)run->peak_size,
+                (long long)run->peak_size, (long long)run->peak_size, run->dtype, run->copy_gbps);
+    else if (run->peak_gflops > 0.0)
         fprintf(out, "sgemm peak: %.1f GFLOP/s (%lld^3 float32, row blocks per thread: %.1f by %s, "
                 "%.1f by the fused kernels)\n", run->peak_gflops, (long long)run->peak_size,
                 run->peak_blas_gflops, run->blas != NULL ? run->blas : "BLAS",
@@ -411,6 +474,15 @@ static void json_pass(bench_run *run, bench_samples *s, int backward, FILE *out)
     fprintf(out, "{\"mode\": \"%s\", \"wall_ms\": ",
             backward ? "backward" : run->with_backward ? "training" : "inference");
     json_spread(out, p.wall);
+    fputs(", \"device_ms\": ", out);
+    if (run->device_clock) json_spread(out, p.device);
+    else fputs("null", out);
+    fputs(", \"gather_gbps\": ", out);
+    if (p.gather_gbps > 0.0) json_number(out, p.gather_gbps);
+    else fputs("null", out);
+    fputs(", \"scatter_gbps\": ", out);
+    if (p.scatter_gbps > 0.0) json_number(out, p.scatter_gbps);
+    else fputs("null", out);
     fputs(", \"phases_ms\": {", out);
     for (int k = 0; k < BENCH_PHASES; ++k) {
         fprintf(out, "%s\"%s\": ", k ? ", " : "", phase_keys[k]);
@@ -506,6 +578,11 @@ void bench_report_json(bench_run *run, FILE *out) {
     } else {
         fputs("null", out);
     }
+    fputs(",\n  \"device_clock\": ", out);
+    fputs(run->device_clock ? "true" : "false", out);
+    fprintf(out, ", \"time_phases\": %s, \"copy_gbps\": ", run->time_phases ? "true" : "false");
+    if (run->copy_gbps > 0.0) json_number(out, run->copy_gbps);
+    else fputs("null", out);
     fputs(",\n  \"rss_peak_mib\": ", out);
     if (run->rss_peak_mib > 0.0) json_number(out, run->rss_peak_mib);
     else fputs("null", out);

@@ -18,6 +18,8 @@ typedef struct bench_samples {
     int layers;
     double *layer;   /* [repeat][layers][BENCH_PHASES] */
     double *wall;    /* [repeat]: the whole pass, as the caller timed it */
+    double *device;  /* [repeat]: the pass on the device's own clock (CUDA events: from before its
+                      * first op to after its last); unused where the device has none */
     double *start;   /* [repeat]: when the pass began, ms since the Unix epoch (CLOCK_REALTIME),
                       * so that passes of runs made side by side can be put in one time order */
     double *tensor_mib; /* [repeat]: the engine's CPU tensors at their most during the pass */
@@ -48,7 +50,7 @@ typedef struct bench_run {
     int64_t spatial_shape[3];
     int threads, repeat, warmup;
     const char *dtype; /* of the network: "f32", "f16", "bf16" */
-    const char *gemm; /* who runs the products: "fused", "blas" or "fallback" */
+    const char *gemm; /* who runs the products: "fused", "blas", "fallback" or "cublas" */
     int with_backward; /* backward timed too; forward in training mode */
     int with_input_grad; /* the backward also computes the input's gradient */
     int replicate;       /* copies of the input, one batch entry each */
@@ -66,6 +68,12 @@ typedef struct bench_run {
      * measurements just before and just after it), so that a pass is set against the ceiling of
      * its own minutes on a machine whose speed drifts. */
     double *pass_peak;
+    /* A device with its own clock (a GPU): passes, layers and phases are timed on it, and the
+     * peak is the device's own GEMM (peak_gflops, on the network's dtype) beside its copy
+     * bandwidth; conv phases only with time_phases (spconv_net_time_phases). */
+    int device_clock;
+    int time_phases;
+    double copy_gbps; /* device-to-device copy, bytes read + written per second / 1e9; 0: none */
     bench_samples forward, backward;
     bench_layer *layers;
     int num_layers;

@@ -16,9 +16,12 @@
 #include "bench_report.h"
 #include "cli_args.h"
 #include "commands.h"
+#include "conv/conv_exec.h"
 #include "conv/fused.h"
 #include "conv/gemm.h"
 #include "conv/gemm_peak.h"
+#include "core/device_clock.h"
+#include "core/error.h"
 #include "io/pointcloud_file.h"
 #include "net_args.h"
 #include "tensor/tensor_impl.h"
@@ -39,6 +42,7 @@ typedef struct bench_args {
     const char *device; /* --device; NULL: the CPU */
     int64_t peak_size;  /* 0: do not measure the sgemm peak */
     int peak_every_pass; /* measure it again after every timed pass */
+    int phases;          /* time the conv phases on a GPU's clock */
     int64_t seed;
     const char *json;
 } bench_args;
@@ -48,6 +52,7 @@ typedef struct bench_job {
     bench_args args;
     bench_run run; /* what the report prints (bench_report.h) */
     spconv_context *ctx;
+    spconv__device_clock *clock; /* the device's own clock; NULL on the CPU */
     spconv_net *net;
     net_input input;
     spconv_tensor *grad; /* the fixed output gradient of --backward */
@@ -112,15 +117,21 @@ static int one_pass(bench_job *job, int rep) {
     const spconv_net_mode mode = job->args.backward ? SPCONV_NET_TRAINING : SPCONV_NET_INFERENCE;
     double start_unix = unix_ms();
     spconv__cpu_memory_reset_peak();
-    double start = net_now_ms();
-    spconv_status st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
+    double start = net_now_ms(), device_ms = 0.0;
+    int first = -1, last = -1;
+    spconv_status st = spconv__device_clock_mark(job->clock, job->ctx, &first);
+    if (st == SPCONV_OK) st = spconv_net_forward(job->ctx, job->net, input, mode, &out, NULL);
+    if (st == SPCONV_OK) st = spconv__device_clock_mark(job->clock, job->ctx, &last);
     /* On a GPU the ops return once their work is queued: the pass ends when the device is done
      * (a no-op on the CPU). */
     if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
     const double forward_ms = net_now_ms() - start;
+    if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &device_ms);
+    if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
     if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
     if (rc == 0 && rep >= 0) {
         record(&job->run.forward, rep, job->net, 0, forward_ms, start_unix);
+        job->run.forward.device[rep] = device_ms;
         job->run.out_bytes = spconv_tensor_numel(out) * (int64_t)spconv_dtype_size(
                                                             spconv_tensor_dtype(out));
     }
@@ -129,14 +140,23 @@ static int one_pass(bench_job *job, int rep) {
         start_unix = unix_ms();
         spconv__cpu_memory_reset_peak();
         start = net_now_ms();
+        device_ms = 0.0;
         spconv_tensor *grad_input = NULL;
-        st = spconv_net_backward(job->ctx, job->net, job->grad,
-                                 job->args.input_grad ? &grad_input : NULL);
+        st = spconv__device_clock_mark(job->clock, job->ctx, &first);
+        if (st == SPCONV_OK)
+            st = spconv_net_backward(job->ctx, job->net, job->grad,
+                                     job->args.input_grad ? &grad_input : NULL);
+        if (st == SPCONV_OK) st = spconv__device_clock_mark(job->clock, job->ctx, &last);
         if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
         spconv_tensor_release(grad_input);
         const double backward_ms = net_now_ms() - start;
+        if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &device_ms);
+        if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
         if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");
-        if (rc == 0 && rep >= 0) record(&job->run.backward, rep, job->net, 1, backward_ms, start_unix);
+        if (rc == 0 && rep >= 0) {
+            record(&job->run.backward, rep, job->net, 1, backward_ms, start_unix);
+            job->run.backward.device[rep] = device_ms;
+        }
     }
     spconv_tensor_release(out);
     spconv_sparse_release(input);
@@ -181,12 +201,17 @@ static int setup(bench_job *job) {
     if (rc == 0) st = spconv_zoo_input(job->run.net_name, &job->run.zin);
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_create(device, &job->ctx);
     if (rc == 0 && st == SPCONV_OK) st = spconv_context_set_num_threads(job->ctx, (int)a->threads);
+    if (rc == 0 && st == SPCONV_OK) st = spconv__device_clock_create(device, &job->clock);
     if (rc == 0 && st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "setting up");
     if (rc == 0)
         rc = net_build(job->cmd, job->ctx, job->run.net_name, net_dtype_of(a->dtype),
                        (uint64_t)a->seed, NULL, SPCONV_NET_LAYOUT_AUTO, &job->net);
     if (rc == 0) rc = read_input(job);
     if (rc != 0) return rc;
+    if (device.type == SPCONV_DEVICE_CUDA) job->run.gemm = "cublas";
+    job->run.device_clock = job->clock != NULL;
+    job->run.time_phases = job->clock != NULL && a->phases;
+    spconv_net_time_phases(job->net, job->run.time_phases);
     job->run.threads = spconv_context_num_threads(job->ctx);
     job->run.dtype = net_dtype_names[a->dtype];
     job->run.sites = spconv_tensor_size(job->input.features, 0);
@@ -202,9 +227,83 @@ static int setup(bench_job *job) {
 
 static double higher(double a, double b) { return a > b ? a : b; }
 
+/* The sites (0, 0, i / 1024, i % 1024) for i < n, int32 [n, 4] on @p device. */
+static spconv_status row_of_sites(spconv_context *ctx, spconv_device device, int64_t n,
+                                  spconv_tensor **out) {
+    int32_t *rows = malloc((size_t)(4 * (n > 0 ? n : 1)) * sizeof *rows);
+    if (rows == NULL)
+        return spconv__error(SPCONV_ERR_OUT_OF_MEMORY, "out of host memory for %lld sites",
+                             (long long)n);
+    for (int64_t i = 0; i < n; ++i) {
+        rows[4 * i] = rows[4 * i + 1] = 0;
+        rows[4 * i + 2] = (int32_t)(i / 1024);
+        rows[4 * i + 3] = (int32_t)(i % 1024);
+    }
+    const spconv_status st =
+        spconv_tensor_from_host(ctx, device, SPCONV_I32, 2, (const int64_t[]){n, 4}, rows, out);
+    free(rows);
+    return st;
+}
+
+/* A device's ceilings, on its own clock, best of PEAK_REPEAT: the GEMM rate on the network's
+ * dtype, from a kernel-1 subm conv of 8P sites, P -> P channels, whose one product (the centre
+ * offset's, [8P, P] x [P, P], cuBLAS) is timed alone as its GEMM phase; and the copy bandwidth,
+ * from a device-to-device copy of those 8P x P features (bytes read + written). */
+static spconv_status device_peaks(bench_job *job, double *gemm_gflops, double *copy_gbps) {
+    *gemm_gflops = *copy_gbps = 0.0;
+    const int64_t p = job->args.peak_size, n = 8 * p;
+    const spconv_device device = spconv_context_device(job->ctx);
+    const spconv_dtype dtype = spconv_net_dtype(job->net);
+    spconv_tensor *sites = NULL, *x = NULL, *w = NULL, *y = NULL, *copy = NULL;
+    spconv_rulebook *rb = NULL;
+    spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    for (int i = 0; i < 3; ++i) params.kernel[i] = 1;
+    const int64_t shape[3] = {1, (n + 1023) / 1024, 1024};
+    spconv_status st = row_of_sites(job->ctx, device, n, &sites);
+    if (st == SPCONV_OK) st = spconv_rulebook_build(job->ctx, sites, shape, 1, &params, &rb);
+    if (st == SPCONV_OK)
+        st = spconv_tensor_full(job->ctx, device, dtype, 2, (const int64_t[]){n, p}, 0.5, &x);
+    if (st == SPCONV_OK)
+        st = spconv_tensor_full(job->ctx, device, dtype, 3, (const int64_t[]){1, p, p}, 0.25, &w);
+    for (int r = 0; r < PEAK_REPEAT && st == SPCONV_OK; ++r) {
+        double gemm_ms = 0.0, copy_ms = 0.0;
+        int first = -1, last = -1;
+        spconv__conv_timing timing = {0};
+        timing.clock = job->clock;
+        timing.device_ms[1] = &gemm_ms;
+        const spconv__conv_options options = {SPCONV__GEMM_AUTO, &timing, NULL};
+        st = spconv__conv_forward_ex(job->ctx, rb, x, w, NULL, &options, &y);
+        if (st == SPCONV_OK) st = spconv__device_clock_mark(job->clock, job->ctx, &first);
+        if (st == SPCONV_OK) st = spconv_tensor_clone(job->ctx, x, &copy);
+        if (st == SPCONV_OK) st = spconv__device_clock_mark(job->clock, job->ctx, &last);
+        if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &copy_ms);
+        if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
+        if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
+        spconv_tensor_release(y);
+        spconv_tensor_release(copy);
+        y = copy = NULL;
+        const double flops = 2.0 * (double)n * (double)p * (double)p;
+        const double bytes = 2.0 * (double)n * (double)p * (double)spconv_dtype_size(dtype);
+        if (st == SPCONV_OK && gemm_ms > 0.0) *gemm_gflops = higher(*gemm_gflops, flops / gemm_ms * 1e-6);
+        if (st == SPCONV_OK && copy_ms > 0.0) *copy_gbps = higher(*copy_gbps, bytes / copy_ms * 1e-6);
+    }
+    spconv_rulebook_release(rb);
+    spconv_tensor_release(sites);
+    spconv_tensor_release(x);
+    spconv_tensor_release(w);
+    return st;
+}
+
 static int measure_peak(bench_job *job) {
     if (job->args.peak_size == 0) return 0;
     bench_run *run = &job->run;
+    if (job->clock != NULL) { /* a GPU: its own ceilings, not the host's sgemm */
+        const spconv_status st = device_peaks(job, &run->peak_gflops, &run->copy_gbps);
+        if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "measuring the device's peaks");
+        run->peak_blas_gflops = run->peak_gflops;
+        run->blas = "cuBLAS";
+        return 0;
+    }
     spconv_status st = spconv__sgemm_peak_parts(run->threads, job->args.peak_size, PEAK_REPEAT,
                                                 &run->peak_blas_gflops, &run->peak_fused_gflops);
     if (st != SPCONV_OK) return cli_status_error(job->cmd, st, "measuring the sgemm peak");
@@ -260,6 +359,7 @@ static void bench_free(bench_job *job) {
     spconv_tensor_release(job->grad);
     net_input_release(&job->input);
     spconv_net_destroy(job->net);
+    spconv__device_clock_destroy(job->clock);
     spconv_context_destroy(job->ctx);
 }
 
@@ -305,7 +405,11 @@ int spconv_cmd_bench(int argc, char **argv) {
         {.name = "--threads", .kind = CLI_INT, .value = &a->threads, .metavar = "N", .min = 1,
          .max = SPCONV_MAX_THREADS, .help = "CPU threads (default: all cores)"},
         {.name = "--device", .kind = CLI_PATH, .value = &a->device, .metavar = "cpu|cuda[:N]",
-         .help = "where the network runs (default cpu; host clock around each synchronous pass)"},
+         .help = "where the network runs (default cpu); on a GPU passes and layers are also "
+                 "timed with CUDA events"},
+        {.name = "--phases", .kind = CLI_SWITCH, .value = &a->phases,
+         .help = "on a GPU, time each conv's gather, GEMM and scatter too (events around each "
+                 "kernel offset; the CPU always times them)"},
         {.name = "--peak-size", .kind = CLI_INT, .value = &a->peak_size, .metavar = "PEAK",
          .min = 0, .max = 16384,
          .help = "sgemm size of the peak measurement (default 2048; 0: skip)"},
