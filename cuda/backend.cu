@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "core/backend.h"
@@ -39,11 +40,18 @@ spconv_status spconv__cuda_resident_blocks(int threads_per_block, int *blocks) {
 
 /* ---- contexts ------------------------------------------------------------------------------ */
 
+static cudaError_t is_unordered_stream(const spconv_context *ctx, cudaStream_t stream,
+                                       int *unordered);
+static void enter_unordered_stream(spconv_context *ctx);
+static void leave_unordered_stream(spconv_context *ctx);
+
 /* Releases whatever context_init made, so it also cleans up after a half-finished init. An
- * external stream (spconv_context_set_cuda_stream) is the caller's: it is left alone. */
+ * external stream (spconv_context_set_cuda_stream) is the caller's: it is left alone (waited
+ * for, when it is non-blocking: see the pool below). */
 static void cuda_context_destroy(spconv_context *ctx) {
     spconv__cuda_device_guard guard;
     if (guard.enter(ctx->device.index) != SPCONV_OK) return;
+    leave_unordered_stream(ctx);
     if (ctx->cublas_handle != NULL) (void)cublasDestroy((cublasHandle_t)ctx->cublas_handle);
     cudaStream_t stream = (cudaStream_t)ctx->own_cuda_stream;
     if (stream != NULL && cudaStreamDestroy(stream) != cudaSuccess) (void)cudaGetLastError();
@@ -81,12 +89,15 @@ static spconv_status cuda_context_set_stream(spconv_context *ctx, void *stream) 
     cudaStream_t previous = (cudaStream_t)ctx->cuda_stream;
     cudaStream_t next = stream != NULL ? (cudaStream_t)stream : (cudaStream_t)ctx->own_cuda_stream;
     if (next == previous) return SPCONV_OK;
+    int unordered = 0;
+    cudaError_t err = is_unordered_stream(ctx, next, &unordered);
     cudaEvent_t done = NULL;
-    CUDA_TRY(cudaEventCreate(&done));
-    cudaError_t err = cudaEventRecord(done, previous);
+    if (err == cudaSuccess) err = cudaEventCreate(&done);
+    if (err == cudaSuccess) err = cudaEventRecord(done, previous);
     if (err == cudaSuccess) err = cudaStreamWaitEvent(next, done, 0);
     /* Destroying the event does not cancel the wait that was queued on it. */
-    if (cudaEventDestroy(done) != cudaSuccess && err == cudaSuccess) err = cudaGetLastError();
+    if (done != NULL && cudaEventDestroy(done) != cudaSuccess && err == cudaSuccess)
+        err = cudaGetLastError();
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         return spconv__error(SPCONV_ERR_CUDA,
@@ -96,7 +107,9 @@ static spconv_status cuda_context_set_stream(spconv_context *ctx, void *stream) 
                              cudaGetErrorString(err));
     }
     CUBLAS_TRY(cublasSetStream((cublasHandle_t)ctx->cublas_handle, next));
+    leave_unordered_stream(ctx); /* waits for the previous stream, if it was one */
     ctx->cuda_stream = next;
+    if (unordered) enter_unordered_stream(ctx);
     return SPCONV_OK;
 }
 
@@ -150,12 +163,134 @@ static spconv_status cuda_mark_elapsed_ms(int device_index, void *start, void *e
 
 /* ---- memory -------------------------------------------------------------------------------- */
 
+/* Stream-ordered memory for calls (alloc_ordered). One pool per device, made on first use and
+ * kept for the process, which keeps what is given back cached (release threshold: all of it), so
+ * that a network's per-layer tensors neither call cudaMalloc nor wait for the device in cudaFree.
+ *
+ * A block is taken on the call's stream (the context's, or the legacy stream for a call without a
+ * CUDA context of that device) and given back on the legacy stream, which waits for the work
+ * queued before it on every blocking stream (the contexts' own streams are blocking), whichever
+ * context queued it, and needs no stream that may be gone by then. The pool reuses a block only
+ * once its free has completed on the device (no reuse through event or internal dependencies),
+ * so a reused block is idle, whichever stream first touches it.
+ *
+ * Work on a non-blocking stream is not ordered with the legacy stream. A context working on a
+ * caller's non-blocking stream (spconv_context_set_cuda_stream) allocates with cudaMalloc, and
+ * while any such context exists on a device, every pool free there first waits for the whole
+ * device, as cudaFree does: blocks may be in use by work on that stream. Leaving such a stream
+ * (another stream, or destroying the context) waits for it first. Where the device has no pools,
+ * or one cannot be made, calls get cudaMalloc. */
+namespace {
+
+const int max_pooled_devices = 64;
+std::mutex pool_mutex;
+cudaMemPool_t pools[max_pooled_devices];
+bool pool_unavailable[max_pooled_devices];
+std::atomic<int> unordered_contexts[max_pooled_devices];
+
+/* The pool of @p device_index, or NULL where there is none (then the caller uses cudaMalloc). */
+cudaMemPool_t device_pool(int device_index) {
+    if (device_index < 0 || device_index >= max_pooled_devices) return NULL;
+    std::lock_guard<std::mutex> lock(pool_mutex);
+    if (pools[device_index] == NULL && !pool_unavailable[device_index]) {
+        int supported = 0;
+        cudaError_t err = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported,
+                                                 device_index);
+        cudaMemPool_t pool = NULL;
+        if (err == cudaSuccess && supported) {
+            cudaMemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = cudaMemAllocationTypePinned;
+            props.handleTypes = cudaMemHandleTypeNone;
+            props.location.type = cudaMemLocationTypeDevice;
+            props.location.id = device_index;
+            err = cudaMemPoolCreate(&pool, &props);
+        }
+        uint64_t keep_all = UINT64_MAX;
+        int no = 0;
+        if (err == cudaSuccess && pool != NULL)
+            err = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+        if (err == cudaSuccess && pool != NULL)
+            err = cudaMemPoolSetAttribute(pool, cudaMemPoolReuseFollowEventDependencies, &no);
+        if (err == cudaSuccess && pool != NULL)
+            err = cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no);
+        if (err == cudaSuccess && pool != NULL) {
+            pools[device_index] = pool;
+        } else {
+            (void)cudaGetLastError();
+            if (pool != NULL) (void)cudaMemPoolDestroy(pool);
+            pool_unavailable[device_index] = true;
+        }
+    }
+    return pools[device_index];
+}
+
+/* What stays cached in the pool of @p device_index goes back to the driver, once every free
+ * queued so far has run: for an allocation that failed. 1 when there was a pool. */
+bool trim_pool(int device_index) {
+    cudaMemPool_t pool = NULL;
+    {
+        std::lock_guard<std::mutex> lock(pool_mutex);
+        if (device_index >= 0 && device_index < max_pooled_devices) pool = pools[device_index];
+    }
+    if (pool == NULL) return false;
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemPoolTrimTo(pool, 0) != cudaSuccess)
+        (void)cudaGetLastError();
+    return true;
+}
+
+void pool_free(void *ptr, size_t, spconv_device device, void *) {
+    spconv__cuda_device_guard guard;
+    if (guard.enter(device.index) != SPCONV_OK) return;
+    if (unordered_contexts[device.index].load(std::memory_order_acquire) > 0 &&
+        cudaDeviceSynchronize() != cudaSuccess)
+        (void)cudaGetLastError();
+    if (cudaFreeAsync(ptr, cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
+}
+
+} // namespace
+
+/* Whether @p stream is a caller's stream that the legacy stream does not order (non-blocking). */
+static cudaError_t is_unordered_stream(const spconv_context *ctx, cudaStream_t stream,
+                                       int *unordered) {
+    *unordered = 0;
+    if (stream == NULL || stream == (cudaStream_t)ctx->own_cuda_stream ||
+        stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+        return cudaSuccess;
+    unsigned int flags = 0;
+    const cudaError_t err = cudaStreamGetFlags(stream, &flags);
+    *unordered = err == cudaSuccess && (flags & cudaStreamNonBlocking) != 0;
+    return err;
+}
+
+/* The context works on a non-blocking stream from now on: pool frees on its device wait. */
+static void enter_unordered_stream(spconv_context *ctx) {
+    if (ctx->device.index >= 0 && ctx->device.index < max_pooled_devices)
+        unordered_contexts[ctx->device.index].fetch_add(1, std::memory_order_acq_rel);
+    ctx->cuda_stream_unordered = 1;
+}
+
+/* The context stops working on a non-blocking stream: what it queued there is waited for, so
+ * that pool frees no longer need to wait for the device on its account. */
+static void leave_unordered_stream(spconv_context *ctx) {
+    if (!ctx->cuda_stream_unordered) return;
+    if (cudaStreamSynchronize((cudaStream_t)ctx->cuda_stream) != cudaSuccess)
+        (void)cudaGetLastError();
+    if (ctx->device.index >= 0 && ctx->device.index < max_pooled_devices)
+        unordered_contexts[ctx->device.index].fetch_sub(1, std::memory_order_acq_rel);
+    ctx->cuda_stream_unordered = 0;
+}
+
 static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr) {
     *ptr = NULL;
     if (nbytes == 0) return SPCONV_OK;
     spconv__cuda_device_guard guard;
     SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
     cudaError_t err = cudaMalloc(ptr, nbytes);
+    if (err == cudaErrorMemoryAllocation && trim_pool(device_index)) {
+        (void)cudaGetLastError(); /* the pool's cache may be what is missing */
+        err = cudaMalloc(ptr, nbytes);
+    }
     if (err == cudaSuccess) return SPCONV_OK;
     (void)cudaGetLastError();
     *ptr = NULL;
@@ -176,71 +311,15 @@ static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr) {
                          cudaGetErrorString(err));
 }
 
-/* Stream-ordered memory for calls (alloc_ordered). One pool per device, made on first use and
- * kept for the process, which keeps what is given back cached (release threshold: all of it), so
- * that a network's per-layer tensors neither call cudaMalloc nor wait for the device in cudaFree.
- * A block is taken on the stream of the call (the context's own stream, or the legacy stream for
- * a call without a CUDA context of that device) and given back on the legacy stream: that waits
- * for the work queued before it on every blocking stream (the contexts' own streams are
- * blocking), whichever context queued it, and needs no stream that may be gone by then. Work on
- * a non-blocking stream is not ordered that way, so a context working on a caller's stream
- * (spconv_context_set_cuda_stream, which may be non-blocking) gets cudaMalloc / cudaFree. */
-namespace {
-
-const int max_pooled_devices = 64;
-std::mutex pool_mutex;
-cudaMemPool_t pools[max_pooled_devices];
-
-spconv_status device_pool(int device_index, cudaMemPool_t *out) {
-    *out = NULL;
-    if (device_index < 0 || device_index >= max_pooled_devices) return SPCONV_OK;
-    std::lock_guard<std::mutex> lock(pool_mutex);
-    if (pools[device_index] == NULL) {
-        cudaMemPoolProps props;
-        memset(&props, 0, sizeof props);
-        props.allocType = cudaMemAllocationTypePinned;
-        props.handleTypes = cudaMemHandleTypeNone;
-        props.location.type = cudaMemLocationTypeDevice;
-        props.location.id = device_index;
-        cudaMemPool_t pool = NULL;
-        CUDA_TRY(cudaMemPoolCreate(&pool, &props));
-        uint64_t keep_all = UINT64_MAX;
-        const cudaError_t err =
-            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            (void)cudaMemPoolDestroy(pool);
-            return spconv__error(SPCONV_ERR_CUDA,
-                                 "cuda backend: cannot configure the memory pool of CUDA device "
-                                 "%d: %s",
-                                 device_index, cudaGetErrorString(err));
-        }
-        pools[device_index] = pool;
-    }
-    *out = pools[device_index];
-    return SPCONV_OK;
-}
-
-void pool_free(void *ptr, size_t, spconv_device device, void *) {
-    spconv__cuda_device_guard guard;
-    if (guard.enter(device.index) != SPCONV_OK) return;
-    if (cudaFreeAsync(ptr, cudaStreamLegacy) != cudaSuccess) (void)cudaGetLastError();
-}
-
-} // namespace
-
-static spconv_status cuda_alloc(int device_index, size_t nbytes, void **ptr);
-
 static spconv_status cuda_alloc_ordered(const spconv_context *ctx, int device_index,
                                         size_t nbytes, void **ptr, spconv_free_fn *free_fn) {
     *ptr = NULL;
     *free_fn = NULL;
     if (nbytes == 0) return SPCONV_OK;
-    const int on_callers_stream = ctx != NULL && ctx->device.type == SPCONV_DEVICE_CUDA &&
-                                  ctx->device.index == device_index &&
-                                  ctx->cuda_stream != ctx->own_cuda_stream;
-    cudaMemPool_t pool = NULL;
-    if (!on_callers_stream) SPCONV_FORWARD_IF_ERROR(device_pool(device_index, &pool));
+    const int on_unordered_stream = ctx != NULL && ctx->device.type == SPCONV_DEVICE_CUDA &&
+                                    ctx->device.index == device_index &&
+                                    ctx->cuda_stream_unordered;
+    cudaMemPool_t pool = on_unordered_stream ? NULL : device_pool(device_index);
     if (pool == NULL) return cuda_alloc(device_index, nbytes, ptr);
     spconv__cuda_device_guard guard;
     SPCONV_FORWARD_IF_ERROR(guard.enter(device_index));
@@ -250,9 +329,8 @@ static spconv_status cuda_alloc_ordered(const spconv_context *ctx, int device_in
         /* Blocks given back but not yet reached by their stream, and cached ones, may be what is
          * missing: wait for them, hand the cache back to the driver, and try once more. */
         (void)cudaGetLastError();
-        err = cudaDeviceSynchronize();
-        if (err == cudaSuccess) err = cudaMemPoolTrimTo(pool, 0);
-        if (err == cudaSuccess) err = cudaMallocFromPoolAsync(ptr, nbytes, pool, stream);
+        trim_pool(device_index);
+        err = cudaMallocFromPoolAsync(ptr, nbytes, pool, stream);
     }
     if (err == cudaSuccess) {
         *free_fn = pool_free;

@@ -115,8 +115,6 @@ public:
         return piece;
     }
 
-    /* 1 when the memory is the call's own (freed when the scratch goes), not the workspace. */
-    int owns_memory() const { return own_.data != NULL; }
 
 private:
     spconv__allocation own_ = {};

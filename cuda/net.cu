@@ -183,15 +183,12 @@ struct net_call {
     spconv_device device = {};
     spconv__cuda_scratch scratch;
 
+    /* No wait at the end: scratch of the call's own (a call without a context of this device)
+     * comes from the backend's pool or a hook and goes back stream-ordered, after the kernels
+     * queued here; the context's workspace stays, and the next call is queued behind this one. */
     net_call() = default;
     net_call(const net_call &) = delete;
     net_call &operator=(const net_call &) = delete;
-    ~net_call() {
-        /* Scratch of the call's own may still be read by queued kernels: wait before it goes.
-         * The context's workspace stays, and the next call is queued behind this one. */
-        if (scratch.owns_memory() && cudaStreamSynchronize(stream) != cudaSuccess)
-            (void)cudaGetLastError();
-    }
 
     spconv_status enter(spconv_context *ctx, const spconv_tensor *t) {
         device = spconv_tensor_device(t);

@@ -332,7 +332,9 @@ static void test_ops_are_right_with_a_stream_ordered_pool(void **state) {
  * that reads it is still queued is not overwritten under it (the emulation fills a block with
  * 0xfe when its free is reached), and neither the op nor the releases make the host wait (the
  * emulation counts waits). A context on a caller's non-blocking stream, which the legacy stream
- * does not order, gets cudaFree, which waits. */
+ * does not order, gets cudaMalloc / cudaFree, which waits; while it works there, every pool free
+ * waits for the device too (a pool block may be in use on that stream), and once it has left the
+ * stream, pool frees are stream-ordered again. */
 static unsigned long long host_waits(void) {
 #if SPCONV_CUDA_EMULATION
     return spconv__cuda_emulation_host_waits();
@@ -366,20 +368,33 @@ static void test_the_backends_pool_gives_memory_back_in_stream_order(void **stat
         assert_same_bits(y, want);
         spconv_tensor_release(y);
     }
-    /* A non-blocking stream of the caller's: its blocks go back through cudaFree. */
+    /* A non-blocking stream of the caller's: its blocks go back through cudaFree, and a pool
+     * block (made without a context) that its conv reads waits for the device when released. */
     cudaStream_t external = NULL;
     CHECK_CUDA(cudaStreamCreateWithFlags(&external, cudaStreamNonBlocking));
     CHECK_OK(spconv_context_set_cuda_stream(ctx, external));
-    spconv_tensor *x = NULL, *y = NULL;
+    spconv_tensor *x = NULL, *y = NULL, *pooled = NULL;
     CHECK_OK(spconv_tensor_clone(ctx, o.x, &x));
+    CHECK_OK(spconv_tensor_clone(NULL, o.x, &pooled));
     CHECK_OK(spconv_conv_forward(ctx, rb, x, o.w, NULL, &y));
-    const unsigned long long before = host_waits();
+    spconv_tensor *y_pooled = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, rb, pooled, o.w, NULL, &y_pooled));
+    unsigned long long before = host_waits();
     spconv_tensor_release(x);
+    if (SPCONV_CUDA_EMULATION) assert_true(host_waits() - before > 0);
+    before = host_waits();
+    spconv_tensor_release(pooled);
     if (SPCONV_CUDA_EMULATION) assert_true(host_waits() - before > 0);
     CHECK_OK(spconv_context_synchronize(ctx));
     assert_same_bits(y, want);
+    assert_same_bits(y_pooled, want);
     spconv_tensor_release(y);
+    spconv_tensor_release(y_pooled);
     CHECK_OK(spconv_context_set_cuda_stream(ctx, NULL));
+    CHECK_OK(spconv_tensor_clone(NULL, o.x, &pooled)); /* ordered again: no wait */
+    before = host_waits();
+    spconv_tensor_release(pooled);
+    assert_int_equal(host_waits() - before, 0);
     spconv_tensor_release(want);
     spconv_rulebook_release(rb);
     spconv_context_destroy(ctx);

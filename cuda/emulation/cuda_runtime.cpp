@@ -328,6 +328,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     case cudaDevAttrMaxThreadsPerMultiProcessor: *value = prop.maxThreadsPerMultiProcessor; break;
     case cudaDevAttrComputeCapabilityMajor: *value = prop.major; break;
     case cudaDevAttrComputeCapabilityMinor: *value = prop.minor; break;
+    case cudaDevAttrMemoryPoolsSupported: *value = 1; break;
     default: return record(cudaErrorInvalidValue);
     }
     return cudaSuccess;
@@ -495,9 +496,14 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
 }
 
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
-    if (pool == NULL || value == NULL || attr != cudaMemPoolAttrReleaseThreshold)
-        return record(cudaErrorInvalidValue);
-    return cudaSuccess;
+    if (pool == NULL || value == NULL) return record(cudaErrorInvalidValue);
+    switch (attr) { /* the emulated pool never reuses a block, so every setting holds */
+    case cudaMemPoolReuseFollowEventDependencies:
+    case cudaMemPoolReuseAllowOpportunistic:
+    case cudaMemPoolReuseAllowInternalDependencies:
+    case cudaMemPoolAttrReleaseThreshold: return cudaSuccess;
+    }
+    return record(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t) {
@@ -589,6 +595,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
         for (uint64_t id : blocking) run_stream_until(id, UINT64_MAX);
     }
     run_all(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int *flags) {
+    if (flags == NULL) return record(cudaErrorInvalidValue);
+    if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::recursive_mutex> lock(queues().mutex);
+    *flags = resolve(stream)->flags;
     return cudaSuccess;
 }
 

@@ -91,6 +91,7 @@ enum cudaDeviceAttr {
     cudaDevAttrMultiProcessorCount = 16,
     cudaDevAttrMaxThreadsPerMultiProcessor = 39,
     cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrMemoryPoolsSupported = 115,
     cudaDevAttrComputeCapabilityMinor = 76,
 };
 
@@ -146,6 +147,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int *flags);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
 
 cudaError_t cudaEventCreate(cudaEvent_t *event);
@@ -189,7 +191,12 @@ struct cudaMemPoolProps {
     unsigned short usage;
     unsigned char reserved[54];
 };
-enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 0x4 };
+enum cudaMemPoolAttr {
+    cudaMemPoolReuseFollowEventDependencies = 0x1,
+    cudaMemPoolReuseAllowOpportunistic = 0x2,
+    cudaMemPoolReuseAllowInternalDependencies = 0x3,
+    cudaMemPoolAttrReleaseThreshold = 0x4,
+};
 
 cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props);
 cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool);

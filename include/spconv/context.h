@@ -103,14 +103,16 @@ typedef void (*spconv_free_fn)(void *ptr, size_t nbytes, spconv_device device, v
  * sorts and scans does come from the hook, as the builders' other scratch arrays do.
  *
  * Without a hook, CUDA memory comes from the backend's pool (one per device, kept for the
- * process, caching what is given back): taken on the context's own stream (the legacy stream for
- * a call without a CUDA context), given back with cudaFreeAsync on the legacy stream, which waits
- * for the work queued before it on every blocking stream, so that releasing a tensor neither
- * waits for the device nor lets its memory be reused under queued work. Work on a non-blocking
- * stream is not ordered that way: a context working on a caller's stream
- * (spconv_context_set_cuda_stream) allocates with cudaMalloc instead, whose cudaFree waits, and
- * a tensor from the pool that the caller's own non-blocking-stream work uses must be released
- * after that work is waited for.
+ * process, caching what is given back): taken on the call's stream (the legacy stream for a call
+ * without a CUDA context), given back with cudaFreeAsync on the legacy stream, which waits for
+ * the work queued before it on every blocking stream, and reused only once that free has run, so
+ * that releasing a tensor neither waits for the device nor lets its memory be reused under queued
+ * work. Work on a non-blocking stream is not ordered that way: a context working on a caller's
+ * non-blocking stream (spconv_context_set_cuda_stream) allocates with cudaMalloc instead, whose
+ * cudaFree waits; while one does, every pool free on its device waits for the device first; and
+ * leaving such a stream (another stream, or spconv_context_destroy) waits for it. A tensor from
+ * the pool that the caller's own non-blocking-stream work uses must be released after that work
+ * is waited for.
  *
  * A tensor made through the hook remembers @p free_fn and @p user_data: releasing its last
  * reference calls free_fn, even after the context is destroyed or given another allocator, so

@@ -234,7 +234,9 @@ typedef struct spconv_layer_stats {
 } spconv_layer_stats;
 
 /** Statistics of layer @p index from the last pass (zero before the first), borrowed; NULL when
- *  out of range. After a pass on a GPU the first call waits for the pass (see spconv_phase_ms). */
+ *  out of range. After a pass on a GPU the first call waits for the pass and fills in the times
+ *  (see spconv_phase_ms), so like the other calls on a network it is not for concurrent use; if
+ *  the device fails then, the times stay as far as they were read. */
 const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index);
 
 /** Called after each layer of a pass (in reverse order during backward) with that layer's

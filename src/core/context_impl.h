@@ -19,6 +19,8 @@ struct spconv_context {
                                 (spconv_context_set_cuda_stream, not owned) */
     void *cublas_handle;     /* cublasHandle_t, owned, bound to cuda_stream; NULL on the CPU */
     int allow_tf32;          /* 1: f32 products may use TF32 (CUDA backend) */
+    int cuda_stream_unordered; /* 1: cuda_stream is a caller's non-blocking stream (the CUDA
+                                  backend's pool then waits before it frees: backend.cu) */
     spconv_alloc_fn alloc_fn; /* allocator hook; both NULL: the backend's alloc and free */
     spconv_free_fn free_fn;
     void *alloc_user;

@@ -24,7 +24,8 @@ typedef struct back_pass {
     spconv_tensor **saved_grads; /* [num_layers]: gradient CONCATs hand back to a SAVE layer */
     spconv_phase_ms *phase;
     spconv_tensor **device_grads; /* [num_params]: gradients computed on another device than the
-                                     CPU, brought to the CPU together at the end (one wait) */
+                                     CPU, brought to the CPU after the last layer (no wait
+                                     between layers) */
 } back_pass;
 
 /* Replace the running gradient by @p next (whose reference is taken over), a tensor of ours. */

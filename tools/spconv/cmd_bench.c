@@ -128,6 +128,7 @@ static int one_pass(bench_job *job, int rep) {
     const double forward_ms = net_now_ms() - start;
     if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &device_ms);
     if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
+    if (st != SPCONV_OK) spconv__device_clock_reset(job->clock); /* no span outlives device_ms */
     if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "forward");
     if (rc == 0 && rep >= 0) {
         record(&job->run.forward, rep, job->net, 0, forward_ms, start_unix);
@@ -152,6 +153,7 @@ static int one_pass(bench_job *job, int rep) {
         const double backward_ms = net_now_ms() - start;
         if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &device_ms);
         if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
+        if (st != SPCONV_OK) spconv__device_clock_reset(job->clock);
         if (st != SPCONV_OK) rc = cli_status_error(job->cmd, st, "backward");
         if (rc == 0 && rep >= 0) {
             record(&job->run.backward, rep, job->net, 1, backward_ms, start_unix);
@@ -279,6 +281,7 @@ static spconv_status device_peaks(bench_job *job, double *gemm_gflops, double *c
         if (st == SPCONV_OK) st = spconv__device_clock_span(job->clock, first, last, &copy_ms);
         if (st == SPCONV_OK) st = spconv_context_synchronize(job->ctx);
         if (st == SPCONV_OK) st = spconv__device_clock_resolve(job->clock);
+        if (st != SPCONV_OK) spconv__device_clock_reset(job->clock); /* spans into this loop */
         spconv_tensor_release(y);
         spconv_tensor_release(copy);
         y = copy = NULL;
