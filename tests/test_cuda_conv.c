@@ -43,6 +43,15 @@ static int have_device(void) {
     return 1;
 }
 
+/* Skips the calling test, saying why, where no CUDA device (nor the emulation) is there. */
+#define SKIP_WITHOUT_DEVICE()                                                                \
+    do {                                                                                     \
+        if (!have_device()) {                                                                \
+            print_message("skip: no CUDA device (%s)\n", spconv_last_error());               \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
 static spconv_tensor *random_tensor(spconv_dtype dtype, int ndim, const int64_t *sizes) {
     int64_t n = 1;
     for (int i = 0; i < ndim; ++i) n *= sizes[i];
@@ -264,10 +273,7 @@ static void check_conv_case(const geometry *g, spconv_dtype dtype, int64_t c_in,
 
 static void test_conv_matches_cpu(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     for (int trial = 0; trial < 16; ++trial) {
         geometry g = random_geometry(trial % 4);
         const spconv_dtype dtype = DTYPES[(trial / 4) % 4];
@@ -288,10 +294,7 @@ static void test_conv_matches_cpu(void **state) {
  * their sums (several outputs may pick one input). NaN inputs follow the CPU's rule. */
 static void test_maxpool_matches_cpu(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     for (int trial = 0; trial < 8; ++trial) {
         geometry g = random_geometry(0);
         const spconv_dtype dtype = DTYPES[trial % 4];
@@ -320,10 +323,7 @@ static void test_maxpool_matches_cpu(void **state) {
 /* Integer features are no conv operands on the device either: a clear NOT_SUPPORTED. */
 static void test_unsupported_dtype(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     geometry g = random_geometry(1);
     const int64_t n = spconv_rulebook_num_in(g.rb), kv = spconv_rulebook_kernel_volume(g.rb);
     spconv_tensor *x = random_tensor(SPCONV_I32, 2, (const int64_t[]){n, 3});
@@ -365,10 +365,7 @@ static void assert_close(const char *what, const spconv_tensor *got, const spcon
 
 static void test_net_layers_match_cpu(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     static const spconv_layer_desc layers[] = {
         {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn1", .in_channels = 5},
         {.kind = SPCONV_LAYER_RELU, .name = "r1"},
@@ -441,6 +438,32 @@ unsigned long long spconv__cuda_emulation_host_waits(void);
 #define HOST_WAITS() 0ull /* a GPU run checks the bytes only */
 #endif
 
+/* Random f32 features [n, c] at n random sites of SHAPE (batch 1), as a sparse tensor on the
+ * device, with the host tensors it came from. */
+typedef struct device_input {
+    spconv_tensor *indices, *x, *xd, *id;
+    spconv_sparse_tensor *in;
+} device_input;
+
+static device_input make_device_input(int64_t n, int64_t c) {
+    device_input d;
+    int32_t *rows = spconv_test_random_sites(1, SHAPE, n);
+    d.indices = spconv_test_indices_tensor(rows, n);
+    free(rows);
+    d.x = random_tensor(SPCONV_F32, 2, (const int64_t[]){n, c});
+    d.xd = on_cuda(d.x);
+    d.id = on_cuda(d.indices);
+    d.in = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_create(d.xd, d.id, SHAPE, 1, &d.in));
+    return d;
+}
+
+static void release_device_input(device_input *d) {
+    spconv_sparse_release(d->in);
+    spconv_tensor *all[] = {d->indices, d->x, d->xd, d->id};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+}
+
 static spconv_tensor *net_pass(spconv_context *ctx, spconv_net *net,
                                const spconv_sparse_tensor *in, spconv_net_mode mode) {
     spconv_tensor *y = NULL;
@@ -450,10 +473,7 @@ static spconv_tensor *net_pass(spconv_context *ctx, spconv_net *net,
 
 static void test_kept_parameters_make_no_host_round_trip(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     static const spconv_layer_desc layers[] = {
         {.kind = SPCONV_LAYER_SUBM, .name = "c1", .in_channels = 5, .out_channels = 8,
          .kernel = {3, 3, 3}, .key = "k"},
@@ -465,13 +485,8 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
         {.kind = SPCONV_LAYER_RELU, .name = "r2"},
     };
     const int n_layers = (int)(sizeof layers / sizeof layers[0]);
-    int32_t *rows = spconv_test_random_sites(1, SHAPE, 400);
-    spconv_tensor *indices = spconv_test_indices_tensor(rows, 400);
-    free(rows);
-    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){400, 5});
-    spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
-    spconv_sparse_tensor *in = NULL;
-    SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, 1, &in));
+    device_input d = make_device_input(400, 5);
+    const spconv_sparse_tensor *in = d.in;
     const uint64_t seed = spconv_test_rand_u64();
     spconv_net *kept = NULL, *plain = NULL;
     SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 5, layers, n_layers, seed, &kept));
@@ -542,9 +557,7 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
     spconv_net_destroy(kept);
     spconv_net_destroy(plain);
     spconv_context_destroy(ctx);
-    spconv_sparse_release(in);
-    spconv_tensor *inputs[] = {indices, x, xd, id};
-    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i) spconv_tensor_release(inputs[i]);
+    release_device_input(&d);
 }
 
 /* ---- layer times on the device's clock ------------------------------------------------------
@@ -597,10 +610,7 @@ static void record_progress_total(void *user, const spconv_layer_stats *stats, i
 
 static void test_layer_times_come_from_the_device_clock(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     static const spconv_layer_desc layers[] = {
         {.kind = SPCONV_LAYER_SUBM, .name = "c1", .in_channels = 3, .out_channels = 8,
          .kernel = {3, 3, 3}, .key = "k"},
@@ -609,13 +619,8 @@ static void test_layer_times_come_from_the_device_clock(void **state) {
         {.kind = SPCONV_LAYER_CONV, .name = "c2", .in_channels = 8, .out_channels = 4,
          .kernel = {3, 3, 3}, .stride = {2, 2, 2}, .padding = {1, 1, 1}},
     };
-    int32_t *rows = spconv_test_random_sites(1, SHAPE, 300);
-    spconv_tensor *indices = spconv_test_indices_tensor(rows, 300);
-    free(rows);
-    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){300, 3});
-    spconv_tensor *xd = on_cuda(x), *id = on_cuda(indices);
-    spconv_sparse_tensor *in = NULL;
-    SPCONV_ASSERT_OK(spconv_sparse_create(xd, id, SHAPE, 1, &in));
+    device_input d = make_device_input(300, 3);
+    const spconv_sparse_tensor *in = d.in;
     spconv_net *net = NULL;
     SPCONV_ASSERT_OK(spconv_net_create(SPCONV_F32, 3, layers, 4, spconv_test_rand_u64(), &net));
     spconv_context *ctx = NULL;
@@ -644,18 +649,13 @@ static void test_layer_times_come_from_the_device_clock(void **state) {
     }
     spconv_net_destroy(net);
     spconv_context_destroy(ctx);
-    spconv_sparse_release(in);
-    spconv_tensor *inputs[] = {indices, x, xd, id};
-    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; ++i) spconv_tensor_release(inputs[i]);
+    release_device_input(&d);
 }
 
 /* A repeated site on the device is refused as on the CPU, naming the row, before anything runs. */
 static void test_net_to_dense_bad_sites(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     static const spconv_layer_desc layers[] = {{.kind = SPCONV_LAYER_TO_DENSE, .name = "dense"}};
     const int32_t rows[3][4] = {{0, 1, 2, 3}, {0, 4, 5, 6}, {0, 1, 2, 3}};
     spconv_tensor *indices = spconv_test_indices_tensor(&rows[0][0], 3);
@@ -756,10 +756,7 @@ static void check_zoo_net(const char *name, const spconv_tensor *points) {
 
 static void test_zoo_networks_match_cpu(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     spconv_point_cloud *pc = NULL;
     SPCONV_ASSERT_OK(spconv_point_cloud_read(SPCONV_TEST_SOURCE_DIR "/data/sample_scan.bin",
                                              SPCONV_CLOUD_AUTO, 0, &pc));
@@ -789,10 +786,7 @@ static void test_zoo_networks_match_cpu(void **state) {
  * zeros, -0 and NaN in the map), and the CPU's messages for a bad row. */
 static void test_dense_matches_cpu(void **state) {
     (void)state;
-    if (!have_device()) {
-        print_message("skip: no CUDA device (%s)\n", spconv_last_error());
-        skip();
-    }
+    SKIP_WITHOUT_DEVICE();
     for (int trial = 0; trial < 8; ++trial) {
         const spconv_dtype dtype = DTYPES[trial % 4];
         const int64_t batch = 1 + trial / 4, per_batch = spconv_test_rand_int(1, 200);
