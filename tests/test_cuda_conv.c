@@ -20,6 +20,8 @@
  * one f32 loop, bit for bit; on a GPU, whose tensor cores sum in another order, within the bound
  * above. (That bound assumes sums rounded to nearest; tensor cores are reported to truncate in
  * places, so on a GPU the 16-bit cases rest on the same bound with that caveat.) */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
