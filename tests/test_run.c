@@ -335,10 +335,13 @@ static void test_run_on_device(void **state) {
         snprintf(gpu_name, sizeof gpu_name, "gpu_%s", nets[i]);
         const char *a[] = {"run", scan, "--net", nets[i], "--quiet", "--out",
                            in_dir(f, cpu_name, on_cpu), NULL};
-        const char *b[] = {"run", scan, "--net", nets[i], "--quiet", "--device", "cuda:0",
-                           "--out", in_dir(f, gpu_name, on_gpu), NULL};
+        const char *b[] = {"run", scan, "--net", nets[i], "--quiet", "--progress", "--device",
+                           "cuda:0", "--out", in_dir(f, gpu_name, on_gpu), NULL};
         expect_success(f, a);
         expect_success(f, b);
+        /* on a GPU a layer is only queued when reported: no time yet */
+        assert_non_null(strstr(f->err_text, "progress: layer 1/"));
+        assert_non_null(strstr(f->err_text, ") queued"));
         if (strcmp(nets[i], "second") != 0) {
             char x[PATH_CAP], y[PATH_CAP];
             size_t nx, ny;

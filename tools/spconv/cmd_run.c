@@ -58,19 +58,26 @@ typedef struct run_job {
 typedef struct progress_state {
     const char *cmd;
     int tty; /* on a terminal one line is rewritten in place; elsewhere one line per layer */
+    int on_device; /* a GPU: a layer is only queued when it is reported, and its time is read
+                      from the device's clock after the pass (the table), so none is printed */
 } progress_state;
 
 static void on_progress(void *user, const spconv_layer_stats *s, int num_layers, int backward) {
     const progress_state *ps = user;
     const char *kind = spconv_layer_kind_name(s->kind);
     const double ms = backward ? s->backward.total : s->forward.total;
+    char when[32];
+    if (ps->on_device)
+        snprintf(when, sizeof when, "queued");
+    else
+        snprintf(when, sizeof when, "%.1f ms", ms);
     /* "progress:" tells these lines from the one-line errors that share stderr. */
     if (ps->tty)
-        fprintf(stderr, "\r\033[Kspconv %s: progress: layer %d/%d %s (%s) %.1f ms", ps->cmd,
-                s->index + 1, num_layers, s->name, kind, ms);
+        fprintf(stderr, "\r\033[Kspconv %s: progress: layer %d/%d %s (%s) %s", ps->cmd,
+                s->index + 1, num_layers, s->name, kind, when);
     else
-        fprintf(stderr, "spconv %s: progress: layer %d/%d %s (%s) %.1f ms\n", ps->cmd,
-                s->index + 1, num_layers, s->name, kind, ms);
+        fprintf(stderr, "spconv %s: progress: layer %d/%d %s (%s) %s\n", ps->cmd,
+                s->index + 1, num_layers, s->name, kind, when);
     fflush(stderr);
 }
 
@@ -200,7 +207,8 @@ static int write_outputs(run_job *job) {
 /* ---- the command ------------------------------------------------------------------------------ */
 
 static int forward(run_job *job) {
-    progress_state ps = {.cmd = job->cmd, .tty = isatty(STDERR_FILENO)};
+    progress_state ps = {.cmd = job->cmd, .tty = isatty(STDERR_FILENO),
+                         .on_device = spconv_context_device(job->ctx).type != SPCONV_DEVICE_CPU};
     const int show = job->args.progress || (ps.tty && !job->args.quiet);
     if (show) spconv_net_set_progress(job->net, on_progress, &ps);
     spconv_sparse_tensor *input = NULL;
