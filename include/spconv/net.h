@@ -206,9 +206,10 @@ typedef enum spconv_net_mode {
  *  gather/gemm/scatter are the conv executor's phases, 0 for layers without a GEMM; other is the
  *  rest (pool kernels, batch norm, copies). On the CPU: wall clock, the phases summed over the
  *  threads and divided by the thread count. On a GPU: the device's clock (CUDA events queued
- *  between layers and around the rulebook, and with spconv_net_time_phases around each phase of
- *  each kernel offset), read when spconv_net_stats is first called after the pass, which waits
- *  for the pass; until then (in the progress callback, say) they are 0. */
+ *  between layers and around the rulebook, and with SPCONV_NET_TIME_PHASES around each phase of
+ *  each kernel offset; see spconv_net_set_timing), read when spconv_net_stats is first called
+ *  after the pass, which waits for the pass; until then (in the progress callback, say) they are
+ *  0. */
 typedef struct spconv_phase_ms {
     double total;
     double rulebook;
@@ -244,11 +245,19 @@ const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index);
 typedef void (*spconv_net_progress_fn)(void *user, const spconv_layer_stats *stats,
                                        int num_layers, int backward);
 
-/** On a GPU, also time each conv's gather, GEMM and scatter on the device's clock (@p on 1), with
- *  CUDA events around each phase of each kernel offset: that costs the host a few microseconds
- *  per offset, so it is off by default (the phases then read 0 there and the conv's time is in
- *  "other"). No effect on the CPU, whose phases are always timed. */
-void spconv_net_time_phases(spconv_net *net, int on);
+/** What a pass on a GPU times on the device's clock. Each CUDA event costs the host a microsecond
+ *  or two; the CPU times every phase whatever is chosen (its clock costs nothing). */
+typedef enum spconv_net_timing {
+    SPCONV_NET_TIME_LAYERS = 0, /**< the default: each layer and its rulebook (three events a layer);
+                                     a conv's gather, GEMM and scatter read 0, its time is "other" */
+    SPCONV_NET_TIME_PHASES = 1, /**< also each conv's gather, GEMM and scatter: events around each
+                                     phase of each kernel offset */
+    SPCONV_NET_TIME_NONE = 2    /**< no events: the statistics hold the host's time to queue each
+                                     layer, which is not the device's */
+} spconv_net_timing;
+
+/** Choose what the following passes time (see spconv_net_timing); an unknown value is ignored. */
+void spconv_net_set_timing(spconv_net *net, spconv_net_timing timing);
 
 /** Install (or with NULL remove) the progress callback; @p user is passed back to it. */
 void spconv_net_set_progress(spconv_net *net, spconv_net_progress_fn fn, void *user);

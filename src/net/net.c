@@ -438,6 +438,7 @@ static void recompute_other(spconv_phase_ms *phase) {
 }
 
 spconv_status spconv__net_clock_start(spconv_net *net, spconv_device device) {
+    if (net->timing == SPCONV_NET_TIME_NONE) device = spconv_cpu(); /* no clock: the host's */
     if (net->clock != NULL && !spconv_device_equal(spconv__device_clock_device(net->clock), device)) {
         spconv__device_clock_destroy(net->clock);
         net->clock = NULL;
@@ -467,8 +468,10 @@ const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index) {
     return &net->layers[index].stats;
 }
 
-void spconv_net_time_phases(spconv_net *net, int on) {
-    if (net != NULL) net->time_phases = on != 0;
+void spconv_net_set_timing(spconv_net *net, spconv_net_timing timing) {
+    if (net != NULL && (timing == SPCONV_NET_TIME_LAYERS || timing == SPCONV_NET_TIME_PHASES ||
+                        timing == SPCONV_NET_TIME_NONE))
+        net->timing = timing;
 }
 
 void spconv_net_set_progress(spconv_net *net, spconv_net_progress_fn fn, void *user) {

@@ -81,7 +81,7 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     const spconv__net_param *params = &b->net->params[layer->first_param];
     spconv_tensor *d_in = NULL, *d_weight = NULL, *d_bias = NULL;
     spconv__conv_timing timing = {0};
-    if (b->net->time_phases) { /* the conv's phases on the device's clock, where it has one */
+    if (b->net->timing == SPCONV_NET_TIME_PHASES) { /* the conv's phases on the device's clock, where it has one */
         timing.clock = b->net->clock;
         timing.device_ms[0] = &b->phase->gather;
         timing.device_ms[1] = &b->phase->gemm;

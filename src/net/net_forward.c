@@ -113,7 +113,7 @@ static spconv_status forward_conv(net_pass *p, spconv__net_layer *layer, spconv_
         epilogue.shift = bn_work + 5 * bn->c_in;
         epilogue.relu = relu != NULL && relu->desc.kind == SPCONV_LAYER_RELU;
     }
-    if (p->net->time_phases) { /* the conv's phases on the device's clock, where it has one */
+    if (p->net->timing == SPCONV_NET_TIME_PHASES) { /* the conv's phases on the device's clock, where it has one */
         timing.clock = p->net->clock;
         timing.device_ms[0] = &p->phase->gather;
         timing.device_ms[1] = &p->phase->gemm;

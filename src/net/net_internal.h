@@ -73,7 +73,7 @@ struct spconv_net {
     spconv__net_mirror *kept;      /* spconv_net_keep_on_device's copy, or NULL */
     spconv__net_mirror *tape_mirror; /* the copy a training forward used, for its backward */
     spconv__device_clock *clock;   /* the device clock of the last pass's device; NULL: the CPU */
-    int time_phases;               /* spconv_net_time_phases */
+    spconv_net_timing timing;      /* spconv_net_set_timing */
     spconv_net_progress_fn progress;
     void *progress_user;
 };
@@ -95,7 +95,8 @@ spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
  * On a device with its own clock (CUDA), layer times are spans between marks queued as the pass
  * goes, added into the statistics when spconv_net_stats resolves them. */
 
-/* Make net->clock the clock of @p device (NULL on the CPU), with no marks; a forward calls it. */
+/* Make net->clock the clock of @p device (NULL on the CPU, or when the network times nothing on
+ * a device: SPCONV_NET_TIME_NONE), with no marks; a forward calls it. */
 spconv_status spconv__net_clock_start(spconv_net *net, spconv_device device);
 /* A mark on the pass's stream, -1 without a clock. */
 spconv_status spconv__net_clock_mark(spconv_net *net, spconv_context *ctx, int *mark);

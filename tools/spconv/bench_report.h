@@ -70,7 +70,7 @@ typedef struct bench_run {
     double *pass_peak;
     /* A device with its own clock (a GPU): passes, layers and phases are timed on it, and the
      * peak is the device's own GEMM (peak_gflops, on the network's dtype) beside its copy
-     * bandwidth; conv phases only with time_phases (spconv_net_time_phases). */
+     * bandwidth; conv phases only with time_phases (SPCONV_NET_TIME_PHASES). */
     int device_clock;
     int time_phases;
     double copy_gbps; /* device-to-device copy, bytes read + written per second / 1e9; 0: none */

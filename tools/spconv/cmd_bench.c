@@ -213,7 +213,8 @@ static int setup(bench_job *job) {
     if (device.type == SPCONV_DEVICE_CUDA) job->run.gemm = "cublas";
     job->run.device_clock = job->clock != NULL;
     job->run.time_phases = job->clock != NULL && a->phases;
-    spconv_net_time_phases(job->net, job->run.time_phases);
+    spconv_net_set_timing(job->net,
+                          job->run.time_phases ? SPCONV_NET_TIME_PHASES : SPCONV_NET_TIME_LAYERS);
     job->run.threads = spconv_context_num_threads(job->ctx);
     job->run.dtype = net_dtype_names[a->dtype];
     job->run.sites = spconv_tensor_size(job->input.features, 0);
