@@ -453,6 +453,21 @@ spconv_status spconv__net_clock_mark(spconv_net *net, spconv_context *ctx, int *
     return spconv__device_clock_mark(net->clock, ctx, mark);
 }
 
+spconv_status spconv__net_clock_span_since(spconv_net *net, spconv_context *ctx, int first,
+                                           double *dest) {
+    int last = -1;
+    SPCONV_FORWARD_IF_ERROR(spconv__device_clock_mark(net->clock, ctx, &last));
+    return spconv__device_clock_span(net->clock, first, last, dest);
+}
+
+spconv_status spconv__net_finish_phase(spconv_net *net, spconv_context *ctx,
+                                       spconv_phase_ms *phase, double start_s, int first) {
+    if (net->clock != NULL) return spconv__net_clock_span_since(net, ctx, first, &phase->total);
+    phase->total = 1e3 * (spconv__now_s() - start_s);
+    recompute_other(phase);
+    return SPCONV_OK;
+}
+
 const spconv_layer_stats *spconv_net_stats(const spconv_net *net, int index) {
     if (index < 0 || index >= net->num_layers) return NULL;
     if (spconv__device_clock_pending(net->clock)) {

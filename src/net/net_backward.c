@@ -268,22 +268,14 @@ static spconv_status back_layer(back_pass *b, int index) {
     spconv_net *net = b->net;
     spconv__net_layer *layer = &net->layers[index];
     const double start = spconv__now_s();
-    int first = -1, last = -1;
+    int first = -1;
     spconv_status st = spconv__net_clock_mark(net, b->ctx, &first);
     if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
     b->phase = &layer->stats.backward;
     st = backward_kind(b, layer, &net->tape[index]);
     if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
-    spconv_phase_ms *phase = b->phase;
-    if (net->clock != NULL) { /* on the device's clock: "other" when resolved */
-        st = spconv__net_clock_mark(net, b->ctx, &last);
-        if (st == SPCONV_OK) st = spconv__device_clock_span(net->clock, first, last, &phase->total);
-        if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
-    } else {
-        phase->total = 1e3 * (spconv__now_s() - start);
-        double other = phase->total - phase->gather - phase->gemm - phase->scatter;
-        phase->other = other > 0.0 ? other : 0.0;
-    }
+    st = spconv__net_finish_phase(net, b->ctx, b->phase, start, first);
+    if (st != SPCONV_OK) return spconv__net_layer_error(backward_func, layer, st);
     if (net->progress != NULL) net->progress(net->progress_user, &layer->stats, net->num_layers, 1);
     return SPCONV_OK;
 }

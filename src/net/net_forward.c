@@ -46,16 +46,14 @@ static spconv_status new_matrix(const net_pass *p, int64_t rows, int64_t cols,
 static spconv_status get_rulebook(net_pass *p, const spconv__net_layer *layer,
                                   spconv_rulebook **rb) {
     double start = spconv__now_s();
-    int first = -1, last = -1;
+    int first = -1;
     SPCONV_FORWARD_IF_ERROR(spconv__net_clock_mark(p->net, p->ctx, &first));
     spconv_status st =
         spconv_sparse_get_rulebook(p->ctx, p->cur, &layer->params, layer->desc.key, rb);
     if (p->net->clock == NULL) {
         p->phase->rulebook = 1e3 * (spconv__now_s() - start);
     } else if (st == SPCONV_OK) { /* on the device's clock */
-        st = spconv__net_clock_mark(p->net, p->ctx, &last);
-        if (st == SPCONV_OK)
-            st = spconv__device_clock_span(p->net->clock, first, last, &p->phase->rulebook);
+        st = spconv__net_clock_span_since(p->net, p->ctx, first, &p->phase->rulebook);
         if (st != SPCONV_OK) {
             spconv_rulebook_release(*rb);
             *rb = NULL;
@@ -419,20 +417,6 @@ static spconv_status forward_kind(net_pass *p, spconv__net_layer *layer, spconv_
     SPCONV_RETURN_ERROR(SPCONV_ERR_INTERNAL, "layer kind %d has no forward", (int)layer->desc.kind);
 }
 
-/* The layer's total from mark @p first (on the device's clock) or @p start (the host's), and
- * "other", whatever the named phases leave of it (on the device's clock: when resolved). */
-static spconv_status finish_phase(net_pass *p, spconv_phase_ms *phase, double start, int first) {
-    if (p->net->clock != NULL) {
-        int last = -1;
-        SPCONV_FORWARD_IF_ERROR(spconv__net_clock_mark(p->net, p->ctx, &last));
-        return spconv__device_clock_span(p->net->clock, first, last, &phase->total);
-    }
-    phase->total = 1e3 * (spconv__now_s() - start);
-    double other = phase->total - phase->rulebook - phase->gather - phase->gemm - phase->scatter;
-    phase->other = other > 0.0 ? other : 0.0;
-    return SPCONV_OK;
-}
-
 static spconv_status run_layer(net_pass *p, int index) {
     spconv_net *net = p->net;
     spconv__net_layer *layer = &net->layers[index];
@@ -460,7 +444,7 @@ static spconv_status run_layer(net_pass *p, int index) {
     }
     spconv_sparse_release(p->cur);
     p->cur = next;
-    st = finish_phase(p, &stats->forward, start, first);
+    st = spconv__net_finish_phase(net, p->ctx, &stats->forward, start, first);
     if (st != SPCONV_OK) return spconv__net_layer_error(forward_func, layer, st);
     if (net->progress != NULL) net->progress(net->progress_user, stats, net->num_layers, 0);
     return SPCONV_OK;

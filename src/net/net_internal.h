@@ -100,6 +100,14 @@ spconv_status spconv__net_init_params(spconv_net *net, uint64_t seed);
 spconv_status spconv__net_clock_start(spconv_net *net, spconv_device device);
 /* A mark on the pass's stream, -1 without a clock. */
 spconv_status spconv__net_clock_mark(spconv_net *net, spconv_context *ctx, int *mark);
+/* A mark now, and the span from mark @p first to it added into *dest when resolved. */
+spconv_status spconv__net_clock_span_since(spconv_net *net, spconv_context *ctx, int first,
+                                           double *dest);
+/* End a layer's timing: its total from mark @p first on the device's clock (its "other" then
+ * comes when resolved), or from @p start_s on the host's, with "other" whatever the named phases
+ * leave of it. */
+spconv_status spconv__net_finish_phase(spconv_net *net, spconv_context *ctx,
+                                       spconv_phase_ms *phase, double start_s, int first);
 
 /* ---- parameters on a device (net_mirror.c) --------------------------------------------------- */
 
