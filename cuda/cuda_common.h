@@ -115,6 +115,9 @@ public:
         return piece;
     }
 
+    /* Start carving again from the first byte: for work ordered after everything that used the
+     * earlier pieces (the next step on the same stream). */
+    void rewind() { used_ = 0; }
 
 private:
     spconv__allocation own_ = {};

@@ -54,6 +54,14 @@ static int have_device(void) {
         }                                                                                    \
     } while (0)
 
+/* Set (or with NULL unset) the CUDA conv's workspace budget, SPCONV_CUDA_CONV_WORKSPACE_KIB. */
+static void set_budget_kib(const char *kib) {
+    if (kib != NULL)
+        assert_int_equal(setenv("SPCONV_CUDA_CONV_WORKSPACE_KIB", kib, 1), 0);
+    else
+        assert_int_equal(unsetenv("SPCONV_CUDA_CONV_WORKSPACE_KIB"), 0);
+}
+
 static spconv_tensor *random_tensor(spconv_dtype dtype, int ndim, const int64_t *sizes) {
     int64_t n = 1;
     for (int i = 0; i < ndim; ++i) n *= sizes[i];
@@ -293,7 +301,10 @@ static void test_conv_matches_cpu(void **state) {
 }
 
 /* Max pooling: outputs and argmax bitwise (a maximum is exact), gradients within the bound of
- * their sums (several outputs may pick one input). NaN inputs follow the CPU's rule. */
+ * their sums (several outputs may pick one input). NaN inputs follow the CPU's rule. Budgets of
+ * a few KiB split the offsets into groups of one or a few (the table must fit): the same bytes
+ * on any device, since each output and input gradient still folds its pairs in the offsets'
+ * order. */
 static void test_maxpool_matches_cpu(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();
@@ -316,7 +327,16 @@ static void test_maxpool_matches_cpu(void **state) {
         SPCONV_ASSERT_OK(spconv_maxpool_backward(NULL, g.rb, carg, gd, &cdx));
         SPCONV_ASSERT_OK(spconv_maxpool_backward(NULL, g.rb, arg, ag, &bdx));
         assert_within("pool grad", cdx, dx, bdx, dtype, spconv_rulebook_kernel_volume(g.rb));
-        spconv_tensor *all[] = {x, gy, xd, gd, y, arg, cy, carg, dx, cdx, bdx, ag};
+        set_budget_kib(trial % 2 ? "1" : "4");
+        spconv_tensor *sy = NULL, *sarg = NULL, *sdx = NULL;
+        SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, g.rb, xd, &sy, &sarg));
+        SPCONV_ASSERT_OK(spconv_maxpool_backward(NULL, g.rb, sarg, gd, &sdx));
+        set_budget_kib(NULL);
+        assert_same_bytes("pool argmax, small groups", sarg, carg);
+        assert_same_bytes("pool output, small groups", sy, cy);
+        assert_same_bytes("pool grad, small groups", sdx, cdx);
+        spconv_tensor *all[] = {x,  gy,  xd,  gd, y,  arg, cy,  carg, dx,
+                                cdx, bdx, ag, sy, sarg, sdx};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
         spconv_rulebook_release(g.rb);
     }
@@ -848,6 +868,154 @@ static void test_dense_matches_cpu(void **state) {
     }
 }
 
+/* ---- the plan: budgets change launches, not sums -------------------------------------------
+ * A conv's steps depend on the workspace budget (SPCONV_CUDA_CONV_WORKSPACE_KIB): by default the
+ * offsets of these small layers share one group; a few KiB give several groups, one offset alone
+ * or chunks of one offset (scatter-adds). Every target element adds its terms in the offsets'
+ * order whatever the plan, so in the emulation (whose products do not depend on how many rows a
+ * product has) every budget gives the same output and input gradient bytes; on a GPU each is held
+ * to the CPU bound instead. The weight gradient is held to the CPU bound under every budget: an
+ * offset split into chunks sums its pairs chunk by chunk, another order.
+ * A budget that is not a positive number of KiB is refused by name. With the default budget, a
+ * subm forward on device operands takes one gather, a product per active offset, a memset, the
+ * table and the sum; the backward two gathers, two products per offset, the same three for the
+ * input gradient, the weight gradient's memset and the bias gradient's column sums. */
+#if SPCONV_CUDA_EMULATION
+unsigned long long spconv__cuda_emulation_launches(void);
+#endif
+
+static void assert_same_or_within(const char *what, const spconv_tensor *got,
+                                  const spconv_tensor *first, const spconv_tensor *cpu,
+                                  const spconv_tensor *bound, spconv_dtype dtype, int64_t n) {
+    if (SPCONV_CUDA_EMULATION)
+        assert_same_bytes(what, got, first);
+    else
+        assert_within(what, got, cpu, bound, dtype, n);
+}
+
+static void check_budgets(const geometry *g, spconv_dtype dtype, int64_t c_in, int64_t c_out) {
+    static const char *budgets[] = {NULL, "1", "4", "16", "64"};
+    const spconv_rulebook *rb = g->rb;
+    const int64_t kv = spconv_rulebook_kernel_volume(rb);
+    const int64_t n_in = spconv_rulebook_num_in(rb), n_out = spconv_rulebook_num_out(rb);
+    spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n_in, c_in});
+    spconv_tensor *w = random_tensor(dtype, 3, (const int64_t[]){kv, c_in, c_out});
+    spconv_tensor *b = random_tensor(dtype, 1, &c_out);
+    spconv_tensor *gy = random_tensor(dtype, 2, (const int64_t[]){n_out, c_out});
+    spconv_tensor *xd = on_cuda(x), *wd = on_cuda(w), *bd = on_cuda(b), *gd = on_cuda(gy);
+    spconv_tensor *ax = abs_f64(x), *aw = abs_f64(w), *ab = abs_f64(b), *ag = abs_f64(gy);
+    spconv_tensor *y = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+    spconv_tensor *by = NULL, *bdx = NULL, *bdw = NULL, *bdb = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, x, w, b, &y));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, x, w, gy, &dx, &dw, &db));
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, ax, aw, ab, &by));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, ax, aw, ag, &bdx, &bdw, &bdb));
+    const int64_t n_fwd = is_half(dtype) ? 0 : kv * c_in, n_dx = kv * c_out;
+    const int64_t n_dw = spconv_rulebook_num_pairs(rb);
+    spconv_tensor *first[3] = {NULL, NULL, NULL};
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; ++i) {
+        set_budget_kib(budgets[i]);
+        spconv_tensor *cy = NULL, *cdx = NULL, *cdw = NULL;
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, xd, wd, bd, &cy));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, &cdx, &cdw, NULL));
+        if (i == 0) {
+            first[0] = cy;
+            first[1] = cdx;
+            first[2] = cdw;
+            continue;
+        }
+        print_message("  budget %s KiB\n", budgets[i]);
+        if (!is_half(dtype)) { /* the 16-bit bound is check_conv_case's */
+            assert_within("forward", cy, y, by, dtype, n_fwd);
+            assert_within("grad features", cdx, dx, bdx, dtype, n_dx);
+            assert_within("grad weight", cdw, dw, bdw, dtype, n_dw);
+        }
+        assert_same_or_within("forward, another budget", cy, first[0], y, by, dtype, n_fwd);
+        assert_same_or_within("grad features, another budget", cdx, first[1], dx, bdx, dtype, n_dx);
+        spconv_tensor_release(cy);
+        spconv_tensor_release(cdx);
+        spconv_tensor_release(cdw);
+    }
+    set_budget_kib(NULL);
+    spconv_tensor *all[] = {x,  w,  b,  gy, xd, wd, bd, gd,  ax,  aw,  ab,  ag,      y,       dx,
+                            dw, db, by, bdx, bdw, bdb, first[0], first[1], first[2]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+}
+
+static void test_budgets_change_launches_not_sums(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (int trial = 0; trial < 8; ++trial) {
+        geometry g = random_geometry(trial % 4);
+        const spconv_dtype dtype = trial < 4 ? SPCONV_F32 : SPCONV_F16;
+        const int64_t c_in = trial % 2 ? 17 : 64, c_out = trial % 3 ? 64 : 3;
+        print_message("%s %s, %lld -> %lld channels, %lld pairs in %lld offsets\n", g.name,
+                      spconv_dtype_name(dtype), (long long)c_in, (long long)c_out,
+                      (long long)spconv_rulebook_num_pairs(g.rb),
+                      (long long)spconv_rulebook_num_active_offsets(g.rb));
+        check_budgets(&g, dtype, c_in, c_out);
+        spconv_rulebook_release(g.rb);
+    }
+
+    /* a budget that is not a number of KiB */
+    geometry g = random_geometry(1);
+    const int64_t n = spconv_rulebook_num_in(g.rb), kv = spconv_rulebook_kernel_volume(g.rb);
+    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){n, 8});
+    spconv_tensor *w = random_tensor(SPCONV_F32, 3, (const int64_t[]){kv, 8, 8});
+    spconv_tensor *xd = on_cuda(x), *wd = on_cuda(w), *y = NULL;
+    static const char *bad[] = {"abc", "0", "-4", "12x", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        set_budget_kib(bad[i]);
+        const spconv_status st = spconv_conv_forward(NULL, g.rb, xd, wd, NULL, &y);
+        if (bad[i][0] == '\0') { /* empty: unset */
+            SPCONV_ASSERT_OK(st);
+            spconv_tensor_release(y);
+            y = NULL;
+            continue;
+        }
+        assert_int_equal(st, SPCONV_ERR_INVALID_ARGUMENT);
+        assert_non_null(strstr(spconv_last_error(), "SPCONV_CUDA_CONV_WORKSPACE_KIB"));
+        assert_null(y);
+    }
+    set_budget_kib(NULL);
+    spconv_tensor *all[] = {x, w, xd, wd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    spconv_rulebook_release(g.rb);
+}
+
+static void test_subm_conv_launches(void **state) {
+    (void)state;
+#if !SPCONV_CUDA_EMULATION
+    print_message("skip: launches are counted by the host emulation only\n");
+    skip();
+#else
+    SKIP_WITHOUT_DEVICE();
+    set_budget_kib(NULL);
+    device_input d = make_device_input(200, 32);
+    spconv_conv_params params = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, d.id, SHAPE, 1, &params, &rb));
+    const int64_t k = spconv_rulebook_num_active_offsets(rb);
+    spconv_tensor *w = random_tensor(SPCONV_F32, 3, (const int64_t[]){27, 32, 32});
+    spconv_tensor *wd = on_cuda(w), *g = random_tensor(SPCONV_F32, 2, (const int64_t[]){200, 32});
+    spconv_tensor *gd = on_cuda(g), *y = NULL, *dx = NULL, *dw = NULL, *db = NULL;
+    const unsigned long long before = spconv__cuda_emulation_launches();
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, d.xd, wd, NULL, &y));
+    const unsigned long long forward = spconv__cuda_emulation_launches() - before;
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, d.xd, wd, gd, &dx, &dw, &db));
+    const unsigned long long backward = spconv__cuda_emulation_launches() - before - forward;
+    print_message("subm conv, %lld active offsets: forward %llu launches, backward %llu\n",
+                  (long long)k, forward, backward);
+    assert_true(k > 8);
+    assert_true(forward <= (unsigned long long)k + 4);
+    assert_true(backward <= 2 * (unsigned long long)k + 7);
+    spconv_tensor *all[] = {w, wd, g, gd, y, dx, dw, db};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    spconv_rulebook_release(rb);
+    release_device_input(&d);
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_matches_cpu),
@@ -859,6 +1027,8 @@ int main(void) {
         cmocka_unit_test(test_layer_times_come_from_the_device_clock),
         cmocka_unit_test(test_dense_matches_cpu),
         cmocka_unit_test(test_zoo_networks_match_cpu),
+        cmocka_unit_test(test_budgets_change_launches_not_sums),
+        cmocka_unit_test(test_subm_conv_launches),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

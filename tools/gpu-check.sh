@@ -206,7 +206,8 @@ echo "$benches benchmark program(s) with --device"
 # clock, CUDA events; on the CPU the wall clock) become `result` lines of bench.log, so the
 # summary lists them with the rest. One more GPU run, basic-f16-phases, times the conv phases
 # (--phases) and the device's own ceilings (--peak-size): the GEMM phase against cuBLAS on one
-# large product of the same dtype, gather and scatter against the device's copy bandwidth.
+# large product of the same dtype, gather and scatter against the device's copy bandwidth;
+# basic-f16-ws64mib reruns basic-f16 under a 64 MiB conv workspace budget (more, smaller groups).
 section "network benchmarks"
 spconv_cli=$build/tools/spconv
 net_case() { # name device args...
@@ -250,6 +251,9 @@ if [ -x "$spconv_cli" ] && [ -f "$data_dir/spconv_test_indices.i32" ]; then
     net_case basic-f16 "$device" --net basic --input "$data_dir" --dtype f16 --repeat "$reps" --warmup 2 --peak-size 0
     if [ "$device" = cuda ]; then
       net_case basic-f16-phases cuda --net basic --input "$data_dir" --dtype f16 --repeat 3 --warmup 1 --peak-size 4096 --phases
+      # the conv's steps under a 64 MiB workspace budget (several groups per large layer) against
+      # the default (one group per layer on a large GPU): what grouping offsets buys on this GPU
+      SPCONV_CUDA_CONV_WORKSPACE_KIB=65536 net_case basic-f16-ws64mib cuda --net basic --input "$data_dir" --dtype f16 --repeat "$reps" --warmup 2 --peak-size 0
     fi
     net_case basic-f32 "$device" --net basic --input "$data_dir" --dtype f32 --repeat "$reps" --warmup 2 --peak-size 0
     net_case basic-f16-train "$device" --net basic --input "$data_dir" --dtype f16 --backward --repeat "$reps" --warmup 2 --peak-size 0

@@ -61,6 +61,9 @@ thread_local int current_device = 0;
 std::atomic<unsigned long long> host_waits{0};
 void count_host_wait() { host_waits.fetch_add(1, std::memory_order_relaxed); }
 
+/* spconv__cuda_emulation_launches */
+std::atomic<unsigned long long> launches{0};
+
 /* The result of every call goes through here: an error also becomes the thread's last error
  * (the first one stays until read, as in the runtime). */
 cudaError_t record(cudaError_t error) {
@@ -416,6 +419,7 @@ cudaError_t queue_copy(void *dst, const void *src, size_t count, enum cudaMemcpy
     if (dst == NULL || src == NULL || !copy_sides_valid(dst, src, count, kind))
         return record(cudaErrorInvalidValue);
     *direction = direction_of(dst, src, count, kind);
+    if (*direction != host_to_host) spconv__emu::count_launch();
     /* memcpy, not memmove: overlapping ranges are undefined for cudaMemcpy too, and the
      * sanitizer build then says so. */
     switch (*direction) {
@@ -467,6 +471,7 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t count, cudaStream_t str
     if (!is_live_stream(stream)) return record(cudaErrorInvalidResourceHandle);
     if (count == 0) return cudaSuccess;
     if (!is_device_range(dst, count)) return record(cudaErrorInvalidValue);
+    spconv__emu::count_launch();
     spconv__emu::enqueue(stream, [dst, value, count] { memset(dst, value, count); });
     return cudaSuccess;
 }
@@ -539,6 +544,12 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
         free(ptr);
     });
     return cudaSuccess;
+}
+
+void spconv__emu::count_launch() { launches.fetch_add(1, std::memory_order_relaxed); }
+
+extern "C" unsigned long long spconv__cuda_emulation_launches(void) {
+    return launches.load(std::memory_order_relaxed);
 }
 
 extern "C" unsigned long long spconv__cuda_emulation_host_waits(void) {

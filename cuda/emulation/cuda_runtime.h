@@ -212,6 +212,11 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
  * queued work here only because the emulation runs them on the host. */
 extern "C" unsigned long long spconv__cuda_emulation_host_waits(void);
 
+/* Emulation only: how much work has been queued on streams so far, counted as a GPU pays a launch
+ * for it: kernels, cuBLAS products, memsets and copies (not event records, stream waits or
+ * frees). Tests bound an op's launches with it; the GPU's cost per launch is what it bounds. */
+extern "C" unsigned long long spconv__cuda_emulation_launches(void);
+
 /* ---- built-in variables -------------------------------------------------------------------- */
 
 struct uint3 {
@@ -347,6 +352,9 @@ namespace spconv__emu {
  * error and returns false, and the kernel does not run. */
 bool launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
 
+/* Counts one launch (spconv__cuda_emulation_launches). */
+void count_launch();
+
 /* Queues @p work on @p stream (NULL is the legacy default stream), after the work the stream
  * must wait for, as the runtime orders it; run now in the eager mode. */
 void enqueue(cudaStream_t stream, std::function<void()> work);
@@ -367,6 +375,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
             cudaStream_t stream, Args &&...args) {
     static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
     if (!launch_allowed(grid, block, shared_bytes, stream)) return;
+    count_launch();
     std::tuple<std::decay_t<Params>...> parameters(std::forward<Args>(args)...);
     enqueue(stream, [kernel, grid, block, parameters]() {
         run_grid(grid, block, [&]() { std::apply(kernel, parameters); });

@@ -232,8 +232,10 @@ static double pass_over_floor(const bench_run *run, const bench_samples *s, int 
 
 /* Bytes a forward conv's gather and scatter phases must at least move over the whole pass: each
  * pair outside a subm's centre reads a row of C_in features and writes it gathered; the scatter
- * reads each product row and reads and writes the output row it adds to (sums in f32, or f64 for
- * f64), after writing every output row once (its initialisation). */
+ * (the sum of the products into the output) reads each such product row once and writes every
+ * output row once (sums in f32, or f64 for f64), as a step that sums a group of offsets row by
+ * row does; its tables, the reads of the output by later steps and a centre offset's products
+ * are left out. */
 static void forward_traffic(const bench_run *run, double *gather, double *scatter) {
     const double elem = strcmp(run->dtype, "f64") == 0 ? 8.0
                         : strcmp(run->dtype, "f32") == 0 ? 4.0 : 2.0;
@@ -245,7 +247,7 @@ static void forward_traffic(const bench_run *run, double *gather, double *scatte
         const double moved =
             (double)(ly->pairs - (ly->kind == SPCONV_LAYER_SUBM ? ly->sites_in : 0));
         *gather += moved * (double)ly->channels_in * elem * 2.0;
-        *scatter += moved * (double)ly->channels_out * sum * 3.0 +
+        *scatter += moved * (double)ly->channels_out * sum +
                     (double)ly->sites_out * (double)ly->channels_out * sum;
     }
 }
