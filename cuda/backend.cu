@@ -409,6 +409,7 @@ extern "C" const spconv_backend spconv__cuda_backend = {
     /* .sparse_to_dense = */ spconv__cuda_sparse_to_dense,
     /* .dense_to_sparse = */ spconv__cuda_dense_to_sparse,
     /* .batchnorm_stats = */ spconv__cuda_batchnorm_stats,
+    /* .batchnorm_terms = */ spconv__cuda_batchnorm_terms,
     /* .batchnorm_apply = */ spconv__cuda_batchnorm_apply,
     /* .batchnorm_backward = */ spconv__cuda_batchnorm_backward,
     /* .relu_forward    = */ spconv__cuda_relu_forward,

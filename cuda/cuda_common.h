@@ -168,15 +168,17 @@ spconv_status spconv__cuda_dense_to_sparse(spconv_context *ctx, const spconv_ten
 
 /* The network's layers (net.cu). */
 spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x,
-                                           double eps, double *mean, double *invstd,
-                                           double *var_unbiased);
+                                           double eps, double *stats);
+spconv_status spconv__cuda_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                           const double *affine, const double *stats,
+                                           double *terms);
 spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                            const double *scale, const double *shift, int relu,
                                            spconv_tensor *y);
 spconv_status spconv__cuda_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
-                                              const spconv_tensor *dy, const double *mean,
-                                              const double *invstd, const double *gamma,
-                                              spconv_tensor *dx, double *dgamma, double *dbeta);
+                                              const spconv_tensor *dy, const double *stats,
+                                              const double *gamma, spconv_tensor *dx,
+                                              double *sums);
 spconv_status spconv__cuda_relu_forward(spconv_context *ctx, const spconv_tensor *x,
                                         spconv_tensor *y);
 spconv_status spconv__cuda_relu_backward(spconv_context *ctx, const spconv_tensor *y,

@@ -1,9 +1,9 @@
 /* The network's own layers on the GPU (the slots of core/backend.h after dense_to_sparse): batch
  * norm (statistics, apply, backward), ReLU, axpy and the TO_DENSE scatter / gather, in f32 and
  * f64, with the CPU kernels' arithmetic (src/net/net_kernels.c): per-channel sums in double over
- * fixed blocks of BLOCK_ROWS rows, the blocks' partial sums added in block order. Those partial
- * sums come back to the host, which adds them: batch statistics are host arrays by the slot's
- * contract, so that read is the one synchronisation the layer needs. No floating-point atomics. */
+ * fixed blocks of BLOCK_ROWS rows, the blocks' partial sums added in block order by one thread per
+ * channel, on the device: batch statistics, terms and parameter gradients stay there (the slots'
+ * contract), so no layer waits for the device. No floating-point atomics. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -66,7 +66,8 @@ __global__ void sum_rows_kernel(double *__restrict__ partial, const T *__restric
     }
 }
 
-/* partial[blk, ch] = sum dy, partial[blk, c + ch] = sum dy * xhat over the block's rows. */
+/* partial[blk, ch] = sum dy * xhat (dgamma's), partial[blk, c + ch] = sum dy (dbeta's) over the
+ * block's rows. */
 template <typename T>
 __global__ void sum_grad_rows_kernel(double *__restrict__ partial, const T *__restrict__ x,
                                      const T *__restrict__ dy, const double *__restrict__ mean,
@@ -82,8 +83,8 @@ __global__ void sum_grad_rows_kernel(double *__restrict__ partial, const T *__re
             sum_dy_xhat = add_rn(sum_dy_xhat,
                                  mul_rn(dy[r * c + ch], (x[r * c + ch] - mean[ch]) * invstd[ch]));
         }
-        partial[blk * 2 * c + ch] = sum_dy;
-        partial[blk * 2 * c + c + ch] = sum_dy_xhat;
+        partial[blk * 2 * c + ch] = sum_dy_xhat;
+        partial[blk * 2 * c + c + ch] = sum_dy;
     }
 }
 
@@ -99,17 +100,55 @@ __global__ void bn_apply_kernel(T *y, const T *x,
     }
 }
 
-/* dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / n); v[0..4c): gamma, invstd, mean, and
- * then dbeta, dgamma in v[3c..5c). */
+/* total[ch] = the sum over blocks, in block order from 0, of partial[blk, ch] ([blocks, width]):
+ * one thread per column, as the CPU adds its blocks' sums. Then, by @p finish:
+ *   FINISH_MEAN:   total / n (0 when n is 0), the batch mean;
+ *   FINISH_SPREAD: the squared deviations' total into invstd = 1 / sqrt(total / n + eps) and the
+ *                  unbiased variance total / (n - 1) (0 for n < 2), at total + width and + 2 width;
+ *   FINISH_SUMS:   the total as it is (a backward's dbeta and dgamma sums). */
+enum { FINISH_MEAN, FINISH_SPREAD, FINISH_SUMS };
+
+__global__ void finish_sums_kernel(double *__restrict__ total, const double *__restrict__ partial,
+                                   int64_t blocks, int64_t width, int64_t n, double eps,
+                                   int finish) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < width; ch += step) {
+        double sum = 0.0;
+        for (int64_t blk = 0; blk < blocks; ++blk) sum = add_rn(sum, partial[blk * width + ch]);
+        if (finish == FINISH_MEAN) {
+            total[ch] = n > 0 ? sum / (double)n : 0.0;
+        } else if (finish == FINISH_SPREAD) {
+            total[width + ch] = 1.0 / sqrt(add_rn(n > 0 ? sum / (double)n : 0.0, eps));
+            total[2 * width + ch] = n > 1 ? sum / (double)(n - 1) : 0.0;
+        } else {
+            total[ch] = sum;
+        }
+    }
+}
+
+/* terms[ch] = scale = gamma * invstd, terms[c + ch] = shift = beta - mean * scale: each product
+ * and difference rounded on its own, as on the CPU. */
+__global__ void bn_terms_kernel(double *__restrict__ terms, const double *__restrict__ affine,
+                                const double *__restrict__ stats, int64_t c) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += step) {
+        const double scale = mul_rn(affine[ch], stats[c + ch]);
+        terms[ch] = scale;
+        terms[c + ch] = sub_rn(affine[c + ch], mul_rn(stats[ch], scale));
+    }
+}
+
+/* dx = gamma * invstd * (dy - (dbeta + xhat * dgamma) / n), with stats [3c] (mean, invstd, ...)
+ * and sums [2c] (dgamma, dbeta). */
 template <typename T>
 __global__ void bn_backward_kernel(T *dx, const T *x,
-                                   const T *dy, const double *v,
-                                   double inv_n, int64_t n, int64_t c) {
+                                   const T *dy, const double *gammas, const double *stats,
+                                   const double *sums, double inv_n, int64_t n, int64_t c) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * c; i += step) {
         const int64_t ch = i % c;
-        const double gamma = v[ch], invstd = v[c + ch], mean = v[2 * c + ch];
-        const double dbeta = v[3 * c + ch], dgamma = v[4 * c + ch];
+        const double gamma = gammas[ch], invstd = stats[c + ch], mean = stats[ch];
+        const double dbeta = sums[c + ch], dgamma = sums[ch];
         const double xhat = (x[i] - mean) * invstd;
         const double g = sub_rn((double)dy[i], mul_rn(add_rn(dbeta, mul_rn(xhat, dgamma)), inv_n));
         dx[i] = (T)(gamma * invstd * g);
@@ -206,7 +245,7 @@ struct net_call {
     }
 
     /* Scratch for @p count arrays of doubles of lengths[i] elements (in the context's workspace),
-     * before any of them is taken with doubles() or doubles_to_device(). */
+     * before any of them is taken with doubles(). */
     spconv_status reserve_doubles(spconv_context *ctx, int count, const int64_t *lengths) {
         size_t total = 0;
         for (int i = 0; i < count; ++i)
@@ -216,19 +255,6 @@ struct net_call {
 
     /* The next scratch array of @p n doubles. */
     double *doubles(int64_t n) { return (double *)scratch.take(array_bytes(n)); }
-
-    /* The next scratch array, holding @p n doubles of @p host (copied before this returns, so
-     * that the caller may reuse @p host). */
-    spconv_status doubles_to_device(const double *host, int64_t n, const double **out) {
-        double *d = doubles(n);
-        if (n > 0) {
-            CUDA_TRY(cudaMemcpyAsync(d, host, (size_t)n * sizeof *d, cudaMemcpyHostToDevice,
-                                     stream));
-            CUDA_TRY(cudaStreamSynchronize(stream));
-        }
-        *out = d;
-        return SPCONV_OK;
-    }
 
 private:
     static size_t array_bytes(int64_t n) { return (size_t)(n > 0 ? n : 1) * sizeof(double); }
@@ -243,58 +269,33 @@ private:
         }                                                                                          \
     } while (0)
 
-/* Sums of @p width columns per block, reduced on the host in block order into total. */
-static spconv_status reduce_partials(spconv_context *ctx, net_call &call, const double *partial,
-                                     int64_t blocks, int64_t width, double *total) {
-    double *host = (double *)malloc((size_t)(blocks * width > 0 ? blocks * width : 1) * sizeof *host);
-    SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "out of host memory for %lld partial sums",
-                           (long long)(blocks * width));
-    spconv_status st = SPCONV_OK;
-    if (blocks * width > 0) {
-        cudaError_t err = cudaMemcpyAsync(host, partial, (size_t)(blocks * width) * sizeof *host,
-                                          cudaMemcpyDeviceToHost, call.stream);
-        if (err == cudaSuccess) err = cudaStreamSynchronize(call.stream);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            st = spconv__error(SPCONV_ERR_CUDA, "reading partial sums back: %s",
-                               cudaGetErrorString(err));
-        }
-    }
-    for (int64_t ch = 0; ch < width; ++ch) total[ch] = 0.0;
-    for (int64_t blk = 0; st == SPCONV_OK && blk < blocks; ++blk)
-        for (int64_t ch = 0; ch < width; ++ch) total[ch] += host[blk * width + ch];
-    free(host);
-    return st;
+/* finish_sums_kernel over @p width columns. */
+static spconv_status launch_finish(net_call &call, double *total, const double *partial,
+                                   int64_t blocks, int64_t width, int64_t n, double eps,
+                                   int finish) {
+    NET_LAUNCH(call, finish_sums_kernel, width, total, partial, blocks, width, n, eps, finish);
+    return SPCONV_OK;
 }
 
 template <typename T>
 static spconv_status bn_stats_typed(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                    double *mean, double *invstd, double *var_unbiased) {
+                                    double *stats) {
     net_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    const int64_t lengths[2] = {blocks * c, c};
-    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 2, lengths));
-    void *partial = call.doubles(blocks * c);
+    const int64_t length = blocks * c;
+    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 1, &length));
+    double *partial = call.doubles(blocks * c);
     const T *xd = (const T *)spconv_tensor_data(x);
-    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd,
-               (const double *)NULL, n, c, blocks);
-    SPCONV_FORWARD_IF_ERROR(reduce_partials(ctx, call, (const double *)partial, blocks, c, mean));
-    for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
     /* Two passes (mean, then squared deviations), as the CPU computes them. */
-    const double *mean_d = NULL;
-    SPCONV_FORWARD_IF_ERROR(call.doubles_to_device(mean, c, &mean_d));
-    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, (double *)partial, xd, mean_d, n, c,
+    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, partial, xd, (const double *)NULL, n, c,
+               blocks);
+    SPCONV_FORWARD_IF_ERROR(launch_finish(call, stats, partial, blocks, c, n, eps, FINISH_MEAN));
+    NET_LAUNCH(call, (sum_rows_kernel<T>), blocks * c, partial, xd, (const double *)stats, n, c,
                blocks);
     SPCONV_FORWARD_IF_ERROR(
-        reduce_partials(ctx, call, (const double *)partial, blocks, c, invstd));
-    for (int64_t ch = 0; ch < c; ++ch) {
-        const double squares = invstd[ch];
-        if (var_unbiased != NULL) var_unbiased[ch] = n > 1 ? squares / (double)(n - 1) : 0.0;
-        invstd[ch] = 1.0 / sqrt((n > 0 ? squares / (double)n : 0.0) + eps);
-    }
+        launch_finish(call, stats, partial, blocks, c, n, eps, FINISH_SPREAD));
     return SPCONV_OK;
 }
 
@@ -307,12 +308,20 @@ static spconv_status check_float(const char *what, const spconv_tensor *t) {
 }
 
 extern "C" spconv_status spconv__cuda_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x,
-                                                      double eps, double *mean, double *invstd,
-                                                      double *var_unbiased) {
+                                                      double eps, double *stats) {
     SPCONV_FORWARD_IF_ERROR(check_float("batch-norm statistics", x));
-    return spconv_tensor_dtype(x) == SPCONV_F32
-               ? bn_stats_typed<float>(ctx, x, eps, mean, invstd, var_unbiased)
-               : bn_stats_typed<double>(ctx, x, eps, mean, invstd, var_unbiased);
+    return spconv_tensor_dtype(x) == SPCONV_F32 ? bn_stats_typed<float>(ctx, x, eps, stats)
+                                                : bn_stats_typed<double>(ctx, x, eps, stats);
+}
+
+extern "C" spconv_status spconv__cuda_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                                      const double *affine, const double *stats,
+                                                      double *terms) {
+    net_call call;
+    SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
+    const int64_t c = spconv_tensor_size(x, 1);
+    NET_LAUNCH(call, bn_terms_kernel, c, terms, affine, stats, c);
+    return SPCONV_OK;
 }
 
 template <typename T>
@@ -339,65 +348,35 @@ extern "C" spconv_status spconv__cuda_batchnorm_apply(spconv_context *ctx, const
 
 template <typename T>
 static spconv_status bn_backward_typed(spconv_context *ctx, const spconv_tensor *x,
-                                       const spconv_tensor *dy, const double *mean,
-                                       const double *invstd, const double *gamma,
-                                       spconv_tensor *dx, double *dgamma, double *dbeta) {
+                                       const spconv_tensor *dy, const double *stats,
+                                       const double *gamma, spconv_tensor *dx, double *sums) {
     net_call call;
     SPCONV_FORWARD_IF_ERROR(call.enter(ctx, x));
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
     const int64_t blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    double *v = (double *)malloc((size_t)(5 * c > 0 ? 5 * c : 1) * sizeof *v);
-    double *sums = (double *)malloc((size_t)(2 * c > 0 ? 2 * c : 1) * sizeof *sums);
-    spconv_status st = v != NULL && sums != NULL
-                           ? SPCONV_OK
-                           : spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
-                                           "out of host memory for batch norm sums");
-    const double *mean_d = NULL, *invstd_d = NULL, *v_d = NULL;
-    void *partial = NULL;
+    const int64_t length = blocks * 2 * c;
+    SPCONV_FORWARD_IF_ERROR(call.reserve_doubles(ctx, 1, &length));
+    double *partial = call.doubles(length);
     const T *xd = (const T *)spconv_tensor_data(x), *gd = (const T *)spconv_tensor_data(dy);
-    const int64_t lengths[4] = {c, c, blocks * 2 * c, 5 * c};
-    if (st == SPCONV_OK) st = call.reserve_doubles(ctx, 4, lengths);
-    if (st == SPCONV_OK) st = call.doubles_to_device(mean, c, &mean_d);
-    if (st == SPCONV_OK) st = call.doubles_to_device(invstd, c, &invstd_d);
-    if (st == SPCONV_OK) partial = call.doubles(blocks * 2 * c);
-    if (st == SPCONV_OK && blocks * c > 0) {
-        SPCONV_CUDA_LAUNCH((sum_grad_rows_kernel<T>), call.grid(blocks * c), NET_THREADS, 0,
-                           call.stream, (double *)partial, xd, gd, mean_d, invstd_d, n, c, blocks);
-        if (cudaGetLastError() != cudaSuccess)
-            st = spconv__error(SPCONV_ERR_CUDA, "batch-norm backward: a launch failed");
-    }
-    if (st == SPCONV_OK)
-        st = reduce_partials(ctx, call, (const double *)partial, blocks, 2 * c, sums);
-    if (st == SPCONV_OK) {
-        for (int64_t ch = 0; ch < c; ++ch) {
-            dbeta[ch] = sums[ch];
-            dgamma[ch] = sums[c + ch];
-            v[ch] = gamma[ch];
-            v[c + ch] = invstd[ch];
-            v[2 * c + ch] = mean[ch];
-            v[3 * c + ch] = dbeta[ch];
-            v[4 * c + ch] = dgamma[ch];
-        }
-        st = call.doubles_to_device(v, 5 * c, &v_d);
-    }
-    if (st == SPCONV_OK && n * c > 0) {
-        SPCONV_CUDA_LAUNCH((bn_backward_kernel<T>), call.grid(n * c), NET_THREADS, 0, call.stream,
-                           (T *)spconv_tensor_data(dx), xd, gd, v_d, 1.0 / (double)n, n, c);
-        if (cudaGetLastError() != cudaSuccess)
-            st = spconv__error(SPCONV_ERR_CUDA, "batch-norm backward: a launch failed");
-    }
-    free(v);
-    free(sums);
-    return st;
+    /* partial [blocks, 2c]: sum dy xhat (dgamma) then sum dy (dbeta), finished into sums */
+    NET_LAUNCH(call, (sum_grad_rows_kernel<T>), blocks * c, partial, xd, gd, stats, stats + c, n,
+               c, blocks);
+    SPCONV_FORWARD_IF_ERROR(launch_finish(call, sums, partial, blocks, 2 * c, n, 0.0,
+                                          FINISH_SUMS));
+    NET_LAUNCH(call, (bn_backward_kernel<T>), n * c, (T *)spconv_tensor_data(dx), xd, gd, gamma,
+               stats, (const double *)sums, n > 0 ? 1.0 / (double)n : 0.0, n, c);
+    return SPCONV_OK;
 }
 
-extern "C" spconv_status spconv__cuda_batchnorm_backward(
-    spconv_context *ctx, const spconv_tensor *x, const spconv_tensor *dy, const double *mean,
-    const double *invstd, const double *gamma, spconv_tensor *dx, double *dgamma, double *dbeta) {
+extern "C" spconv_status spconv__cuda_batchnorm_backward(spconv_context *ctx,
+                                                         const spconv_tensor *x,
+                                                         const spconv_tensor *dy,
+                                                         const double *stats, const double *gamma,
+                                                         spconv_tensor *dx, double *sums) {
     SPCONV_FORWARD_IF_ERROR(check_float("batch-norm backward", x));
     return spconv_tensor_dtype(x) == SPCONV_F32
-               ? bn_backward_typed<float>(ctx, x, dy, mean, invstd, gamma, dx, dgamma, dbeta)
-               : bn_backward_typed<double>(ctx, x, dy, mean, invstd, gamma, dx, dgamma, dbeta);
+               ? bn_backward_typed<float>(ctx, x, dy, stats, gamma, dx, sums)
+               : bn_backward_typed<double>(ctx, x, dy, stats, gamma, dx, sums);
 }
 
 extern "C" spconv_status spconv__cuda_relu_forward(spconv_context *ctx, const spconv_tensor *x,

@@ -452,7 +452,8 @@ static void test_net_layers_match_cpu(void **state) {
  * counts no host wait at all (with a context or without one), where the same network without a kept copy waits for its one
  * upload. Both give the same bytes; after training (running statistics), an SGD step, and a
  * write into a parameter followed by keep_on_device again, they still do, so the kept copy follows
- * every change. */
+ * every change. A training pass and its backward wait for the device only after their last layer
+ * (batch norms keep statistics, terms and gradients on the device). */
 #if SPCONV_CUDA_EMULATION
 unsigned long long spconv__cuda_emulation_host_waits(void);
 #define HOST_WAITS() spconv__cuda_emulation_host_waits()
@@ -491,6 +492,20 @@ static spconv_tensor *net_pass(spconv_context *ctx, spconv_net *net,
     spconv_tensor *y = NULL;
     SPCONV_ASSERT_OK(spconv_net_forward(ctx, net, in, mode, &y, NULL));
     return y;
+}
+
+/* The host's waits as each layer ends (the progress callback). */
+typedef struct wait_marks {
+    unsigned long long at[32];
+    int count;
+} wait_marks;
+
+static void mark_waits(void *user, const spconv_layer_stats *stats, int num_layers, int backward) {
+    (void)stats;
+    (void)num_layers;
+    (void)backward;
+    wait_marks *m = user;
+    if (m->count < 32) m->at[m->count++] = HOST_WAITS();
 }
 
 static void test_kept_parameters_make_no_host_round_trip(void **state) {
@@ -533,13 +548,30 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
     spconv_tensor_release(y_kept);
     spconv_tensor_release(y_plain);
 
-    /* Training (running statistics change), backward, an SGD step: the kept copy follows. */
+    /* Training (running statistics change), backward, an SGD step: the kept copy follows. A
+     * training pass's batch norms keep their statistics, terms and gradients on the device: no
+     * layer waits, and the pass waits only at its end, when its batch norms' statistics come home
+     * in one read for the running statistics; the backward only when the gradients come home. */
+    wait_marks marks = {.count = 0};
+    spconv_net_set_progress(kept, mark_waits, &marks);
+    before = HOST_WAITS();
     y_kept = net_pass(ctx, kept, in, SPCONV_NET_TRAINING);
+    const unsigned long long training_waits = HOST_WAITS() - before;
+    assert_int_equal(marks.count, n_layers);
+    for (int i = 0; i < marks.count; ++i) assert_int_equal(marks.at[i] - before, 0);
+    assert_true(training_waits <= 2); /* one read: a copy to the host and its synchronisation */
     y_plain = net_pass(ctx, plain, in, SPCONV_NET_TRAINING);
     assert_same_bytes("training", y_kept, y_plain);
     spconv_tensor *gy = random_tensor(SPCONV_F32, 2, spconv_tensor_sizes(y_kept));
     spconv_tensor *gyd = on_cuda(gy), *dx_kept = NULL, *dx_plain = NULL;
+    marks.count = 0;
+    before = HOST_WAITS();
     SPCONV_ASSERT_OK(spconv_net_backward(ctx, kept, gyd, &dx_kept));
+    assert_int_equal(marks.count, n_layers);
+    for (int i = 0; i < marks.count; ++i) assert_int_equal(marks.at[i] - before, 0);
+    print_message("training pass: %llu host waits at its end; backward: %llu\n", training_waits,
+                  HOST_WAITS() - before);
+    spconv_net_set_progress(kept, NULL, NULL);
     SPCONV_ASSERT_OK(spconv_net_backward(ctx, plain, gyd, &dx_plain));
     assert_same_bytes("input gradient", dx_kept, dx_plain);
     for (int p = 0; p < spconv_net_num_params(kept); ++p)

@@ -133,21 +133,26 @@ typedef struct spconv_backend {
                                      spconv_tensor **features, spconv_tensor **indices);
 
     /* the network's own layers (src/net/) on contiguous f32/f64 features [n, c] of this device.
-     * Per-channel vectors (double [c]) are host arrays (batch statistics and the scale/shift
-     * gradients come back to the host, gamma goes with the call), except batchnorm_apply's scale
-     * and shift, which are on this device (the network keeps them there for a pass: no upload
-     * per layer). y may be x (and dx may be dy) where the net works in place. */
+     * Per-channel vectors are double arrays on this device (host memory for the CPU): the batch
+     * statistics, the batch norm's terms and its parameter gradients stay where the features are,
+     * so a training layer neither waits for the device nor uploads anything. y may be x (and dx
+     * may be dy) where the net works in place.
+     * stats [3c]: the batch mean, 1 / sqrt(biased variance + eps), the unbiased variance. */
     spconv_status (*batchnorm_stats)(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                     double *mean, double *invstd, double *var_unbiased);
+                                     double *stats);
+    /* terms [2c] = scale = gamma * invstd, shift = beta - mean * scale, from affine [2c]
+     * (gamma, beta) and stats [3c] (batchnorm_stats'); x gives the device and c. */
+    spconv_status (*batchnorm_terms)(spconv_context *ctx, const spconv_tensor *x,
+                                     const double *affine, const double *stats, double *terms);
     /* y = x * scale + shift, then (relu != 0) y < 0 ? 0 : y in the same pass, as the ReLU slot
      * would (NaN kept), so that a fused pair gives the bits of the two. */
     spconv_status (*batchnorm_apply)(spconv_context *ctx, const spconv_tensor *x,
                                      const double *scale, const double *shift, int relu,
                                      spconv_tensor *y);
+    /* dx from x, dy, stats [3c] (batchnorm_stats') and gamma [c]; sums [2c] = dgamma, dbeta. */
     spconv_status (*batchnorm_backward)(spconv_context *ctx, const spconv_tensor *x,
-                                        const spconv_tensor *dy, const double *mean,
-                                        const double *invstd, const double *gamma,
-                                        spconv_tensor *dx, double *dgamma, double *dbeta);
+                                        const spconv_tensor *dy, const double *stats,
+                                        const double *gamma, spconv_tensor *dx, double *sums);
     spconv_status (*relu_forward)(spconv_context *ctx, const spconv_tensor *x, spconv_tensor *y);
     spconv_status (*relu_backward)(spconv_context *ctx, const spconv_tensor *y,
                                    const spconv_tensor *dy, spconv_tensor *dx);

@@ -54,7 +54,10 @@ spconv_status spconv__cpu_dense_to_sparse(spconv_context *ctx, const spconv_tens
 
 /* src/net/net_kernels.c: the network's own layers */
 spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                          double *mean, double *invstd, double *var_unbiased);
+                                          double *stats);
+spconv_status spconv__cpu_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *affine, const double *stats,
+                                          double *terms);
 spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                           const double *scale, const double *shift, int relu,
                                           spconv_tensor *y);
@@ -65,9 +68,9 @@ void spconv__cpu_bn_rows(spconv_dtype dtype, const void *src, void *dst, int64_t
                          int64_t end, int64_t c, const double *scale, const double *shift,
                          int relu);
 spconv_status spconv__cpu_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
-                                             const spconv_tensor *dy, const double *mean,
-                                             const double *invstd, const double *gamma,
-                                             spconv_tensor *dx, double *dgamma, double *dbeta);
+                                             const spconv_tensor *dy, const double *stats,
+                                             const double *gamma, spconv_tensor *dx,
+                                             double *sums);
 spconv_status spconv__cpu_relu_forward(spconv_context *ctx, const spconv_tensor *x,
                                        spconv_tensor *y);
 spconv_status spconv__cpu_relu_backward(spconv_context *ctx, const spconv_tensor *y,

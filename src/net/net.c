@@ -373,8 +373,7 @@ void spconv__net_clear_tape(spconv_net *net) {
         spconv_sparse_release(t->out);
         spconv_rulebook_release(t->rulebook);
         spconv_tensor_release(t->argmax);
-        free(t->bn_mean);
-        free(t->bn_invstd);
+        spconv_tensor_release(t->bn_stats);
         memset(t, 0, sizeof *t);
     }
     net->has_tape = 0;

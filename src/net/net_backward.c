@@ -111,35 +111,54 @@ static spconv_status backward_conv(back_pass *b, const spconv__net_layer *layer,
     return SPCONV_OK;
 }
 
+/* Batch-norm backward on the features' device: dx in place of dy, and dgamma, dbeta from sums
+ * left there (on a device they come home with the other parameter gradients, after the pass).
+ * gamma comes from the forward's device copy, or on the CPU from the parameter. */
 static spconv_status backward_batchnorm(back_pass *b, const spconv__net_layer *layer,
                                         const spconv__layer_tape *tape) {
-    const int64_t c = layer->c_in;
-    double *work = malloc((size_t)(3 * c) * sizeof *work);
-    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "out of host memory for %" PRId64 " channels", c);
-    double *gamma = work, *dgamma = work + c, *dbeta = work + 2 * c;
+    static const char func[] = "spconv_net_backward";
+    const int64_t c = layer->c_in, two = 2 * c;
     const int p0 = layer->first_param;
-    spconv__net_to_doubles(b->net->params[p0].value, gamma);
-    spconv_tensor *d_gamma = NULL, *d_beta = NULL;
-    /* dx may overwrite dy: the kernel reads each dy element once, after its sums. */
-    spconv_status st = own_grad(b);
-    if (st == SPCONV_OK)
-        st = spconv__net_batchnorm_backward(b->ctx, spconv_sparse_features(tape->in), b->grad,
-                                            tape->bn_mean, tape->bn_invstd, gamma, b->grad, dgamma,
-                                            dbeta);
+    const spconv_tensor *x = spconv_sparse_features(tape->in);
+    const spconv_device dev = spconv_tensor_device(x);
     const spconv_dtype param_dtype = spconv_tensor_dtype(b->net->params[p0].value);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), param_dtype, 1, &c, &d_gamma);
-    if (st == SPCONV_OK) st = spconv_tensor_empty(spconv_cpu(), param_dtype, 1, &c, &d_beta);
+    spconv_tensor *gamma = NULL, *sums = NULL, *view = NULL, *d_gamma = NULL, *d_beta = NULL;
+    const double *gamma_d = NULL;
+    spconv_status st = SPCONV_OK;
+    if (b->net->tape_mirror != NULL) {
+        gamma_d = (const double *)spconv_tensor_data(
+                      b->net->tape_mirror->bn_terms[layer->stats.index]) +
+                  2 * c;
+    } else {
+        st = spconv__tensor_empty_in(func, b->ctx, dev, SPCONV_F64, 1, &c, &gamma);
+        if (st == SPCONV_OK) { /* the CPU: parameters are CPU tensors */
+            spconv__net_to_doubles(b->net->params[p0].value, spconv_tensor_data(gamma));
+            gamma_d = spconv_tensor_data(gamma);
+        }
+    }
+    if (st == SPCONV_OK) st = spconv__tensor_empty_in(func, b->ctx, dev, SPCONV_F64, 1, &two, &sums);
+    /* dx may overwrite dy: the kernel reads each dy element once, after its sums. */
+    if (st == SPCONV_OK) st = own_grad(b);
+    if (st == SPCONV_OK)
+        st = spconv__net_batchnorm_backward(b->ctx, x, b->grad, spconv_tensor_data(tape->bn_stats),
+                                            gamma_d, b->grad, spconv_tensor_data(sums));
+    /* the sums in the parameters' dtype, rounded as on the host (tensor/convert.h) */
+    if (st == SPCONV_OK) st = spconv_tensor_narrow(sums, 0, 0, c, &view);
+    if (st == SPCONV_OK) st = spconv_tensor_to_dtype(b->ctx, view, param_dtype, &d_gamma);
+    spconv_tensor_release(view);
+    view = NULL;
+    if (st == SPCONV_OK) st = spconv_tensor_narrow(sums, 0, c, c, &view);
+    if (st == SPCONV_OK) st = spconv_tensor_to_dtype(b->ctx, view, param_dtype, &d_beta);
+    spconv_tensor_release(view);
     if (st == SPCONV_OK) {
-        spconv__net_from_doubles(dgamma, d_gamma);
-        spconv__net_from_doubles(dbeta, d_beta);
-        set_param_grad(b->net, p0, d_gamma);
-        set_param_grad(b->net, p0 + 1, d_beta);
+        set_param_grad_from(b, p0, d_gamma);
+        set_param_grad_from(b, p0 + 1, d_beta);
     } else {
         spconv_tensor_release(d_gamma);
         spconv_tensor_release(d_beta);
     }
-    free(work);
+    spconv_tensor_release(gamma);
+    spconv_tensor_release(sums);
     return st;
 }
 

@@ -28,6 +28,9 @@ typedef struct net_pass {
     int relu_done;                /* the batch norm before has applied the next layer's ReLU */
     int bn_done;                  /* the conv before has applied the next layer's batch norm */
     spconv__net_mirror *mirror;   /* the parameters on the features' device; NULL on the CPU */
+    spconv_tensor *bn_block;      /* training: every batch norm's statistics, f64 [3 C] each in
+                                     layer order, on the features' device (one read at the end) */
+    int64_t bn_used;              /* doubles of bn_block handed out so far */
 } net_pass;
 
 static spconv_tensor *cur_features(const net_pass *p) { return spconv_sparse_features(p->cur); }
@@ -162,41 +165,94 @@ static spconv_status forward_maxpool(net_pass *p, spconv__net_layer *layer,
     return st;
 }
 
-/* Batch statistics, the running-statistics update, and scale/shift for normalising. */
-static spconv_status batchnorm_train_stats(net_pass *p, const spconv__net_layer *layer,
-                                           spconv__layer_tape *tape, const double *affine,
-                                           double *scale, double *shift) {
-    const int64_t c = layer->c_in, n = spconv_sparse_num_sites(p->cur);
-    tape->bn_mean = malloc((size_t)c * sizeof(double));
-    tape->bn_invstd = malloc((size_t)c * sizeof(double));
-    double *var = malloc((size_t)c * sizeof(double));
+/* A training batch norm's statistics (kept in the tape for backward and for the running
+ * statistics, which the pass updates at its end: update_running_stats) and its terms [2C], all on
+ * the features' device, so the layer waits for nothing. gamma and beta come from the pass's
+ * device copy, or on the CPU from the parameters. */
+static spconv_status batchnorm_train_terms(net_pass *p, const spconv__net_layer *layer,
+                                           spconv__layer_tape *tape, spconv_tensor **terms) {
+    static const char func[] = "spconv_net_forward";
+    const int64_t c = layer->c_in, three = 3 * c, two = 2 * c;
+    spconv_tensor *x = cur_features(p);
+    const spconv_device dev = spconv_tensor_device(x);
+    spconv_tensor *affine = NULL;
+    const double *affine_d = NULL;
     spconv_status st = SPCONV_OK;
-    if (tape->bn_mean == NULL || tape->bn_invstd == NULL || var == NULL)
-        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
-                         "out of host memory for batch statistics of %" PRId64 " channels", c);
-    SPCONV_TRY_GOTO(st,
-                    spconv__net_batchnorm_stats(p->ctx, cur_features(p), layer->desc.eps,
-                                                tape->bn_mean, tape->bn_invstd, var),
-                    done);
-    const double m = layer->desc.momentum;
-    const spconv__net_param *params = &p->net->params[layer->first_param];
-    if (n >= 2) {
-        /* affine holds gamma, beta, running mean, running var: update the last two. */
-        double *running = (double *)affine + 2 * c;
+    if (p->mirror != NULL) {
+        affine_d = (const double *)spconv_tensor_data(p->mirror->bn_terms[layer->stats.index]) +
+                   2 * c;
+    } else {
+        st = spconv__tensor_empty_in(func, p->ctx, dev, SPCONV_F64, 1, &two, &affine);
+        if (st == SPCONV_OK) {
+            const spconv__net_param *params = &p->net->params[layer->first_param];
+            double *host = spconv_tensor_data(affine); /* the CPU: parameters are CPU tensors */
+            spconv__net_to_doubles(params[0].value, host);
+            spconv__net_to_doubles(params[1].value, host + c);
+            affine_d = host;
+        }
+    }
+    if (st == SPCONV_OK && p->bn_block != NULL) { /* NULL: every batch norm has no channel */
+        st = spconv_tensor_narrow(p->bn_block, 0, p->bn_used, three, &tape->bn_stats);
+        p->bn_used += three;
+    } else if (st == SPCONV_OK) {
+        st = spconv__tensor_empty_in(func, p->ctx, dev, SPCONV_F64, 1, &three, &tape->bn_stats);
+    }
+    if (st == SPCONV_OK) st = spconv__tensor_empty_in(func, p->ctx, dev, SPCONV_F64, 1, &two, terms);
+    if (st == SPCONV_OK)
+        st = spconv__net_batchnorm_stats(p->ctx, x, layer->desc.eps,
+                                         spconv_tensor_data(tape->bn_stats));
+    if (st == SPCONV_OK)
+        st = spconv__net_batchnorm_terms(p->ctx, x, affine_d, spconv_tensor_data(tape->bn_stats),
+                                         spconv_tensor_data(*terms));
+    tape->bn_sites = spconv_sparse_num_sites(p->cur);
+    spconv_tensor_release(affine);
+    return st;
+}
+
+/* After a training pass: each batch norm's running statistics (parameters, on the CPU) move
+ * toward its batch's, running = (1 - momentum) running + momentum batch (the unbiased variance),
+ * where the batch had two rows or more. The statistics come home here in one read, once the pass
+ * is queued: the pass's one wait for the device. */
+static spconv_status update_running_stats(net_pass *p) {
+    spconv_net *net = p->net;
+    if (p->bn_block == NULL) return SPCONV_OK;
+    spconv_tensor *home = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv_tensor_to_device(p->ctx, p->bn_block, spconv_cpu(), &home));
+    const double *all = spconv_tensor_data(home);
+    int64_t at = 0;
+    int changed = 0;
+    spconv_status st = SPCONV_OK;
+    for (int i = 0; i < net->num_layers && st == SPCONV_OK; ++i) {
+        const spconv__net_layer *layer = &net->layers[i];
+        const spconv__layer_tape *tape = &net->tape[i];
+        if (layer->desc.kind != SPCONV_LAYER_BATCHNORM || tape->bn_stats == NULL) continue;
+        const int64_t c = layer->c_in;
+        const double *batch = all + at;
+        at += 3 * c;
+        if (tape->bn_sites < 2) continue;
+        double *running = malloc((size_t)(2 * (c > 0 ? c : 1)) * sizeof *running);
+        if (running == NULL) {
+            st = spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                               "%s: out of host memory for the running statistics of %" PRId64
+                               " channels",
+                               forward_func, c);
+            break;
+        }
+        const double m = layer->desc.momentum;
+        const spconv__net_param *params = &net->params[layer->first_param];
+        spconv__net_to_doubles(params[2].value, running);
+        spconv__net_to_doubles(params[3].value, running + c);
         for (int64_t ch = 0; ch < c; ++ch) {
-            running[ch] = (1.0 - m) * running[ch] + m * tape->bn_mean[ch];
-            running[c + ch] = (1.0 - m) * running[c + ch] + m * var[ch];
+            running[ch] = (1.0 - m) * running[ch] + m * batch[ch];
+            running[c + ch] = (1.0 - m) * running[c + ch] + m * batch[2 * c + ch];
         }
         spconv__net_from_doubles(running, params[2].value);
         spconv__net_from_doubles(running + c, params[3].value);
-        p->net->param_version++; /* a kept copy of the running statistics is stale */
+        changed = 1;
+        free(running);
     }
-    for (int64_t ch = 0; ch < c; ++ch) {
-        scale[ch] = affine[ch] * tape->bn_invstd[ch];
-        shift[ch] = affine[c + ch] - tape->bn_mean[ch] * scale[ch];
-    }
-done:
-    free(var);
+    spconv_tensor_release(home);
+    if (changed) net->param_version++; /* a kept copy of the running statistics is stale */
     return st;
 }
 
@@ -209,18 +265,29 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
         return SPCONV_OK;
     }
     const int64_t c = layer->c_in, n = spconv_sparse_num_sites(p->cur);
-    /* gamma, beta, running mean, running var, then scale and shift. */
-    double *work = malloc((size_t)(6 * c) * sizeof *work);
-    SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "out of host memory for %" PRId64 " channels", c);
-    double *scale = work + 4 * c, *shift = work + 5 * c;
+    /* The terms: in training from this batch's statistics, on the features' device; in
+     * inference the running statistics', from the pass's device copy or (on the CPU) computed
+     * here. */
+    double *work = NULL;
+    const double *scale_arg = NULL, *shift_arg = NULL;
+    spconv_tensor *terms = NULL;
     spconv_status st = SPCONV_OK;
     if (p->training) {
-        const spconv__net_param *params = &p->net->params[layer->first_param];
-        for (int k = 0; k < 4; ++k) spconv__net_to_doubles(params[k].value, work + k * c);
-        SPCONV_TRY_GOTO(st, batchnorm_train_stats(p, layer, tape, work, scale, shift), done);
+        SPCONV_TRY_GOTO(st, batchnorm_train_terms(p, layer, tape, &terms), done);
+        scale_arg = spconv_tensor_data(terms);
+        shift_arg = scale_arg + c;
+    } else if (p->mirror != NULL) {
+        scale_arg = spconv_tensor_data(p->mirror->bn_terms[layer->stats.index]);
+        shift_arg = scale_arg + c;
     } else {
+        /* gamma, beta, running mean, running var, then scale and shift */
+        work = malloc((size_t)(6 * (c > 0 ? c : 1)) * sizeof *work);
+        if (work == NULL)
+            SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                             "out of host memory for %" PRId64 " channels", c);
         spconv__net_bn_inference_terms(p->net, layer, work);
+        scale_arg = work + 4 * c;
+        shift_arg = work + 5 * c;
     }
     spconv_tensor *x = cur_features(p), *y = x;
     int in_place = p->cur_owned && !p->training;
@@ -229,25 +296,7 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
     const spconv__net_layer *after = layer_after(p, layer);
     const int fuse_relu = !p->training && after != NULL && after->desc.kind == SPCONV_LAYER_RELU;
     if (!in_place) SPCONV_TRY_GOTO(st, new_matrix(p, n, c, &y), done);
-    /* The terms go to the kernel on the features' device: in inference the pass's copy has them;
-     * in training they are uploaded now (they depend on the batch statistics just read). */
-    const double *scale_arg = scale, *shift_arg = shift;
-    spconv_tensor *terms = NULL;
-    if (p->mirror != NULL && !p->training) {
-        scale_arg = spconv_tensor_data(p->mirror->bn_terms[layer->stats.index]);
-        shift_arg = scale_arg + c;
-    } else if (p->mirror != NULL) {
-        const int64_t sizes[2] = {2, c};
-        st = spconv_tensor_from_host(p->ctx, p->mirror->device, SPCONV_F64, 2, sizes, scale,
-                                     &terms); /* scale and shift lie next to each other */
-        if (st == SPCONV_OK) {
-            scale_arg = spconv_tensor_data(terms);
-            shift_arg = scale_arg + c;
-        }
-    }
-    if (st == SPCONV_OK)
-        st = spconv__net_batchnorm_apply(p->ctx, x, scale_arg, shift_arg, fuse_relu, y);
-    spconv_tensor_release(terms);
+    st = spconv__net_batchnorm_apply(p->ctx, x, scale_arg, shift_arg, fuse_relu, y);
     if (st == SPCONV_OK) p->relu_done = fuse_relu;
     if (st != SPCONV_OK) {
         if (!in_place) spconv_tensor_release(y);
@@ -260,6 +309,7 @@ static spconv_status forward_batchnorm(net_pass *p, spconv__net_layer *layer,
         p->cur_owned = 1;
     }
 done:
+    spconv_tensor_release(terms); /* on a device, freed after the apply that reads it */
     free(work);
     return st;
 }
@@ -505,11 +555,21 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
     spconv_status st =
         spconv__net_mirror_for(ctx, net, spconv_tensor_device(spconv_sparse_features(input)),
                                &p.mirror);
+    if (st == SPCONV_OK && p.training) {
+        int64_t doubles = 0;
+        for (int i = 0; i < net->num_layers; ++i)
+            if (net->layers[i].desc.kind == SPCONV_LAYER_BATCHNORM) doubles += 3 * net->layers[i].c_in;
+        if (doubles > 0)
+            st = spconv__tensor_empty_in(forward_func, ctx,
+                                         spconv_tensor_device(spconv_sparse_features(input)),
+                                         SPCONV_F64, 1, &doubles, &p.bn_block);
+    }
     if (st == SPCONV_OK)
         st = spconv_tensor_contiguous(ctx, spconv_sparse_features(input), &features);
     if (st == SPCONV_OK) st = spconv_sparse_with_features(input, features, &p.cur);
     spconv_tensor_release(features);
     for (int i = 0; i < net->num_layers && st == SPCONV_OK; ++i) st = run_layer(&p, i);
+    if (st == SPCONV_OK && p.training) st = update_running_stats(&p);
     if (st == SPCONV_OK) {
         *out = p.dense;
         if (p.dense == NULL) {
@@ -533,5 +593,6 @@ spconv_status spconv_net_forward(spconv_context *ctx, spconv_net *net,
     for (int i = 0; i < net->num_layers; ++i) spconv_sparse_release(p.saved[i]);
     free(p.saved);
     spconv__net_mirror_release(p.mirror);
+    spconv_tensor_release(p.bn_block); /* the tapes hold views of it */
     return st;
 }

@@ -26,8 +26,9 @@ typedef struct spconv__layer_tape {
     spconv_sparse_tensor *out;
     spconv_rulebook *rulebook; /* convs and pool */
     spconv_tensor *argmax;     /* pool */
-    double *bn_mean;           /* batch norm: [C] batch mean and 1 / sqrt(var + eps) */
-    double *bn_invstd;
+    spconv_tensor *bn_stats;   /* batch norm: f64 [3C] on the features' device: batch mean,
+                                  1 / sqrt(var + eps), unbiased variance (net_ops.c) */
+    int64_t bn_sites;          /* batch norm: the rows the statistics came from */
 } spconv__layer_tape;
 
 /* A layer as the network holds it. */
@@ -53,8 +54,10 @@ typedef struct spconv__net_mirror {
     spconv_device device;
     uint64_t version;
     spconv_tensor **params;   /* [num_params] on `device`, the parameters' dtypes and shapes */
-    spconv_tensor **bn_terms; /* [num_layers]: a batch norm's inference terms, f64 [2, C] (scale
-                                 then shift, net_forward.c's arithmetic); NULL for other layers */
+    spconv_tensor **bn_terms; /* [num_layers]: a batch norm's f64 [4, C]: its inference terms
+                                 (scale then shift, net_forward.c's arithmetic), then gamma and
+                                 beta as doubles (a training pass's batchnorm_terms and backward
+                                 read them there); NULL for other layers */
     int num_params, num_layers;
 } spconv__net_mirror;
 
@@ -128,21 +131,29 @@ void spconv__net_mirror_release(spconv__net_mirror *mirror);
  * device's backend lacks is SPCONV_ERR_NOT_SUPPORTED naming the op and the backend. Messages name
  * no function: the forward/backward drivers prefix the layer. */
 
-/* Batch statistics: mean[c] and invstd[c] = 1 / sqrt(biased var + eps); var_unbiased may be NULL.
- * The sums run over fixed blocks of rows, so results do not depend on the thread count. */
+/* Batch statistics into stats, double [3c] on x's device: the mean, invstd = 1 / sqrt(biased var
+ * + eps), and the unbiased variance. The sums run over fixed blocks of rows, so results do not
+ * depend on the thread count. */
 spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                          double *mean, double *invstd, double *var_unbiased);
+                                          double *stats);
+/* terms [2c] = scale = gamma * invstd, shift = beta - mean * scale (double arrays on x's device;
+ * affine [2c] = gamma, beta). */
+spconv_status spconv__net_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *affine, const double *stats,
+                                          double *terms);
 /* y = x * scale[c] + shift[c], then with @p relu the ReLU of that in the same pass (the bits of
  * spconv__net_relu_forward after it); y may be x (in place). scale and shift are double [c] on
  * x's device. */
 spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
                                           const double *scale, const double *shift, int relu,
                                           spconv_tensor *y);
-/* Batch-norm backward with batch statistics: dx, and dgamma / dbeta (f64 [C], overwritten). */
+/* Batch-norm backward with batch statistics (stats as spconv__net_batchnorm_stats writes them,
+ * gamma [c], both on x's device): dx, and sums [2c] = dgamma, dbeta (overwritten, on x's
+ * device). */
 spconv_status spconv__net_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
-                                             const spconv_tensor *dy, const double *mean,
-                                             const double *invstd, const double *gamma,
-                                             spconv_tensor *dx, double *dgamma, double *dbeta);
+                                             const spconv_tensor *dy, const double *stats,
+                                             const double *gamma, spconv_tensor *dx,
+                                             double *sums);
 /* y = max(x, 0) (NaN passes); y may be x. */
 spconv_status spconv__net_relu_forward(spconv_context *ctx, const spconv_tensor *x,
                                        spconv_tensor *y);

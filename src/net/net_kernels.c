@@ -92,17 +92,30 @@ static spconv_status blocked_sums(const spconv_tensor *x, const spconv_tensor *d
 }
 
 spconv_status spconv__cpu_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                          double *mean, double *invstd, double *var_unbiased) {
+                                          double *stats) {
     const int threads = spconv_context_num_threads(ctx);
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    double *mean = stats, *invstd = stats + c, *var_unbiased = stats + 2 * c;
     SPCONV_FORWARD_IF_ERROR(blocked_sums(x, NULL, NULL, NULL, c, threads, mean));
     for (int64_t ch = 0; ch < c; ++ch) mean[ch] = n > 0 ? mean[ch] / (double)n : 0.0;
     /* Two passes (mean, then squared deviations) keep the variance accurate in f32 data. */
     SPCONV_FORWARD_IF_ERROR(blocked_sums(x, NULL, mean, NULL, c, threads, invstd));
     for (int64_t ch = 0; ch < c; ++ch) {
         double squares = invstd[ch];
-        if (var_unbiased != NULL) var_unbiased[ch] = n > 1 ? squares / (double)(n - 1) : 0.0;
+        var_unbiased[ch] = n > 1 ? squares / (double)(n - 1) : 0.0;
         invstd[ch] = 1.0 / sqrt((n > 0 ? squares / (double)n : 0.0) + eps);
+    }
+    return SPCONV_OK;
+}
+
+spconv_status spconv__cpu_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *affine, const double *stats,
+                                          double *terms) {
+    (void)ctx;
+    const int64_t c = spconv_tensor_size(x, 1);
+    for (int64_t ch = 0; ch < c; ++ch) {
+        terms[ch] = affine[ch] * stats[c + ch];
+        terms[c + ch] = affine[c + ch] - stats[ch] * terms[ch];
     }
     return SPCONV_OK;
 }
@@ -170,11 +183,13 @@ spconv_status spconv__cpu_batchnorm_apply(spconv_context *ctx, const spconv_tens
 }
 
 spconv_status spconv__cpu_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
-                                             const spconv_tensor *dy, const double *mean,
-                                             const double *invstd, const double *gamma,
-                                             spconv_tensor *dx, double *dgamma, double *dbeta) {
+                                             const spconv_tensor *dy, const double *stats,
+                                             const double *gamma, spconv_tensor *dx,
+                                             double *out_sums) {
     const int threads = spconv_context_num_threads(ctx);
     const int64_t n = spconv_tensor_size(x, 0), c = spconv_tensor_size(x, 1);
+    const double *mean = stats, *invstd = stats + c;
+    double *dgamma = out_sums, *dbeta = out_sums + c;
     double *sums = malloc((size_t)(2 * c) * sizeof *sums);
     SPCONV_RETURN_ERROR_IF(sums == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "out of host memory for batch norm sums");

@@ -1,7 +1,7 @@
 /* The network's parameters on a device other than the CPU. The parameters themselves stay CPU
  * tensors (net.h); a pass on a CUDA device reads a copy of them there, made in one transfer: every
- * parameter and every batch norm's inference terms packed into one device block, so that no layer
- * uploads anything. spconv_net_keep_on_device keeps that copy across passes; the library's own
+ * parameter and every batch norm's inference terms (and its gamma and beta as doubles, which a
+ * training pass reads) packed into one device block, so that no layer uploads anything. spconv_net_keep_on_device keeps that copy across passes; the library's own
  * changes to parameters bump net->param_version, and a pass that finds the kept copy of an older
  * version makes it again. Without a kept copy each pass makes its own and drops it at the end. */
 #include <inttypes.h>
@@ -51,7 +51,7 @@ static size_t packed_bytes(const spconv_net *net) {
                              spconv__tensor_element_size(net->params[i].value));
     for (int i = 0; i < net->num_layers; ++i)
         if (net->layers[i].desc.kind == SPCONV_LAYER_BATCHNORM)
-            total += piece_bytes((size_t)(2 * net->layers[i].c_in) * sizeof(double));
+            total += piece_bytes((size_t)(4 * net->layers[i].c_in) * sizeof(double));
     return total;
 }
 
@@ -76,14 +76,16 @@ static spconv_status pack(const spconv_net *net, spconv_storage *storage, unsign
         double *work = malloc((size_t)(6 * (c > 0 ? c : 1)) * sizeof *work);
         SPCONV_RETURN_ERROR_IF(work == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                                "out of host memory for the terms of %" PRId64 " channels", c);
-        spconv__net_bn_inference_terms(net, layer, work);
+        spconv__net_bn_inference_terms(net, layer, work); /* gamma, beta, ..., scale, shift */
         memcpy(host + at, work + 4 * c, (size_t)(2 * c) * sizeof(double));
+        memcpy(host + at + (size_t)(2 * c) * sizeof(double), work,
+               (size_t)(2 * c) * sizeof(double));
         free(work);
-        const int64_t sizes[2] = {2, c}, strides[2] = {c, 1};
+        const int64_t sizes[2] = {4, c}, strides[2] = {c, 1};
         SPCONV_FORWARD_IF_ERROR(spconv__tensor_make(storage, (int64_t)(at / sizeof(double)),
                                                     SPCONV_F64, 2, sizes, strides,
                                                     &m->bn_terms[i]));
-        at += piece_bytes((size_t)(2 * c) * sizeof(double));
+        at += piece_bytes((size_t)(4 * c) * sizeof(double));
     }
     return SPCONV_OK;
 }

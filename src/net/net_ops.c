@@ -34,15 +34,23 @@ static spconv_status narrow_into(spconv_context *ctx, spconv_status st, spconv_t
 }
 
 spconv_status spconv__net_batchnorm_stats(spconv_context *ctx, const spconv_tensor *x, double eps,
-                                          double *mean, double *invstd, double *var_unbiased) {
+                                          double *stats) {
     const spconv_backend *be;
     SPCONV_DISPATCH(FUNC, spconv_tensor_device(x), batchnorm_stats, "batch-norm statistics", &be);
-    if (!is_half(x)) return be->batchnorm_stats(ctx, x, eps, mean, invstd, var_unbiased);
+    if (!is_half(x)) return be->batchnorm_stats(ctx, x, eps, stats);
     spconv_tensor *x32 = NULL;
     spconv_status st = widen(ctx, x, &x32);
-    if (st == SPCONV_OK) st = be->batchnorm_stats(ctx, x32, eps, mean, invstd, var_unbiased);
+    if (st == SPCONV_OK) st = be->batchnorm_stats(ctx, x32, eps, stats);
     spconv_tensor_release(x32);
     return st;
+}
+
+spconv_status spconv__net_batchnorm_terms(spconv_context *ctx, const spconv_tensor *x,
+                                          const double *affine, const double *stats,
+                                          double *terms) {
+    const spconv_backend *be;
+    SPCONV_DISPATCH(FUNC, spconv_tensor_device(x), batchnorm_terms, "batch-norm terms", &be);
+    return be->batchnorm_terms(ctx, x, affine, stats, terms);
 }
 
 spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tensor *x,
@@ -58,17 +66,16 @@ spconv_status spconv__net_batchnorm_apply(spconv_context *ctx, const spconv_tens
 }
 
 spconv_status spconv__net_batchnorm_backward(spconv_context *ctx, const spconv_tensor *x,
-                                             const spconv_tensor *dy, const double *mean,
-                                             const double *invstd, const double *gamma,
-                                             spconv_tensor *dx, double *dgamma, double *dbeta) {
+                                             const spconv_tensor *dy, const double *stats,
+                                             const double *gamma, spconv_tensor *dx,
+                                             double *sums) {
     const spconv_backend *be;
     SPCONV_DISPATCH(FUNC, spconv_tensor_device(x), batchnorm_backward, "batch-norm backward", &be);
-    if (!is_half(x)) return be->batchnorm_backward(ctx, x, dy, mean, invstd, gamma, dx, dgamma, dbeta);
+    if (!is_half(x)) return be->batchnorm_backward(ctx, x, dy, stats, gamma, dx, sums);
     spconv_tensor *x32 = NULL, *dy32 = NULL;
     spconv_status st = widen(ctx, x, &x32);
     if (st == SPCONV_OK) st = widen(ctx, dy, &dy32);
-    if (st == SPCONV_OK)
-        st = be->batchnorm_backward(ctx, x32, dy32, mean, invstd, gamma, dy32, dgamma, dbeta);
+    if (st == SPCONV_OK) st = be->batchnorm_backward(ctx, x32, dy32, stats, gamma, dy32, sums);
     spconv_tensor_release(x32);
     return narrow_into(ctx, st, dy32, dx);
 }
@@ -172,6 +179,7 @@ static const char *missing_kernel(const spconv_backend *be, spconv_layer_kind ki
     case SPCONV_LAYER_BATCHNORM:
         NEED(batchnorm_apply, "batch norm");
         if (training) NEED(batchnorm_stats, "batch-norm statistics");
+        if (training) NEED(batchnorm_terms, "batch-norm terms");
         if (training) NEED(batchnorm_backward, "batch-norm backward");
         return NULL;
     case SPCONV_LAYER_RELU:

@@ -375,6 +375,7 @@ const spconv_backend spconv__cpu_backend = {
     .sparse_to_dense = spconv__cpu_sparse_to_dense,
     .dense_to_sparse = spconv__cpu_dense_to_sparse,
     .batchnorm_stats = spconv__cpu_batchnorm_stats,
+    .batchnorm_terms = spconv__cpu_batchnorm_terms,
     .batchnorm_apply = spconv__cpu_batchnorm_apply,
     .batchnorm_backward = spconv__cpu_batchnorm_backward,
     .relu_forward    = spconv__cpu_relu_forward,
