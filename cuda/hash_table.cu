@@ -12,12 +12,15 @@ __global__ void hash_clear_kernel(spconv__hash_slot *slots, int64_t capacity) {
     }
 }
 
-/* counters[0]: inserts that found no free slot; counters[1]: inserts of a key already there. */
+/* counters[0]: inserts that found no free slot; counters[1]: inserts of a key already there.
+ * Only keys before *limit go in (every key when limit is NULL). */
 __global__ void hash_insert_kernel(spconv__hash_table table, const uint64_t *keys, int64_t n,
+                                   const unsigned long long *limit,
                                    unsigned long long *counters) {
     SPCONV_CUDA_GRID_LOOP(i, n) {
         const uint64_t key = keys[i];
         if (key == SPCONV_HASH_EMPTY) continue;
+        if (limit != NULL && (unsigned long long)i >= *limit) continue;
         const int outcome = spconv__hash_insert(&table, key, (int32_t)i);
         if (outcome == SPCONV_HASH_FULL) atomicAdd(&counters[0], 1ULL);
         if (outcome == SPCONV_HASH_REPEATED) atomicAdd(&counters[1], 1ULL);
@@ -45,6 +48,19 @@ spconv_status spconv__cuda_hash_table_init(const char *func, const spconv_contex
     return SPCONV_OK;
 }
 
+spconv_status spconv__cuda_hash_insert_queued(cudaStream_t stream, const spconv__hash_table *table,
+                                              const uint64_t *keys, int64_t n,
+                                              const unsigned long long *limit,
+                                              unsigned long long *counters) {
+    if (n == 0) return SPCONV_OK;
+    int blocks;
+    SPCONV_FORWARD_IF_ERROR(spconv__cuda_map_blocks(n, &blocks));
+    SPCONV_CUDA_LAUNCH(hash_insert_kernel, blocks, SPCONV_CUDA_MAP_THREADS, 0, stream, *table,
+                       keys, n, limit, counters);
+    CUDA_TRY(cudaGetLastError());
+    return SPCONV_OK;
+}
+
 spconv_status spconv__cuda_hash_insert_all(const char *func, const spconv_context *ctx,
                                            cudaStream_t stream, const spconv__hash_table *table,
                                            const uint64_t *keys, int64_t n, int64_t *repeated) {
@@ -53,11 +69,8 @@ spconv_status spconv__cuda_hash_insert_all(const char *func, const spconv_contex
     spconv__device_array<unsigned long long> counters;
     SPCONV_FORWARD_IF_ERROR(counters.alloc(ctx, func, 2, "insert counters"));
     CUDA_TRY(cudaMemsetAsync(counters.get(), 0, 2 * sizeof(unsigned long long), stream));
-    int blocks;
-    SPCONV_FORWARD_IF_ERROR(spconv__cuda_map_blocks(n, &blocks));
-    SPCONV_CUDA_LAUNCH(hash_insert_kernel, blocks, SPCONV_CUDA_MAP_THREADS, 0, stream, *table,
-                       keys, n, counters.get());
-    CUDA_TRY(cudaGetLastError());
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__cuda_hash_insert_queued(stream, table, keys, n, NULL, counters.get()));
     unsigned long long host[2];
     CUDA_TRY(cudaMemcpyAsync(host, counters.get(), sizeof host, cudaMemcpyDeviceToHost, stream));
     CUDA_TRY(cudaStreamSynchronize(stream));

@@ -214,4 +214,13 @@ spconv_status spconv__cuda_hash_insert_all(const char *func, const spconv_contex
                                            cudaStream_t stream, const spconv__hash_table *table,
                                            const uint64_t *keys, int64_t n, int64_t *repeated);
 
+/* Queue the insert of keys[i] -> i for every i < n (and i < *limit, a device value, unless
+ * limit is NULL) with keys[i] != SPCONV_HASH_EMPTY, adding to the device counters [2] (zeroed
+ * by the caller): [0] inserts that found no free slot, [1] inserts of a key already there. No
+ * wait: the caller reads the counters when it reads anything else. */
+spconv_status spconv__cuda_hash_insert_queued(cudaStream_t stream, const spconv__hash_table *table,
+                                              const uint64_t *keys, int64_t n,
+                                              const unsigned long long *limit,
+                                              unsigned long long *counters);
+
 #endif /* SPCONV_CUDA_MAPS_COMMON_H */

@@ -11,10 +11,13 @@
  *     input row << 32 | k), sort the candidates by output key, and number the distinct keys:
  *     those are the output sites, in (b, z, y, x) order;
  *  3. one sort of the pair keys groups the pairs by offset, in increasing out_row within each
- *     (keys are unique: an output meets an offset at most once), and a run-length encoding of k
- *     gives the non-empty offsets and their counts, the only part that comes back to the host.
- * Counts are int64 throughout. The host waits where it must know a size to allocate (pairs,
- * outputs, runs) and where validation must say which row is bad. */
+ *     (keys are unique: an output meets an offset at most once), and a binary search per offset
+ *     counts its pairs: the counts of every offset are what comes back to the host.
+ * Counts are int64 throughout. The host waits three times a build: once for the validation marks
+ * and the table's insert counters together (the insert reads the first bad row on the device), once
+ * for the number of pairs (or candidates) it must allocate, and once at the end for the offsets'
+ * counts, with a strided build's number of outputs (their sites are written for as many rows as
+ * candidates, then copied to their exact size). Only an error path waits more, to name the row. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -93,6 +96,11 @@ static spconv_status read_row(cudaStream_t stream, const int32_t *rows, int64_t 
     return SPCONV_OK;
 }
 
+/* Marks of the site table's build, read back together: [0] the first row outside the batch or
+ * the shape, [1] the first row that repeats an earlier one, [2] inserts that found no free slot,
+ * [3] inserts of a key already there. */
+enum { MARK_FIRST_BAD, MARK_FIRST_DUP, MARK_FULL, MARK_REPEATED, NUM_MARKS };
+
 static spconv_status build_site_table(build_state *s, const int64_t shape[3],
                                       int64_t batch_size) {
     const char *func = s->func;
@@ -101,30 +109,37 @@ static spconv_status build_site_table(build_state *s, const int64_t shape[3],
         spconv__key_layout_checked(func, "input", batch_size, shape, &s->in_layout));
     SPCONV_FORWARD_IF_ERROR(s->keys.alloc(s->ctx, func, n, "site keys"));
     spconv__device_array<unsigned long long> marks;
-    SPCONV_FORWARD_IF_ERROR(marks.alloc(s->ctx, func, 2, "validation marks"));
+    SPCONV_FORWARD_IF_ERROR(marks.alloc(s->ctx, func, NUM_MARKS, "validation marks"));
     CUDA_TRY(cudaMemsetAsync(marks.get(), 0xff, 2 * sizeof(unsigned long long), s->stream));
+    CUDA_TRY(cudaMemsetAsync(marks.get() + MARK_FULL, 0, 2 * sizeof(unsigned long long),
+                             s->stream));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, site_keys_kernel, s->rows, n, s->in_layout, batch_size, shape[0],
-                   shape[1], shape[2], s->keys.get(), marks.get());
-    unsigned long long first_bad;
-    SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get(), &first_bad));
-    /* Rows before the first bad one still go in, so that a duplicate before it is named first. */
-    const int64_t bad = first_bad < (unsigned long long)n ? (int64_t)first_bad : n;
+                   shape[1], shape[2], s->keys.get(), marks.get() + MARK_FIRST_BAD);
     const uint64_t capacity = spconv__hash_capacity_for(n);
     SPCONV_RETURN_ERROR_IF(capacity == 0, SPCONV_ERR_OVERFLOW,
                            "%s: a hash table for %" PRId64 " sites is too large", func, n);
     SPCONV_FORWARD_IF_ERROR(
         spconv__cuda_hash_table_init(func, s->ctx, s->stream, capacity, &s->slots, &s->table));
-    int64_t repeated;
-    SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_insert_all(func, s->ctx, s->stream, &s->table, s->keys.get(), bad,
-                                     &repeated));
+    /* Rows before the first bad one go in (read on the device), so that a duplicate before it is
+     * named first; validation and the insert's counters then come back in one read. */
+    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_insert_queued(
+        s->stream, &s->table, s->keys.get(), n, marks.get() + MARK_FIRST_BAD,
+        marks.get() + MARK_FULL));
+    unsigned long long host[NUM_MARKS];
+    const spconv__host_read read = {host, marks.get(), sizeof host};
+    CUDA_TRY(spconv__cuda_read_back(s->stream, &read, 1));
+    const int64_t bad =
+        host[MARK_FIRST_BAD] < (unsigned long long)n ? (int64_t)host[MARK_FIRST_BAD] : n;
+    SPCONV_RETURN_ERROR_IF(host[MARK_FULL] > 0, SPCONV_ERR_CAPACITY,
+                           "%s: hash table of %llu slots is full (%lld keys, %llu found no slot)",
+                           func, (unsigned long long)capacity, (long long)bad, host[MARK_FULL]);
     int32_t row[4];
-    if (repeated > 0) {
+    if (host[MARK_REPEATED] > 0) { /* an error: the waits below cost nothing that matters */
         LAUNCH_MAP(s->stream, bad, first_duplicate_kernel, s->table, s->keys.get(), bad,
-                   marks.get() + 1);
+                   marks.get() + MARK_FIRST_DUP);
         unsigned long long first_dup;
-        SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get() + 1, &first_dup));
+        SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get() + MARK_FIRST_DUP, &first_dup));
         if (first_dup < (unsigned long long)bad) {
             spconv__device_array<int32_t> owner;
             SPCONV_FORWARD_IF_ERROR(owner.alloc(s->ctx, func, 1, "a row owner"));
@@ -300,62 +315,76 @@ __global__ void pairs_out_kernel(const uint64_t *pair_keys, int64_t n, int32_t *
     SPCONV_CUDA_GRID_LOOP(j, n) pairs_out[j] = (int32_t)(pair_keys[j] & UINT32_MAX);
 }
 
-struct offset_of_pair {
-    __host__ __device__ int64_t operator()(uint64_t key) const { return (int64_t)(key >> 32); }
-};
+/* The first j in [0, n) with keys[j] >= value (n when none): keys increase. */
+static __device__ __forceinline__ int64_t first_at_least(const uint64_t *keys, int64_t n,
+                                                         uint64_t value) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < value)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
-/* The rulebook's non-empty offsets (increasing) and their pair counts, on the host, into the
- * rulebook's active-offset lists: the one place that knows their layout. */
-static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb, int64_t num_active,
-                                       const int64_t *active, const int64_t *counts) {
-    int64_t *starts = (int64_t *)malloc((size_t)(num_active + 1) * sizeof *starts);
+/* counts[k] = the pairs of offset k among the n sorted pair keys (k << 32 | out_row), for every
+ * k < kv: the distance between the first keys of k and of k + 1. */
+__global__ void offset_counts_kernel(const uint64_t *keys, int64_t n, int64_t kv,
+                                     int64_t *counts) {
+    SPCONV_CUDA_GRID_LOOP(k, kv) {
+        counts[k] = first_at_least(keys, n, (uint64_t)(k + 1) << 32) -
+                    first_at_least(keys, n, (uint64_t)k << 32);
+    }
+}
+
+/* The rulebook's non-empty offsets (increasing) and their pair counts, from the count of every
+ * offset (host [kernel_volume]), into the rulebook's active-offset lists: the one place that
+ * knows their layout. */
+static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb,
+                                       const int64_t *counts) {
+    const int64_t kv = rb->kernel_volume;
+    int64_t *starts = (int64_t *)malloc((size_t)(kv + 1) * sizeof *starts);
     SPCONV_RETURN_ERROR_IF(starts == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "%s: out of host memory for %" PRId64 " offset counts", func,
-                           num_active);
+                           "%s: out of host memory for %" PRId64 " offset counts", func, kv);
     starts[0] = 0;
-    for (int64_t a = 0; a < num_active; ++a) starts[a + 1] = starts[a] + counts[a];
-    const spconv_status st = spconv__rulebook_set_offsets(func, rb, num_active, active, starts);
+    for (int64_t k = 0; k < kv; ++k) starts[k + 1] = starts[k] + counts[k];
+    const spconv_status st = spconv__rulebook_set_offsets(func, rb, kv, NULL, starts);
     free(starts);
     return st;
 }
 
 /* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
- * rb->pairs_in already; write rb->pairs_out and the per-offset counts. */
+ * rb->pairs_in already; write rb->pairs_out and count the pairs of every offset, then read the
+ * counts back with @p extra (another read the caller needs, or NULL): the build's last wait. */
 static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
-                                  int64_t n, spconv_rulebook *rb) {
+                                  int64_t n, spconv_rulebook *rb,
+                                  const spconv__host_read *extra) {
     const char *func = s->func;
+    const int64_t kv = rb->kernel_volume;
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
     SPCONV_FORWARD_IF_ERROR(
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
-    if (n == 0) return set_offset_counts(func, rb, 0, NULL, NULL);
+    spconv__device_array<int64_t> counts;
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, kv, "pair counts"));
     uint64_t *keys = pair_keys->get();
-    SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
-                                          thrust::sort_by_key, keys, keys + n, pair_in));
-    LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
-               (int32_t *)spconv_tensor_data(rb->pairs_out));
-    spconv__device_array<int64_t> active, counts;
-    const int64_t most = n < rb->kernel_volume ? n : rb->kernel_volume;
-    SPCONV_FORWARD_IF_ERROR(active.alloc(s->ctx, func, most, "active offsets"));
-    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, most, "pair counts"));
-    const auto offsets_begin = thrust::make_transform_iterator(keys, offset_of_pair());
-    int64_t num_active = 0;
-    SPCONV_FORWARD_IF_ERROR(spconv__thrust_run(
-        s->ctx, func, s->stream, "counting the pairs per offset", [&](const auto &policy) {
-            const auto ends = thrust::reduce_by_key(policy, offsets_begin, offsets_begin + n,
-                                                    thrust::make_constant_iterator<int64_t>(1),
-                                                    active.get(), counts.get());
-            num_active = ends.first - active.get();
-        }));
-    int64_t *host = (int64_t *)malloc((size_t)(2 * num_active) * sizeof *host);
+    if (n > 0) {
+        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
+                                              thrust::sort_by_key, keys, keys + n, pair_in));
+        LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
+                   (int32_t *)spconv_tensor_data(rb->pairs_out));
+    }
+    if (kv > 0) LAUNCH_MAP(s->stream, kv, offset_counts_kernel, keys, n, kv, counts.get());
+    int64_t *host = (int64_t *)malloc((size_t)(kv > 0 ? kv : 1) * sizeof *host);
     SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
-                           "%s: out of host memory for %" PRId64 " offset counts", func,
-                           num_active);
-    const spconv__host_read reads[2] = {
-        {host, active.get(), (size_t)num_active * sizeof *host},
-        {host + num_active, counts.get(), (size_t)num_active * sizeof *host}};
+                           "%s: out of host memory for %" PRId64 " offset counts", func, kv);
+    spconv__host_read reads[2] = {{host, counts.get(), (size_t)kv * sizeof *host},
+                                  {NULL, NULL, 0}};
+    if (extra != NULL) reads[1] = *extra;
     const cudaError_t err = spconv__cuda_read_back(s->stream, reads, 2);
     spconv_status st = SPCONV_OK;
-    if (err == cudaSuccess) st = set_offset_counts(func, rb, num_active, host, host + num_active);
+    if (err == cudaSuccess) st = set_offset_counts(func, rb, host);
     free(host);
     CUDA_TRY(err);
     return st;
@@ -410,7 +439,7 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
         LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
                    starts.get(), total_hits, pair_keys.get(),
                    (int32_t *)spconv_tensor_data(rb->pairs_in));
-    return finish_pairs(s, &pair_keys, num_pairs, rb);
+    return finish_pairs(s, &pair_keys, num_pairs, rb, NULL);
 }
 
 static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
@@ -442,31 +471,49 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
                                           out_keys.get() + total, values.get()));
     spconv__device_array<int64_t> heads;
     SPCONV_FORWARD_IF_ERROR(heads.alloc(s->ctx, func, total, "output numbers"));
-    int64_t num_out = 0;
     if (total > 0) {
         LAUNCH_MAP(s->stream, total, output_heads_kernel, out_keys.get(), total, heads.get());
         SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream,
                                               "numbering the output sites", thrust::inclusive_scan,
                                               heads.get(), heads.get() + total, heads.get()));
+    }
+    /* The outputs number at most the candidates: with fewer than 2^31 candidates every output
+     * row fits int32, and the sites are written for that many rows and copied to their exact
+     * size once the count comes back with the offsets' (one wait for both). More candidates
+     * read the count first, to refuse more than int32 rows before writing any. */
+    const bool bounded = total <= INT32_MAX;
+    int64_t num_out = 0;
+    if (!bounded) {
         CUDA_TRY(cudaMemcpyAsync(&num_out, heads.get() + total - 1, sizeof num_out,
                                  cudaMemcpyDeviceToHost, s->stream));
         CUDA_TRY(cudaStreamSynchronize(s->stream));
+        SPCONV_RETURN_ERROR_IF(num_out > INT32_MAX, SPCONV_ERR_OVERFLOW,
+                               "%s: %" PRId64 " output sites exceed int32 row numbers", func,
+                               num_out);
     }
-    SPCONV_RETURN_ERROR_IF(num_out > INT32_MAX, SPCONV_ERR_OVERFLOW,
-                           "%s: %" PRId64 " output sites exceed int32 row numbers", func, num_out);
-    rb->num_out = num_out;
-    const int64_t out_sizes[2] = {num_out, 4};
-    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 2,
-                                                    out_sizes, &rb->out_indices));
+    const int64_t site_rows = bounded ? total : num_out;
+    spconv__device_array<int32_t> sites;
+    SPCONV_FORWARD_IF_ERROR(sites.alloc(s->ctx, func, 4 * site_rows, "output sites"));
     SPCONV_FORWARD_IF_ERROR(
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &total, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, total, "pair keys"));
     if (total > 0)
         LAUNCH_MAP(s->stream, total, outputs_kernel, g.out_layout, out_keys.get(), values.get(),
-                   heads.get(), total, (int32_t *)spconv_tensor_data(rb->out_indices),
-                   pair_keys.get(), (int32_t *)spconv_tensor_data(rb->pairs_in));
-    return finish_pairs(s, &pair_keys, total, rb);
+                   heads.get(), total, sites.get(), pair_keys.get(),
+                   (int32_t *)spconv_tensor_data(rb->pairs_in));
+    const spconv__host_read count_read = {&num_out, heads.get() + total - 1, sizeof num_out};
+    SPCONV_FORWARD_IF_ERROR(
+        finish_pairs(s, &pair_keys, total, rb, bounded && total > 0 ? &count_read : NULL));
+    rb->num_out = num_out;
+    const int64_t out_sizes[2] = {num_out, 4};
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 2,
+                                                    out_sizes, &rb->out_indices));
+    if (num_out > 0)
+        CUDA_TRY(cudaMemcpyAsync(spconv_tensor_data(rb->out_indices), sites.get(),
+                                 (size_t)num_out * 4 * sizeof(int32_t), cudaMemcpyDeviceToDevice,
+                                 s->stream));
+    return SPCONV_OK;
 }
 
 spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,

@@ -551,7 +551,8 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
     /* Training (running statistics change), backward, an SGD step: the kept copy follows. A
      * training pass's batch norms keep their statistics, terms and gradients on the device: no
      * layer waits, and the pass waits only at its end, when its batch norms' statistics come home
-     * in one read for the running statistics; the backward only when the gradients come home. */
+     * in one read for the running statistics; the backward only when the gradients come home, in
+     * one read too. */
     wait_marks marks = {.count = 0};
     spconv_net_set_progress(kept, mark_waits, &marks);
     before = HOST_WAITS();
@@ -569,8 +570,10 @@ static void test_kept_parameters_make_no_host_round_trip(void **state) {
     SPCONV_ASSERT_OK(spconv_net_backward(ctx, kept, gyd, &dx_kept));
     assert_int_equal(marks.count, n_layers);
     for (int i = 0; i < marks.count; ++i) assert_int_equal(marks.at[i] - before, 0);
+    const unsigned long long backward_waits = HOST_WAITS() - before;
     print_message("training pass: %llu host waits at its end; backward: %llu\n", training_waits,
-                  HOST_WAITS() - before);
+                  backward_waits);
+    assert_true(backward_waits <= 2); /* the gradients in one read */
     spconv_net_set_progress(kept, NULL, NULL);
     SPCONV_ASSERT_OK(spconv_net_backward(ctx, plain, gyd, &dx_plain));
     assert_same_bytes("input gradient", dx_kept, dx_plain);
@@ -1015,6 +1018,40 @@ static void test_budgets_change_launches_not_sums(void **state) {
     spconv_rulebook_release(g.rb);
 }
 
+/* A rulebook build on the device reads back three times: the validation marks with the site
+ * table's counters, the number of pairs (candidates), and the offsets' counts (with a strided
+ * build's number of outputs). The emulation counts each copy to the host and each synchronisation
+ * as a wait: 2 + 3 + 2 for subm, 2 + 3 + 3 for a strided conv. */
+static void test_rulebook_build_waits(void **state) {
+    (void)state;
+#if !SPCONV_CUDA_EMULATION
+    print_message("skip: waits are counted by the host emulation only\n");
+    skip();
+#else
+    SKIP_WITHOUT_DEVICE();
+    device_input d = make_device_input(300, 4);
+    const spconv_conv_kind kinds[2] = {SPCONV_CONV_SUBM, SPCONV_CONV_REGULAR};
+    const unsigned long long most[2] = {7, 8};
+    for (int i = 0; i < 2; ++i) {
+        spconv_conv_params params = spconv_conv_params_default(kinds[i]);
+        if (kinds[i] == SPCONV_CONV_REGULAR)
+            for (int a = 0; a < 3; ++a) params.stride[a] = 2;
+        spconv_rulebook *rb = NULL, *cpu = NULL;
+        const unsigned long long before = HOST_WAITS();
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, d.id, SHAPE, 1, &params, &rb));
+        const unsigned long long waits = HOST_WAITS() - before;
+        print_message("%s rulebook: %llu waits\n", i == 0 ? "subm" : "strided", waits);
+        assert_true(waits <= most[i]);
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, d.indices, SHAPE, 1, &params, &cpu));
+        assert_int_equal(spconv_rulebook_num_pairs(rb), spconv_rulebook_num_pairs(cpu));
+        assert_int_equal(spconv_rulebook_num_out(rb), spconv_rulebook_num_out(cpu));
+        spconv_rulebook_release(rb);
+        spconv_rulebook_release(cpu);
+    }
+    release_device_input(&d);
+#endif
+}
+
 static void test_subm_conv_launches(void **state) {
     (void)state;
 #if !SPCONV_CUDA_EMULATION
@@ -1061,6 +1098,7 @@ int main(void) {
         cmocka_unit_test(test_zoo_networks_match_cpu),
         cmocka_unit_test(test_budgets_change_launches_not_sums),
         cmocka_unit_test(test_subm_conv_launches),
+        cmocka_unit_test(test_rulebook_build_waits),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);

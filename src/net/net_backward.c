@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "net/net_internal.h"
 #include "tensor/tensor_impl.h"
@@ -62,17 +63,72 @@ static void set_param_grad_from(back_pass *b, int index, spconv_tensor *grad) {
     b->device_grads[index] = grad;
 }
 
-/* The gradients left on another device, to the CPU. */
+/* Bytes a gradient takes in the block of bring_grads_home: each starts on 256 bytes. */
+static size_t block_piece(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* The gradients left on another device, to the CPU in one read: each is copied (queued on the
+ * device) into one block, the block comes to the host, and each gradient is cut from it. */
 static spconv_status bring_grads_home(back_pass *b) {
+    const int count = b->net->num_params;
+    spconv_tensor **flat = calloc((size_t)(count > 0 ? count : 1), sizeof *flat);
+    SPCONV_RETURN_ERROR_IF(flat == NULL, SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory",
+                           backward_func);
     spconv_status st = SPCONV_OK;
-    for (int i = 0; i < b->net->num_params; ++i) {
-        spconv_tensor *grad = b->device_grads[i], *host = NULL;
-        b->device_grads[i] = NULL;
-        if (grad == NULL) continue;
-        if (st == SPCONV_OK) st = spconv_tensor_to_device(b->ctx, grad, spconv_cpu(), &host);
-        spconv_tensor_release(grad);
-        if (host != NULL) set_param_grad(b->net, i, host);
+    spconv_device device = spconv_cpu();
+    size_t total = 0;
+    for (int i = 0; i < count && st == SPCONV_OK; ++i) {
+        if (b->device_grads[i] == NULL) continue;
+        st = spconv_tensor_contiguous(b->ctx, b->device_grads[i], &flat[i]);
+        if (st != SPCONV_OK) break;
+        device = spconv_tensor_device(flat[i]);
+        total += block_piece((size_t)spconv_tensor_numel(flat[i]) *
+                             spconv_dtype_size(spconv_tensor_dtype(flat[i])));
     }
+    const spconv_backend *backend = NULL;
+    spconv_storage *block = NULL;
+    unsigned char *host = NULL;
+    if (st == SPCONV_OK && total > 0) {
+        st = spconv__backend_check(backward_func, device, &backend);
+        if (st == SPCONV_OK)
+            st = spconv__storage_create_in(backward_func, b->ctx, device, total, &block);
+        host = st == SPCONV_OK ? malloc(total) : NULL;
+        if (st == SPCONV_OK && host == NULL)
+            st = spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                               "%s: out of host memory for %zu bytes of gradients",
+                               backward_func, total);
+    }
+    size_t at = 0;
+    for (int i = 0; i < count && st == SPCONV_OK && total > 0; ++i) {
+        if (flat[i] == NULL) continue;
+        const size_t bytes = (size_t)spconv_tensor_numel(flat[i]) *
+                             spconv_dtype_size(spconv_tensor_dtype(flat[i]));
+        if (bytes > 0)
+            st = backend->copy_on_device(b->ctx, device.index,
+                                         (unsigned char *)spconv_storage_data(block) + at,
+                                         spconv_tensor_data(flat[i]), bytes);
+        at += block_piece(bytes);
+    }
+    if (st == SPCONV_OK && total > 0)
+        st = backend->copy_to_host(b->ctx, device.index, host, spconv_storage_data(block), total);
+    at = 0;
+    for (int i = 0; i < count; ++i) {
+        if (flat[i] == NULL) continue;
+        const size_t bytes = (size_t)spconv_tensor_numel(flat[i]) *
+                             spconv_dtype_size(spconv_tensor_dtype(flat[i]));
+        spconv_tensor *home = NULL;
+        if (st == SPCONV_OK)
+            st = spconv_tensor_from_host(NULL, spconv_cpu(), spconv_tensor_dtype(flat[i]),
+                                         spconv_tensor_ndim(flat[i]), spconv_tensor_sizes(flat[i]),
+                                         host + at, &home);
+        if (home != NULL) set_param_grad(b->net, i, home);
+        at += block_piece(bytes);
+        spconv_tensor_release(flat[i]);
+        spconv_tensor_release(b->device_grads[i]);
+        b->device_grads[i] = NULL;
+    }
+    spconv_storage_release(block);
+    free(host);
+    free(flat);
     return st;
 }
 
