@@ -1047,6 +1047,51 @@ static void test_run_errors_sites(void **state) {
     spconv_sparse_release(in);
 }
 
+/* The running statistics move after a training pass's last layer, in one step: a pass that fails
+ * on a later layer leaves them as they were, and one that succeeds moves them. */
+static void test_failed_training_pass_keeps_running_stats(void **state) {
+    (void)state;
+    static const spconv_layer_desc layers[] = {
+        {.kind = SPCONV_LAYER_SUBM, .name = "a", .in_channels = 3, .out_channels = 3,
+         .kernel = {3, 3, 3}, .key = "s"},
+        {.kind = SPCONV_LAYER_BATCHNORM, .name = "bn", .in_channels = 3},
+        {.kind = SPCONV_LAYER_SUBM, .name = "b", .in_channels = 3, .out_channels = 3,
+         .kernel = {5, 5, 5}, .key = "s"}, /* the same key with another kernel: fails */
+    };
+    const int64_t shape[3] = {8, 8, 8};
+    spconv_sparse_tensor *in = random_input(SPCONV_F32, 3, shape, shape, 1, 100);
+    for (int whole = 0; whole < 2; ++whole) {
+        spconv_net *net = create_net(SPCONV_F32, 3, layers, whole ? 2 : 3);
+        const int mean = spconv_net_find_param(net, "bn.running_mean");
+        const int var = spconv_net_find_param(net, "bn.running_var");
+        assert_true(mean >= 0 && var >= 0);
+        float before[2][3], after[2][3];
+        SPCONV_ASSERT_OK(spconv_tensor_copy_to_host(NULL, spconv_net_param(net, mean), before[0],
+                                                    sizeof before[0]));
+        SPCONV_ASSERT_OK(spconv_tensor_copy_to_host(NULL, spconv_net_param(net, var), before[1],
+                                                    sizeof before[1]));
+        spconv_tensor *out = NULL;
+        if (whole) {
+            SPCONV_ASSERT_OK(spconv_net_forward(NULL, net, in, SPCONV_NET_TRAINING, &out, NULL));
+            spconv_tensor_release(out);
+        } else {
+            SPCONV_ASSERT_FAILS(
+                spconv_net_forward(NULL, net, in, SPCONV_NET_TRAINING, &out, NULL),
+                SPCONV_ERR_GEOMETRY_MISMATCH, "layer 2 'b' (subm)");
+        }
+        SPCONV_ASSERT_OK(spconv_tensor_copy_to_host(NULL, spconv_net_param(net, mean), after[0],
+                                                    sizeof after[0]));
+        SPCONV_ASSERT_OK(spconv_tensor_copy_to_host(NULL, spconv_net_param(net, var), after[1],
+                                                    sizeof after[1]));
+        if (whole)
+            assert_true(memcmp(before, after, sizeof before) != 0);
+        else
+            assert_memory_equal(before, after, sizeof before);
+        spconv_net_destroy(net);
+    }
+    spconv_sparse_release(in);
+}
+
 /* Input of the wrong dtype, channels or mode; backward without a training forward or with a
  * gradient of the wrong shape or dtype. */
 static void test_run_errors_arguments(void **state) {
@@ -1487,6 +1532,7 @@ int main(void) {
         cmocka_unit_test(test_create_errors_in_layers),
         cmocka_unit_test(test_create_errors_in_arguments),
         cmocka_unit_test(test_run_errors_sites),
+        cmocka_unit_test(test_failed_training_pass_keeps_running_stats),
         cmocka_unit_test(test_run_errors_arguments),
         cmocka_unit_test(test_backend_without_the_kernels),
         cmocka_unit_test(test_batchnorm_relu_fused_bits),
