@@ -13,11 +13,12 @@
  *  3. one sort of the pair keys groups the pairs by offset, in increasing out_row within each
  *     (keys are unique: an output meets an offset at most once), and a binary search per offset
  *     counts its pairs: the counts of every offset are what comes back to the host.
- * Counts are int64 throughout. The host waits three times a build: once for the validation marks
- * and the table's insert counters together (the insert reads the first bad row on the device), once
- * for the number of pairs (or candidates) it must allocate, and once at the end for the offsets'
- * counts, with a strided build's number of outputs (their sites are written for as many rows as
- * candidates, then copied to their exact size). Only an error path waits more, to name the row. */
+ * Counts are int64 throughout. The host waits twice a build: for the number of pairs (or
+ * candidates) it must allocate, read with the validation marks and the site table's insert
+ * counters (the insert reads the first bad row on the device; the kernels queued before that read
+ * are safe on any rows), and at the end for the offsets' counts, with a strided build's number of
+ * outputs (their sites are written for as many rows as candidates, then copied to their exact
+ * size). Only an error path waits more, to name the row. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -68,6 +69,11 @@ __global__ void owner_kernel(spconv__hash_table table, const uint64_t *keys, int
         CUDA_TRY(cudaGetLastError());                                                         \
     } while (0)
 
+/* Marks of the site table's build, read back with the build's first count: [0] the first row
+ * outside the batch or the shape, [1] the first row that repeats an earlier one, [2] inserts that
+ * found no free slot, [3] inserts of a key already there. */
+enum { MARK_FIRST_BAD, MARK_FIRST_DUP, MARK_FULL, MARK_REPEATED, NUM_MARKS };
+
 /* What every builder of this file shares. */
 struct build_state {
     const char *func;
@@ -80,6 +86,10 @@ struct build_state {
     spconv__device_array<uint64_t> keys; /* [N] packed input keys */
     spconv__device_array<spconv__hash_slot> slots;
     spconv__hash_table table;
+    spconv__device_array<unsigned long long> marks; /* [NUM_MARKS], below */
+    uint64_t capacity;                               /* the site table's slots */
+    const int64_t *shape;                            /* the input's spatial shape */
+    int64_t batch_size;
 };
 
 static spconv_status read_u64(cudaStream_t stream, const unsigned long long *device_value,
@@ -96,50 +106,55 @@ static spconv_status read_row(cudaStream_t stream, const int32_t *rows, int64_t 
     return SPCONV_OK;
 }
 
-/* Marks of the site table's build, read back together: [0] the first row outside the batch or
- * the shape, [1] the first row that repeats an earlier one, [2] inserts that found no free slot,
- * [3] inserts of a key already there. */
-enum { MARK_FIRST_BAD, MARK_FIRST_DUP, MARK_FULL, MARK_REPEATED, NUM_MARKS };
-
-static spconv_status build_site_table(build_state *s, const int64_t shape[3],
+/* Queue the validation and the site table: keys, the first bad row (atomicMin), the table of the
+ * rows before it (the insert reads that row on the device, so that a duplicate before it is named
+ * first) and its counters, all in s->marks. Nothing is read here: the marks come back with the
+ * build's first count (check_sites), and until then the kernels that follow are safe on any rows
+ * (a bad row's key is empty, coordinates are bounds-checked, every probe ends). */
+static spconv_status queue_site_table(build_state *s, const int64_t shape[3],
                                       int64_t batch_size) {
     const char *func = s->func;
     const int64_t n = s->num_in;
+    s->shape = shape;
+    s->batch_size = batch_size;
     SPCONV_FORWARD_IF_ERROR(
         spconv__key_layout_checked(func, "input", batch_size, shape, &s->in_layout));
     SPCONV_FORWARD_IF_ERROR(s->keys.alloc(s->ctx, func, n, "site keys"));
-    spconv__device_array<unsigned long long> marks;
-    SPCONV_FORWARD_IF_ERROR(marks.alloc(s->ctx, func, NUM_MARKS, "validation marks"));
-    CUDA_TRY(cudaMemsetAsync(marks.get(), 0xff, 2 * sizeof(unsigned long long), s->stream));
-    CUDA_TRY(cudaMemsetAsync(marks.get() + MARK_FULL, 0, 2 * sizeof(unsigned long long),
-                             s->stream));
+    SPCONV_FORWARD_IF_ERROR(s->marks.alloc(s->ctx, func, NUM_MARKS, "validation marks"));
+    unsigned long long *marks = s->marks.get();
+    CUDA_TRY(cudaMemsetAsync(marks, 0xff, 2 * sizeof(unsigned long long), s->stream));
+    CUDA_TRY(cudaMemsetAsync(marks + MARK_FULL, 0, 2 * sizeof(unsigned long long), s->stream));
     if (n > 0)
         LAUNCH_MAP(s->stream, n, site_keys_kernel, s->rows, n, s->in_layout, batch_size, shape[0],
-                   shape[1], shape[2], s->keys.get(), marks.get() + MARK_FIRST_BAD);
-    const uint64_t capacity = spconv__hash_capacity_for(n);
-    SPCONV_RETURN_ERROR_IF(capacity == 0, SPCONV_ERR_OVERFLOW,
+                   shape[1], shape[2], s->keys.get(), marks + MARK_FIRST_BAD);
+    s->capacity = spconv__hash_capacity_for(n);
+    SPCONV_RETURN_ERROR_IF(s->capacity == 0, SPCONV_ERR_OVERFLOW,
                            "%s: a hash table for %" PRId64 " sites is too large", func, n);
-    SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_table_init(func, s->ctx, s->stream, capacity, &s->slots, &s->table));
-    /* Rows before the first bad one go in (read on the device), so that a duplicate before it is
-     * named first; validation and the insert's counters then come back in one read. */
-    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_insert_queued(
-        s->stream, &s->table, s->keys.get(), n, marks.get() + MARK_FIRST_BAD,
-        marks.get() + MARK_FULL));
-    unsigned long long host[NUM_MARKS];
-    const spconv__host_read read = {host, marks.get(), sizeof host};
-    CUDA_TRY(spconv__cuda_read_back(s->stream, &read, 1));
+    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_table_init(func, s->ctx, s->stream, s->capacity,
+                                                         &s->slots, &s->table));
+    return spconv__cuda_hash_insert_queued(s->stream, &s->table, s->keys.get(), n,
+                                           marks + MARK_FIRST_BAD, marks + MARK_FULL);
+}
+
+/* The errors the marks (as read back, @p host) say, in the CPU's order of precedence: a full
+ * table, a repeated row before the first bad one, a bad row. Naming a row reads it (error paths
+ * only). */
+static spconv_status check_sites(build_state *s, const unsigned long long *host) {
+    const char *func = s->func;
+    const int64_t n = s->num_in;
     const int64_t bad =
         host[MARK_FIRST_BAD] < (unsigned long long)n ? (int64_t)host[MARK_FIRST_BAD] : n;
     SPCONV_RETURN_ERROR_IF(host[MARK_FULL] > 0, SPCONV_ERR_CAPACITY,
                            "%s: hash table of %llu slots is full (%lld keys, %llu found no slot)",
-                           func, (unsigned long long)capacity, (long long)bad, host[MARK_FULL]);
+                           func, (unsigned long long)s->capacity, (long long)bad,
+                           host[MARK_FULL]);
     int32_t row[4];
-    if (host[MARK_REPEATED] > 0) { /* an error: the waits below cost nothing that matters */
+    if (host[MARK_REPEATED] > 0) {
         LAUNCH_MAP(s->stream, bad, first_duplicate_kernel, s->table, s->keys.get(), bad,
-                   marks.get() + MARK_FIRST_DUP);
+                   s->marks.get() + MARK_FIRST_DUP);
         unsigned long long first_dup;
-        SPCONV_FORWARD_IF_ERROR(read_u64(s->stream, marks.get() + MARK_FIRST_DUP, &first_dup));
+        SPCONV_FORWARD_IF_ERROR(
+            read_u64(s->stream, s->marks.get() + MARK_FIRST_DUP, &first_dup));
         if (first_dup < (unsigned long long)bad) {
             spconv__device_array<int32_t> owner;
             SPCONV_FORWARD_IF_ERROR(owner.alloc(s->ctx, func, 1, "a row owner"));
@@ -155,7 +170,7 @@ static spconv_status build_site_table(build_state *s, const int64_t shape[3],
     }
     if (bad < n) {
         SPCONV_FORWARD_IF_ERROR(read_row(s->stream, s->rows, bad, row));
-        return spconv__report_out_of_range(func, row, bad, shape, batch_size);
+        return spconv__report_out_of_range(func, row, bad, s->shape, s->batch_size);
     }
     return SPCONV_OK;
 }
@@ -392,17 +407,22 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
 
 /* ---- the builders --------------------------------------------------------------------------- */
 
-static spconv_status exclusive_sums(const build_state *s, const int64_t *counts, int64_t n,
+/* starts = the exclusive sums of counts [n] and *total their sum, read back with the site
+ * table's marks, which are then checked (check_sites): the build's first wait. */
+static spconv_status exclusive_sums(build_state *s, const int64_t *counts, int64_t n,
                                     int64_t *starts, int64_t *total) {
     *total = 0;
-    if (n == 0) return SPCONV_OK;
+    if (n == 0) return SPCONV_OK; /* no rows: nothing to validate */
     SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, s->func, s->stream, "summing the counts",
                                           thrust::exclusive_scan, counts, counts + n, starts,
                                           (int64_t)0));
     int64_t last_start = 0, last_count = 0;
-    const spconv__host_read reads[2] = {{&last_start, starts + n - 1, sizeof last_start},
-                                        {&last_count, counts + n - 1, sizeof last_count}};
-    CUDA_TRY(spconv__cuda_read_back(s->stream, reads, 2));
+    unsigned long long marks[NUM_MARKS];
+    const spconv__host_read reads[3] = {{&last_start, starts + n - 1, sizeof last_start},
+                                        {&last_count, counts + n - 1, sizeof last_count},
+                                        {marks, s->marks.get(), sizeof marks}};
+    CUDA_TRY(spconv__cuda_read_back(s->stream, reads, 3));
+    SPCONV_FORWARD_IF_ERROR(check_sites(s, marks));
     *total = last_start + last_count;
     return SPCONV_OK;
 }
@@ -545,7 +565,7 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
     s.device = device;
     s.rows = (const int32_t *)spconv_tensor_data(rows);
     s.num_in = rb->num_in;
-    st = build_site_table(&s, spatial_shape, batch_size);
+    st = queue_site_table(&s, spatial_shape, batch_size);
     if (st == SPCONV_OK)
         st = params->kind == SPCONV_CONV_SUBM ? build_subm(&s, rb) : build_strided(&s, rb);
     if (st != SPCONV_OK) {

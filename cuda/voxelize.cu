@@ -212,23 +212,26 @@ static spconv_status assign_scan(const voxel_batch *b, voxel_scan *s, int64_t *p
     spconv__hash_table table;
     SPCONV_FORWARD_IF_ERROR(
         spconv__cuda_hash_table_init(func, b->ctx, b->stream, capacity, &slots, &table));
-    int64_t repeated;
-    SPCONV_FORWARD_IF_ERROR(
-        spconv__cuda_hash_insert_all(func, b->ctx, b->stream, &table, keys.get(), P, &repeated));
+    /* counters [0] the voxel count, [1] inserts that found no free slot, [2] repeated keys (the
+     * points after a voxel's first: not an error here), read back together */
+    spconv__device_array<unsigned long long> counters;
+    SPCONV_FORWARD_IF_ERROR(counters.alloc(b->ctx, func, 3, "voxel counters"));
+    CUDA_TRY(cudaMemsetAsync(counters.get(), 0, 3 * sizeof(unsigned long long), b->stream));
+    SPCONV_FORWARD_IF_ERROR(spconv__cuda_hash_insert_queued(b->stream, &table, keys.get(), P,
+                                                            NULL, counters.get() + 1));
 
     spconv__device_array<int32_t> first_points;
-    spconv__device_array<unsigned long long> distinct;
     SPCONV_FORWARD_IF_ERROR(first_points.alloc(b->ctx, func, P, "first points of voxels"));
     SPCONV_FORWARD_IF_ERROR(s->voxel_keys.alloc(b->ctx, func, P, "voxel keys"));
-    SPCONV_FORWARD_IF_ERROR(distinct.alloc(b->ctx, func, 1, "a voxel count"));
-    CUDA_TRY(cudaMemsetAsync(distinct.get(), 0, sizeof(unsigned long long), b->stream));
     LAUNCH_GRID((int64_t)capacity, gather_voxels_kernel, table.slots, (int64_t)capacity,
-                first_points.get(), s->voxel_keys.get(), distinct.get());
-    unsigned long long num_distinct = 0;
-    CUDA_TRY(cudaMemcpyAsync(&num_distinct, distinct.get(), sizeof num_distinct,
-                             cudaMemcpyDeviceToHost, b->stream));
-    CUDA_TRY(cudaStreamSynchronize(b->stream));
-    const int64_t D = (int64_t)num_distinct;
+                first_points.get(), s->voxel_keys.get(), counters.get());
+    unsigned long long host[3] = {0, 0, 0};
+    const spconv__host_read read = {host, counters.get(), sizeof host};
+    CUDA_TRY(spconv__cuda_read_back(b->stream, &read, 1));
+    SPCONV_RETURN_ERROR_IF(host[1] > 0, SPCONV_ERR_CAPACITY,
+                           "%s: hash table of %llu slots is full (%lld keys, %llu found no slot)",
+                           func, (unsigned long long)capacity, (long long)P, host[1]);
+    const int64_t D = (int64_t)host[0];
     SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(b->ctx, func, b->stream,
                                           "ordering voxels by their first point",
                                           thrust::sort_by_key, first_points.get(),

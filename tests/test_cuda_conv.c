@@ -1018,11 +1018,11 @@ static void test_budgets_change_launches_not_sums(void **state) {
     spconv_rulebook_release(g.rb);
 }
 
-/* A rulebook build on the device reads back three times: the validation marks with the site
- * table's counters, the number of pairs (candidates), and the offsets' counts (with a strided
- * build's number of outputs). The emulation counts each copy to the host and each synchronisation
- * as a wait: 2 + 3 + 2 for subm, 2 + 3 + 3 for a strided conv. */
-static void test_rulebook_build_waits(void **state) {
+/* A rulebook build on the device reads back twice, and the voxelizer too: the number of pairs (candidates) with the
+ * validation marks and the site table's counters, and the offsets' counts (with a strided build's
+ * number of outputs). The emulation counts each copy to the host and each synchronisation as a
+ * wait: 4 + 2 for subm, 4 + 3 for a strided conv, 2 + 2 for the voxelizer. */
+static void test_map_build_waits(void **state) {
     (void)state;
 #if !SPCONV_CUDA_EMULATION
     print_message("skip: waits are counted by the host emulation only\n");
@@ -1031,7 +1031,7 @@ static void test_rulebook_build_waits(void **state) {
     SKIP_WITHOUT_DEVICE();
     device_input d = make_device_input(300, 4);
     const spconv_conv_kind kinds[2] = {SPCONV_CONV_SUBM, SPCONV_CONV_REGULAR};
-    const unsigned long long most[2] = {7, 8};
+    const unsigned long long most[2] = {6, 7};
     for (int i = 0; i < 2; ++i) {
         spconv_conv_params params = spconv_conv_params_default(kinds[i]);
         if (kinds[i] == SPCONV_CONV_REGULAR)
@@ -1049,6 +1049,29 @@ static void test_rulebook_build_waits(void **state) {
         spconv_rulebook_release(cpu);
     }
     release_device_input(&d);
+
+    /* The voxelizer: the voxel count with the table's counters, then the drop counts (4). */
+    const int64_t n = 500;
+    spconv_tensor *points = random_tensor(SPCONV_F32, 2, (const int64_t[]){n, 4});
+    spconv_tensor *points_d = on_cuda(points);
+    const spconv_voxelize_params params = {{0.25f, 0.25f, 0.25f},
+                                           {-1.0f, -1.0f, -1.0f, 1.0f, 1.0f, 1.0f},
+                                           5,
+                                           INT64_MAX,
+                                           SPCONV_VOXELIZE_MEAN};
+    spconv_voxels v = {0}, c = {0};
+    const unsigned long long before = HOST_WAITS();
+    SPCONV_ASSERT_OK(spconv_voxelize(NULL, points_d, &params, &v));
+    const unsigned long long waits = HOST_WAITS() - before;
+    print_message("voxelizer: %llu waits\n", waits);
+    assert_true(waits <= 4);
+    SPCONV_ASSERT_OK(spconv_voxelize(NULL, points, &params, &c));
+    assert_int_equal(spconv_tensor_size(v.coords, 0), spconv_tensor_size(c.coords, 0));
+    assert_int_equal(v.stats.dropped_range, c.stats.dropped_range);
+    spconv_voxels_release(&v);
+    spconv_voxels_release(&c);
+    spconv_tensor_release(points);
+    spconv_tensor_release(points_d);
 #endif
 }
 
@@ -1098,7 +1121,7 @@ int main(void) {
         cmocka_unit_test(test_zoo_networks_match_cpu),
         cmocka_unit_test(test_budgets_change_launches_not_sums),
         cmocka_unit_test(test_subm_conv_launches),
-        cmocka_unit_test(test_rulebook_build_waits),
+        cmocka_unit_test(test_map_build_waits),
     };
     spconv_test_seed();
     return cmocka_run_group_tests(tests, NULL, NULL);
