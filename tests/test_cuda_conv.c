@@ -487,6 +487,52 @@ static void release_device_input(device_input *d) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
 }
 
+/* A rulebook built on the device serves CPU features too: the CPU executors copy its pairs to the
+ * host (as the CUDA ones copy a CPU rulebook's to the device), and give the bytes of the CPU
+ * rulebook of the same sites. On a GPU the executors reading the device pairs in place would
+ * fault; in the emulation device memory is host memory, so there the bytes are what is shown. */
+static void test_device_rulebook_with_cpu_features(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    device_input d = make_device_input(250, 6);
+    const spconv_conv_kind kinds[2] = {SPCONV_CONV_SUBM, SPCONV_CONV_REGULAR};
+    for (int i = 0; i < 2; ++i) {
+        spconv_conv_params params = spconv_conv_params_default(kinds[i]);
+        spconv_rulebook *rb_d = NULL, *rb_h = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, d.id, SHAPE, 1, &params, &rb_d));
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, d.indices, SHAPE, 1, &params, &rb_h));
+        assert_true(spconv_device_equal(spconv_tensor_device(spconv_rulebook_pairs_in(rb_d)),
+                                        spconv_cuda(0)));
+        spconv_tensor *w = random_tensor(SPCONV_F32, 3, (const int64_t[]){27, 6, 5});
+        spconv_tensor *g = random_tensor(SPCONV_F32, 2,
+                                         (const int64_t[]){spconv_rulebook_num_out(rb_h), 5});
+        spconv_tensor *y_d = NULL, *y_h = NULL, *dx_d = NULL, *dx_h = NULL, *dw_d = NULL,
+                      *dw_h = NULL, *p_d = NULL, *p_h = NULL;
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb_d, d.x, w, NULL, &y_d));
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb_h, d.x, w, NULL, &y_h));
+        assert_true(spconv_device_equal(spconv_tensor_device(y_d), spconv_cpu()));
+        assert_memory_equal(spconv_tensor_data(y_d), spconv_tensor_data(y_h),
+                            (size_t)spconv_tensor_numel(y_h) * sizeof(float));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb_d, d.x, w, g, &dx_d, &dw_d, NULL));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb_h, d.x, w, g, &dx_h, &dw_h, NULL));
+        assert_memory_equal(spconv_tensor_data(dx_d), spconv_tensor_data(dx_h),
+                            (size_t)spconv_tensor_numel(dx_h) * sizeof(float));
+        assert_memory_equal(spconv_tensor_data(dw_d), spconv_tensor_data(dw_h),
+                            (size_t)spconv_tensor_numel(dw_h) * sizeof(float));
+        if (kinds[i] == SPCONV_CONV_REGULAR) {
+            SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, rb_d, d.x, &p_d, NULL));
+            SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, rb_h, d.x, &p_h, NULL));
+            assert_memory_equal(spconv_tensor_data(p_d), spconv_tensor_data(p_h),
+                                (size_t)spconv_tensor_numel(p_h) * sizeof(float));
+        }
+        spconv_tensor *all[] = {w, g, y_d, y_h, dx_d, dx_h, dw_d, dw_h, p_d, p_h};
+        for (size_t t = 0; t < sizeof all / sizeof all[0]; ++t) spconv_tensor_release(all[t]);
+        spconv_rulebook_release(rb_d);
+        spconv_rulebook_release(rb_h);
+    }
+    release_device_input(&d);
+}
+
 static spconv_tensor *net_pass(spconv_context *ctx, spconv_net *net,
                                const spconv_sparse_tensor *in, spconv_net_mode mode) {
     spconv_tensor *y = NULL;
@@ -1113,6 +1159,7 @@ int main(void) {
         cmocka_unit_test(test_conv_matches_cpu),
         cmocka_unit_test(test_maxpool_matches_cpu),
         cmocka_unit_test(test_unsupported_dtype),
+        cmocka_unit_test(test_device_rulebook_with_cpu_features),
         cmocka_unit_test(test_net_layers_match_cpu),
         cmocka_unit_test(test_net_to_dense_bad_sites),
         cmocka_unit_test(test_kept_parameters_make_no_host_round_trip),

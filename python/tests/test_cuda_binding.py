@@ -77,6 +77,46 @@ def test_work_is_ordered_on_the_current_stream(seed):
     torch.testing.assert_close(host, want, rtol=0, atol=1e-10)
 
 
+def test_modules_on_cuda_indices_equal_cpu(seed):
+    # A spconv user's tensors: features and indices both on the GPU. Rulebooks are built there
+    # (bitwise the CPU's, pairs and output sites), every layer runs there, and the outputs and
+    # gradients match the same network on the CPU. float64: each output is a sum of at most a
+    # few thousand products and batch-norm terms of values of order 10, so the two devices'
+    # different summation orders differ by far less than 1e-9.
+    import copy
+
+    import spconv_c.pytorch as ours
+    from nets import make_net
+
+    shape = [12, 12, 12]
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, shape, 300, 4)
+    for kind, ksize, stride in ((ops.SUBM, 3, 1), (ops.REGULAR, 3, 2)):
+        rb_h = ops.build_rulebook(idx, shape, 2, kind, ksize, stride)
+        rb_d = ops.build_rulebook(idx.cuda(), shape, 2, kind, ksize, stride)
+        assert rb_d.pairs_in().device.type == "cuda"
+        assert torch.equal(rb_d.pairs_in().cpu(), rb_h.pairs_in())
+        assert torch.equal(rb_d.pairs_out().cpu(), rb_h.pairs_out())
+        assert torch.equal(rb_d.out_indices().cpu(), rb_h.out_indices())
+        assert torch.equal(rb_d.pair_offsets(), rb_h.pair_offsets())
+
+    torch.manual_seed(seed)
+    net = make_net(ours).double()
+    gpu = copy.deepcopy(net).cuda()
+    f_h = feats.clone().requires_grad_(True)
+    f_d = feats.cuda().requires_grad_(True)
+    want = net(ours.SparseConvTensor(f_h, idx, shape, 2))
+    got = gpu(ours.SparseConvTensor(f_d, idx.cuda(), shape, 2))
+    for g, w in zip(got, want):
+        assert g.device.type == "cuda"
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=1e-9)
+    (sum(t.square().sum() for t in want)).backward()
+    (sum(t.square().sum() for t in got)).backward()
+    torch.testing.assert_close(f_d.grad.cpu(), f_h.grad, rtol=1e-9, atol=1e-9)
+    for (name, p_h), p_d in zip(net.named_parameters(), gpu.parameters()):
+        torch.testing.assert_close(p_d.grad.cpu(), p_h.grad, rtol=1e-9, atol=1e-9, msg=name)
+
+
 if __name__ == "__main__":
     # Without pytest (the GPU machine of tools/gpu-check.sh may lack it): each test once, with a
     # printed seed; a failure raises.

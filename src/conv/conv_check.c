@@ -147,8 +147,10 @@ spconv_status spconv__rulebook_pairs(spconv_context *ctx, const spconv_rulebook 
                                      spconv_tensor **pairs_in, spconv_tensor **pairs_out) {
     *pairs_in = NULL;
     *pairs_out = NULL;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_contiguous(ctx, spconv_rulebook_pairs_in(rb), pairs_in));
-    spconv_status st = spconv_tensor_contiguous(ctx, spconv_rulebook_pairs_out(rb), pairs_out);
+    SPCONV_FORWARD_IF_ERROR(
+        spconv_tensor_to_device(ctx, spconv_rulebook_pairs_in(rb), spconv_cpu(), pairs_in));
+    spconv_status st =
+        spconv_tensor_to_device(ctx, spconv_rulebook_pairs_out(rb), spconv_cpu(), pairs_out);
     if (st != SPCONV_OK) {
         spconv_tensor_release(*pairs_in);
         *pairs_in = NULL;

@@ -65,8 +65,9 @@ spconv_status spconv__pool_check_backward(const char *func, const spconv_ruleboo
 spconv_status spconv__check_argmax_rows(const char *func, const int32_t *argmax, int64_t rows,
                                         int64_t cols, int64_t num_in, int threads);
 
-/* Contiguous int32 pair lists of @p rb (new references, which may be the rulebook's own tensors);
- * both NULL on failure. */
+/* Contiguous int32 pair lists of @p rb in host memory, for the CPU executors (new references,
+ * which may be the rulebook's own tensors; copies of a rulebook built on a device, as the CUDA
+ * executors copy a CPU rulebook's pairs there); both NULL on failure. */
 spconv_status spconv__rulebook_pairs(spconv_context *ctx, const spconv_rulebook *rb,
                                      spconv_tensor **pairs_in, spconv_tensor **pairs_out);
 

@@ -360,8 +360,9 @@ c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
                                             std::vector<int64_t> stride, std::vector<int64_t> padding,
                                             std::vector<int64_t> dilation,
                                             std::vector<int64_t> output_padding) {
-    TORCH_CHECK(indices.device().is_cpu(), "spconv_c.build_rulebook: indices are on ",
-                indices.device(), "; the engine builds rulebooks from CPU indices");
+    TORCH_CHECK(indices.device().is_cpu() || indices.device().is_cuda(),
+                "spconv_c.build_rulebook: indices are on ", indices.device(),
+                "; the engine builds rulebooks on the CPU or on a CUDA device");
     const spconv_conv_params p = conv_params("build_rulebook", kind, kernel, stride, padding,
                                              dilation, output_padding);
     int64_t shape[3];
