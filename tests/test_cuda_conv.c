@@ -239,46 +239,71 @@ static void check_half_against_widened(const spconv_rulebook *rb, spconv_dtype d
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
 }
 
-static void check_conv_case(const geometry *g, spconv_dtype dtype, int64_t c_in, int64_t c_out) {
-    const spconv_rulebook *rb = g->rb;
+/* A conv case: random operands on the host and their copies on the device, their magnitudes in
+ * f64, and the CPU's forward and backward on both (the magnitudes' results are the sums S of the
+ * tolerance above). */
+typedef struct conv_case {
+    spconv_tensor *x, *w, *b, *gy;       /* host operands */
+    spconv_tensor *xd, *wd, *bd, *gd;    /* the same on the device */
+    spconv_tensor *ax, *aw, *ab, *ag;    /* |operands| in f64 */
+    spconv_tensor *y, *dx, *dw, *db;     /* the CPU on the operands */
+    spconv_tensor *by, *bdx, *bdw, *bdb; /* the CPU on the magnitudes */
+} conv_case;
+
+static conv_case make_conv_case(const spconv_rulebook *rb, spconv_dtype dtype, int64_t c_in,
+                                int64_t c_out) {
     const int64_t kv = spconv_rulebook_kernel_volume(rb);
     const int64_t n_in = spconv_rulebook_num_in(rb), n_out = spconv_rulebook_num_out(rb);
-    spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n_in, c_in});
-    spconv_tensor *w = random_tensor(dtype, 3, (const int64_t[]){kv, c_in, c_out});
-    spconv_tensor *b = random_tensor(dtype, 1, &c_out);
-    spconv_tensor *gy = random_tensor(dtype, 2, (const int64_t[]){n_out, c_out});
-    spconv_tensor *xd = on_cuda(x), *wd = on_cuda(w), *bd = on_cuda(b), *gd = on_cuda(gy);
+    conv_case c = {0};
+    c.x = random_tensor(dtype, 2, (const int64_t[]){n_in, c_in});
+    c.w = random_tensor(dtype, 3, (const int64_t[]){kv, c_in, c_out});
+    c.b = random_tensor(dtype, 1, &c_out);
+    c.gy = random_tensor(dtype, 2, (const int64_t[]){n_out, c_out});
+    c.xd = on_cuda(c.x), c.wd = on_cuda(c.w), c.bd = on_cuda(c.b), c.gd = on_cuda(c.gy);
+    c.ax = abs_f64(c.x), c.aw = abs_f64(c.w), c.ab = abs_f64(c.b), c.ag = abs_f64(c.gy);
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, c.x, c.w, c.b, &c.y));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.x, c.w, c.gy, &c.dx, &c.dw, &c.db));
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, c.ax, c.aw, c.ab, &c.by));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.ax, c.aw, c.ag, &c.bdx, &c.bdw, &c.bdb));
+    return c;
+}
+
+static void release_conv_case(conv_case *c) {
+    spconv_tensor *all[] = {c->x,  c->w,  c->b,  c->gy, c->xd, c->wd,  c->bd,  c->gd,
+                            c->ax, c->aw, c->ab, c->ag, c->y,  c->dx,  c->dw,  c->db,
+                            c->by, c->bdx, c->bdw, c->bdb};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+}
+
+static void check_conv_case(const geometry *g, spconv_dtype dtype, int64_t c_in, int64_t c_out) {
+    const spconv_rulebook *rb = g->rb;
+    const int64_t kv = spconv_rulebook_kernel_volume(rb), n_out = spconv_rulebook_num_out(rb);
+    conv_case c = make_conv_case(rb, dtype, c_in, c_out);
 
     /* forward, twice on the device */
-    spconv_tensor *want = NULL, *got = NULL, *again = NULL, *bound = NULL;
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, x, w, b, &want));
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, xd, wd, bd, &got));
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, xd, wd, bd, &again));
-    spconv_tensor *ax = abs_f64(x), *aw = abs_f64(w), *ab = abs_f64(b), *ag = abs_f64(gy);
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, ax, aw, ab, &bound));
-    assert_within("forward", got, want, bound, dtype, kv * c_in);
+    spconv_tensor *got = NULL, *again = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, c.xd, c.wd, c.bd, &got));
+    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, c.xd, c.wd, c.bd, &again));
+    assert_within("forward", got, c.y, c.by, dtype, kv * c_in);
     assert_same_bytes("forward", got, again);
 
     /* backward: every gradient, then each alone */
-    spconv_tensor *dx = NULL, *dw = NULL, *db = NULL, *cdx = NULL, *cdw = NULL, *cdb = NULL;
-    spconv_tensor *bdx = NULL, *bdw = NULL, *bdb = NULL, *rdx = NULL, *rdw = NULL;
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, x, w, gy, &dx, &dw, &db));
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, &cdx, &cdw, &cdb));
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, ax, aw, ag, &bdx, &bdw, &bdb));
-    assert_within("grad features", cdx, dx, bdx, dtype, kv * c_out);
-    assert_within("grad weight", cdw, dw, bdw, dtype, spconv_rulebook_num_pairs(rb));
-    assert_within("grad bias", cdb, db, bdb, dtype, n_out);
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, &rdx, NULL, NULL));
+    spconv_tensor *cdx = NULL, *cdw = NULL, *cdb = NULL, *rdx = NULL, *rdw = NULL;
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.xd, c.wd, c.gd, &cdx, &cdw, &cdb));
+    assert_within("grad features", cdx, c.dx, c.bdx, dtype, kv * c_out);
+    assert_within("grad weight", cdw, c.dw, c.bdw, dtype, spconv_rulebook_num_pairs(rb));
+    assert_within("grad bias", cdb, c.db, c.bdb, dtype, n_out);
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.xd, c.wd, c.gd, &rdx, NULL, NULL));
     assert_same_bytes("grad features alone", rdx, cdx);
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, NULL, &rdw, NULL));
+    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.xd, c.wd, c.gd, NULL, &rdw, NULL));
     assert_same_bytes("grad weight alone", rdw, cdw);
     if (is_half(dtype))
-        check_half_against_widened(rb, dtype, xd, wd, bd, gd, got, cdx, cdw, cdb, bound, bdx, bdw,
-                                   bdb, c_in, c_out);
+        check_half_against_widened(rb, dtype, c.xd, c.wd, c.bd, c.gd, got, cdx, cdw, cdb, c.by,
+                                   c.bdx, c.bdw, c.bdb, c_in, c_out);
 
-    spconv_tensor *all[] = {x, w, b, gy, xd, wd, bd, gd, want, got, again, bound, ax, aw, ab, ag,
-                            dx, dw, db, cdx, cdw, cdb, bdx, bdw, bdb, rdx, rdw};
+    spconv_tensor *all[] = {got, again, cdx, cdw, cdb, rdx, rdw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    release_conv_case(&c);
 }
 
 static void test_conv_matches_cpu(void **state) {
@@ -978,49 +1003,35 @@ static void check_budgets(const geometry *g, spconv_dtype dtype, int64_t c_in, i
     static const char *budgets[] = {NULL, "1", "4", "16", "64"};
     const spconv_rulebook *rb = g->rb;
     const int64_t kv = spconv_rulebook_kernel_volume(rb);
-    const int64_t n_in = spconv_rulebook_num_in(rb), n_out = spconv_rulebook_num_out(rb);
-    spconv_tensor *x = random_tensor(dtype, 2, (const int64_t[]){n_in, c_in});
-    spconv_tensor *w = random_tensor(dtype, 3, (const int64_t[]){kv, c_in, c_out});
-    spconv_tensor *b = random_tensor(dtype, 1, &c_out);
-    spconv_tensor *gy = random_tensor(dtype, 2, (const int64_t[]){n_out, c_out});
-    spconv_tensor *xd = on_cuda(x), *wd = on_cuda(w), *bd = on_cuda(b), *gd = on_cuda(gy);
-    spconv_tensor *ax = abs_f64(x), *aw = abs_f64(w), *ab = abs_f64(b), *ag = abs_f64(gy);
-    spconv_tensor *y = NULL, *dx = NULL, *dw = NULL, *db = NULL;
-    spconv_tensor *by = NULL, *bdx = NULL, *bdw = NULL, *bdb = NULL;
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, x, w, b, &y));
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, x, w, gy, &dx, &dw, &db));
-    SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, ax, aw, ab, &by));
-    SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, ax, aw, ag, &bdx, &bdw, &bdb));
-    const int64_t n_fwd = is_half(dtype) ? 0 : kv * c_in, n_dx = kv * c_out;
-    const int64_t n_dw = spconv_rulebook_num_pairs(rb);
-    spconv_tensor *first[3] = {NULL, NULL, NULL};
+    conv_case c = make_conv_case(rb, dtype, c_in, c_out);
+    const int64_t n_fwd = kv * c_in, n_dx = kv * c_out, n_dw = spconv_rulebook_num_pairs(rb);
+    spconv_tensor *first[2] = {NULL, NULL};
     for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; ++i) {
         set_budget_kib(budgets[i]);
         spconv_tensor *cy = NULL, *cdx = NULL, *cdw = NULL;
-        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, xd, wd, bd, &cy));
-        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, xd, wd, gd, &cdx, &cdw, NULL));
+        SPCONV_ASSERT_OK(spconv_conv_forward(NULL, rb, c.xd, c.wd, c.bd, &cy));
+        SPCONV_ASSERT_OK(spconv_conv_backward(NULL, rb, c.xd, c.wd, c.gd, &cdx, &cdw, NULL));
+        print_message("  budget %s KiB\n", budgets[i] != NULL ? budgets[i] : "(default)");
+        assert_within("forward", cy, c.y, c.by, dtype, n_fwd);
+        assert_within("grad features", cdx, c.dx, c.bdx, dtype, n_dx);
+        assert_within("grad weight", cdw, c.dw, c.bdw, dtype, n_dw);
         if (i == 0) {
             first[0] = cy;
             first[1] = cdx;
-            first[2] = cdw;
-            continue;
+        } else {
+            assert_same_or_within("forward, another budget", cy, first[0], c.y, c.by, dtype,
+                                  n_fwd);
+            assert_same_or_within("grad features, another budget", cdx, first[1], c.dx, c.bdx,
+                                  dtype, n_dx);
+            spconv_tensor_release(cy);
+            spconv_tensor_release(cdx);
         }
-        print_message("  budget %s KiB\n", budgets[i]);
-        if (!is_half(dtype)) { /* the 16-bit bound is check_conv_case's */
-            assert_within("forward", cy, y, by, dtype, n_fwd);
-            assert_within("grad features", cdx, dx, bdx, dtype, n_dx);
-            assert_within("grad weight", cdw, dw, bdw, dtype, n_dw);
-        }
-        assert_same_or_within("forward, another budget", cy, first[0], y, by, dtype, n_fwd);
-        assert_same_or_within("grad features, another budget", cdx, first[1], dx, bdx, dtype, n_dx);
-        spconv_tensor_release(cy);
-        spconv_tensor_release(cdx);
         spconv_tensor_release(cdw);
     }
     set_budget_kib(NULL);
-    spconv_tensor *all[] = {x,  w,  b,  gy, xd, wd, bd, gd,  ax,  aw,  ab,  ag,      y,       dx,
-                            dw, db, by, bdx, bdw, bdb, first[0], first[1], first[2]};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    spconv_tensor_release(first[0]);
+    spconv_tensor_release(first[1]);
+    release_conv_case(&c);
 }
 
 static void test_budgets_change_launches_not_sums(void **state) {
