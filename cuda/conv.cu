@@ -606,7 +606,8 @@ static conv_plan make_plan(const spconv_rulebook *rb, int64_t identity, const st
             const int64_t g = gathered + (is_identity ? 0 : count);
             const int64_t p = products + (is_identity ? c.targets : count);
             const size_t b = step_bytes(c, g, p, sums ? j - j0 + 1 : 0);
-            if (j > j0 && b > budget) break;
+            /* the table holds product rows as int32, and cuBLAS takes int sizes */
+            if (j > j0 && (b > budget || p > INT32_MAX)) break;
             gathered = g;
             products = p;
             bytes = b;
@@ -623,7 +624,7 @@ static conv_plan make_plan(const spconv_rulebook *rb, int64_t identity, const st
         /* one offset: in chunks of as many pairs as the budget holds */
         const size_t per_pair = c.gather_row[0] + c.gather_row[1] + c.product_row;
         const int64_t fit = (int64_t)(budget / (per_pair > 0 ? per_pair : 1));
-        const int64_t chunk = fit > 1 ? fit : 1;
+        const int64_t chunk = fit > INT32_MAX ? INT32_MAX : (fit > 1 ? fit : 1);
         for (int64_t first = rb->active_starts[j0]; first < rb->active_starts[j]; first += chunk) {
             const int64_t rest = rb->active_starts[j] - first;
             const int64_t rows = rest < chunk ? rest : chunk;
