@@ -63,8 +63,9 @@ static void set_param_grad_from(back_pass *b, int index, spconv_tensor *grad) {
     b->device_grads[index] = grad;
 }
 
-/* Bytes a gradient takes in the block of bring_grads_home: each starts on 256 bytes. */
-static size_t block_piece(size_t bytes) { return (bytes + 255) / 256 * 256; }
+static size_t tensor_bytes(const spconv_tensor *t) {
+    return (size_t)spconv_tensor_numel(t) * spconv_dtype_size(spconv_tensor_dtype(t));
+}
 
 /* The gradients left on another device, to the CPU in one read: each is copied (queued on the
  * device) into one block, the block comes to the host, and each gradient is cut from it. */
@@ -81,8 +82,7 @@ static spconv_status bring_grads_home(back_pass *b) {
         st = spconv_tensor_contiguous(b->ctx, b->device_grads[i], &flat[i]);
         if (st != SPCONV_OK) break;
         device = spconv_tensor_device(flat[i]);
-        total += block_piece((size_t)spconv_tensor_numel(flat[i]) *
-                             spconv_dtype_size(spconv_tensor_dtype(flat[i])));
+        total += spconv__net_piece_bytes(tensor_bytes(flat[i]));
     }
     const spconv_backend *backend = NULL;
     spconv_storage *block = NULL;
@@ -100,28 +100,25 @@ static spconv_status bring_grads_home(back_pass *b) {
     size_t at = 0;
     for (int i = 0; i < count && st == SPCONV_OK && total > 0; ++i) {
         if (flat[i] == NULL) continue;
-        const size_t bytes = (size_t)spconv_tensor_numel(flat[i]) *
-                             spconv_dtype_size(spconv_tensor_dtype(flat[i]));
+        const size_t bytes = tensor_bytes(flat[i]);
         if (bytes > 0)
             st = backend->copy_on_device(b->ctx, device.index,
                                          (unsigned char *)spconv_storage_data(block) + at,
                                          spconv_tensor_data(flat[i]), bytes);
-        at += block_piece(bytes);
+        at += spconv__net_piece_bytes(bytes);
     }
     if (st == SPCONV_OK && total > 0)
         st = backend->copy_to_host(b->ctx, device.index, host, spconv_storage_data(block), total);
     at = 0;
     for (int i = 0; i < count; ++i) {
         if (flat[i] == NULL) continue;
-        const size_t bytes = (size_t)spconv_tensor_numel(flat[i]) *
-                             spconv_dtype_size(spconv_tensor_dtype(flat[i]));
         spconv_tensor *home = NULL;
         if (st == SPCONV_OK)
             st = spconv_tensor_from_host(NULL, spconv_cpu(), spconv_tensor_dtype(flat[i]),
                                          spconv_tensor_ndim(flat[i]), spconv_tensor_sizes(flat[i]),
                                          host + at, &home);
         if (home != NULL) set_param_grad(b->net, i, home);
-        at += block_piece(bytes);
+        at += spconv__net_piece_bytes(tensor_bytes(flat[i]));
         spconv_tensor_release(flat[i]);
         spconv_tensor_release(b->device_grads[i]);
         b->device_grads[i] = NULL;

@@ -211,6 +211,10 @@ spconv_dtype spconv__net_param_dtype(const spconv_net *net, spconv_layer_kind ki
 
 /* Copy a contiguous floating tensor's elements to doubles, and doubles into such a tensor
  * (rounded to nearest even; to f16 / bf16 through f32, as convert.h says). */
+/* Bytes a piece of @p bytes takes in a packed device block (the parameters' copy, the gradients
+ * brought home): each piece starts on 256 bytes, a device allocation's alignment. */
+static inline size_t spconv__net_piece_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 void spconv__net_to_doubles(const spconv_tensor *t, double *dst);
 void spconv__net_from_doubles(const double *src, spconv_tensor *t);
 

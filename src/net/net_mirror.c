@@ -14,12 +14,6 @@
 #include "net/net_internal.h"
 #include "tensor/tensor_impl.h"
 
-#define PIECE_ALIGN 256 /* each piece starts at the alignment of a device allocation */
-
-static size_t piece_bytes(size_t bytes) {
-    return (bytes + PIECE_ALIGN - 1) / PIECE_ALIGN * PIECE_ALIGN;
-}
-
 void spconv__net_bn_inference_terms(const spconv_net *net, const spconv__net_layer *bn,
                                     double *work) {
     const int64_t c = bn->c_in;
@@ -47,11 +41,11 @@ void spconv__net_mirror_release(spconv__net_mirror *mirror) {
 static size_t packed_bytes(const spconv_net *net) {
     size_t total = 0;
     for (int i = 0; i < net->num_params; ++i)
-        total += piece_bytes((size_t)spconv_tensor_numel(net->params[i].value) *
+        total += spconv__net_piece_bytes((size_t)spconv_tensor_numel(net->params[i].value) *
                              spconv__tensor_element_size(net->params[i].value));
     for (int i = 0; i < net->num_layers; ++i)
         if (net->layers[i].desc.kind == SPCONV_LAYER_BATCHNORM)
-            total += piece_bytes((size_t)(4 * net->layers[i].c_in) * sizeof(double));
+            total += spconv__net_piece_bytes((size_t)(4 * net->layers[i].c_in) * sizeof(double));
     return total;
 }
 
@@ -67,7 +61,7 @@ static spconv_status pack(const spconv_net *net, spconv_storage *storage, unsign
         SPCONV_FORWARD_IF_ERROR(spconv__tensor_make(storage, (int64_t)(at / elem), t->dtype,
                                                     t->ndim, t->sizes, t->strides,
                                                     &m->params[i]));
-        at += piece_bytes(bytes);
+        at += spconv__net_piece_bytes(bytes);
     }
     for (int i = 0; i < net->num_layers; ++i) {
         const spconv__net_layer *layer = &net->layers[i];
@@ -85,7 +79,7 @@ static spconv_status pack(const spconv_net *net, spconv_storage *storage, unsign
         SPCONV_FORWARD_IF_ERROR(spconv__tensor_make(storage, (int64_t)(at / sizeof(double)),
                                                     SPCONV_F64, 2, sizes, strides,
                                                     &m->bn_terms[i]));
-        at += piece_bytes((size_t)(4 * c) * sizeof(double));
+        at += spconv__net_piece_bytes((size_t)(4 * c) * sizeof(double));
     }
     return SPCONV_OK;
 }
