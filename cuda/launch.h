@@ -21,7 +21,8 @@
 #error "this build emulates CUDA on the host (SPCONV_CUDA_EMULATION): compile cuda/ with g++"
 #endif
 #define SPCONV_CUDA_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                      \
-    spconv__emu::launch(kernel, dim3(grid), dim3(block), (shared_bytes), (stream), __VA_ARGS__)
+    spconv__emu::launch(#kernel, kernel, dim3(grid), dim3(block), (shared_bytes), (stream),    \
+                        __VA_ARGS__)
 #else
 #ifndef __CUDACC__
 #error "cuda/ is compiled by nvcc, or by the host compiler only in the emulated build"

@@ -153,6 +153,9 @@ static inline spconv_status spconv__thrust_run(const spconv_context *ctx, const 
                                                Algorithm &&algorithm) {
     spconv__thrust_scratch scratch(ctx, func);
     try {
+#if SPCONV_CUDA_EMULATION
+        spconv__emu::device_access scope; /* the host runs the algorithm on device memory here */
+#endif
         algorithm(SPCONV__THRUST_POLICY(scratch, stream));
     } catch (const std::bad_alloc &) {
         if (scratch.failure() == SPCONV_OK)
@@ -197,6 +200,14 @@ static inline spconv_status spconv__cuda_map_blocks(int64_t n, int *blocks) {
 typedef struct spconv__map_counters {
     unsigned long long values[8];
 } spconv__map_counters;
+
+#if SPCONV_CUDA_EMULATION
+/* The emulation's launch check (cuda_runtime.h) sees through a table passed by value: its slots
+ * must be device memory. Found by argument-dependent lookup. */
+inline void check_kernel_argument(const char *kernel, int index, const spconv__hash_table &t) {
+    spconv__emu::check_kernel_pointer(kernel, index, t.slots);
+}
+#endif
 
 /* A device hash table of the layout of rulebook/hash.h: @p capacity slots (a power of two), the
  * host's seed, every slot free (key SPCONV_HASH_EMPTY, value INT32_MAX). Its slots, and the

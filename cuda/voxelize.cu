@@ -133,6 +133,15 @@ typedef struct voxel_fill_args {
     float *voxels, *features; /* NULL when not asked for */
 } voxel_fill_args;
 
+#if SPCONV_CUDA_EMULATION
+/* The emulation's launch check (cuda_runtime.h) sees through these too. */
+inline void check_kernel_argument(const char *kernel, int index, const voxel_fill_args &a) {
+    const void *pointers[] = {a.points, a.members, a.starts, a.voxel_keys,
+                              a.coords, a.num_points, a.voxels, a.features};
+    for (const void *p : pointers) spconv__emu::check_kernel_pointer(kernel, index, p);
+}
+#endif
+
 __global__ void voxel_fill_kernel(voxel_fill_args a, unsigned long long *counts) {
     SPCONV_CUDA_GRID_LOOP(v, a.num_voxels) {
         const int64_t F = a.num_features, row = a.first_row + v;

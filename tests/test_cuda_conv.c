@@ -514,8 +514,8 @@ static void release_device_input(device_input *d) {
 
 /* A rulebook built on the device serves CPU features too: the CPU executors copy its pairs to the
  * host (as the CUDA ones copy a CPU rulebook's to the device), and give the bytes of the CPU
- * rulebook of the same sites. On a GPU the executors reading the device pairs in place would
- * fault; in the emulation device memory is host memory, so there the bytes are what is shown. */
+ * rulebook of the same sites. On a GPU, and in the emulation (which keeps device memory from the
+ * host), the executors reading the device pairs in place would fault. */
 static void test_device_rulebook_with_cpu_features(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* CMocka's header declares C functions without saying so to C++. */
 extern "C" {
@@ -325,6 +326,112 @@ static void test_emulation_keeps_host_and_device_apart(void **state) {
     (void)cudaGetLastError();
 }
 
+/* ---- the separate memory model, case by case in a process of its own ------------------------ */
+
+__global__ void write_values_kernel(float *values, int n) {
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) values[i] = (float)i;
+}
+
+/* A kernel argument that holds a pointer: the emulation checks it through an overload of
+ * check_kernel_argument, found by argument-dependent lookup (as cuda/maps_common.h gives the hash
+ * table's). */
+struct values_view {
+    float *values;
+    int n;
+};
+
+#if SPCONV_CUDA_EMULATION
+inline void check_kernel_argument(const char *kernel, int index, const values_view &v) {
+    spconv__emu::check_kernel_pointer(kernel, index, v.values);
+}
+#endif
+
+__global__ void write_view_kernel(values_view v) {
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < v.n) v.values[i] = (float)i;
+}
+
+/* One case that must end the process, run by `test_cuda_launch --fault CASE` (main below). */
+static int run_fault_case(const char *name) {
+    float *device = NULL;
+    if (cudaMalloc((void **)&device, 100 * sizeof *device) != cudaSuccess) return 3;
+    volatile float sink = 0;
+    if (strcmp(name, "host-reads-device") == 0) {
+        sink = device[7];
+    } else if (strcmp(name, "host-writes-device") == 0) {
+        device[7] = 1.0f;
+    } else if (strcmp(name, "kernel-gets-host") == 0) {
+        static float host[100];
+        SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 128, 0, cudaStreamLegacy, host, 100);
+    } else if (strcmp(name, "kernel-gets-host-in-struct") == 0) {
+        static float host[100];
+        values_view view = {host, 100};
+        SPCONV_CUDA_LAUNCH(write_view_kernel, 1, 128, 0, cudaStreamLegacy, view);
+    } else if (strcmp(name, "kernel-runs-past-the-end") == 0) {
+        /* 100 floats round to 512 bytes: element 128 is the first one past the block's rounding */
+        SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 256, 0, cudaStreamLegacy, device, 129);
+    } else {
+        return 4;
+    }
+    (void)cudaDeviceSynchronize();
+    (void)sink;
+    return 0; /* the case did not end the process: the caller fails */
+}
+
+/* Runs `this program --fault @p name` with its stderr in a file; true when it did not end
+ * normally with status 0 and its stderr holds @p message. */
+static int fault_case_fails_saying(const char *name, const char *message) {
+    char err_path[] = "/tmp/spconv-fault-XXXXXX";
+    const int err = mkstemp(err_path);
+    assert_true(err >= 0);
+    close(err);
+    char command[512];
+    snprintf(command, sizeof command, "/proc/%d/exe --fault %s 2>%s >/dev/null", (int)getpid(),
+             name, err_path);
+    const int status = system(command);
+    FILE *f = fopen(err_path, "r");
+    char text[4096] = {0};
+    if (f != NULL) {
+        size_t got = fread(text, 1, sizeof text - 1, f);
+        text[got] = '\0';
+        fclose(f);
+    }
+    unlink(err_path);
+    print_message("--fault %s: status %d, stderr: %.300s\n", name, status, text);
+    return status != 0 && strstr(text, message) != NULL;
+}
+
+/* Device memory is the device's, as on a GPU: the host's code cannot read or write it (it faults,
+ * naming the allocation), a kernel cannot be given host memory, a kernel that runs past a block's
+ * 256-byte rounding faults, and fresh memory reads as 0xff bytes (a NaN in every float type), so a
+ * kernel reading what nothing wrote shows it. SPCONV_CUDA_EMULATION_MEMORY=shared turns this off. */
+static void test_emulation_keeps_device_memory_from_the_host(void **state) {
+    (void)state;
+    if (!SPCONV_CUDA_EMULATION) skip();
+    const char *memory = getenv("SPCONV_CUDA_EMULATION_MEMORY");
+    if (memory != NULL && strcmp(memory, "shared") == 0) skip();
+    assert_true(fault_case_fails_saying("host-reads-device", "the host touched device memory"));
+    assert_true(fault_case_fails_saying("host-writes-device", "the host touched device memory"));
+    assert_true(fault_case_fails_saying("kernel-gets-host", "write_values_kernel's argument 0"));
+    assert_true(fault_case_fails_saying("kernel-gets-host-in-struct",
+                                        "write_view_kernel's argument 0"));
+    assert_true(fault_case_fails_saying("kernel-runs-past-the-end", "runs past the end"));
+
+    float *device = NULL;
+    CHECK_CUDA(cudaMalloc((void **)&device, 100 * sizeof *device));
+    uint32_t bits[100];
+    CHECK_CUDA(cudaMemcpy(bits, device, sizeof bits, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 100; ++i) assert_int_equal(bits[i], 0xffffffffu);
+    /* within the block's rounding the device may go (as far as a GPU lets it) */
+    SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 128, 0, cudaStreamLegacy, device, 128);
+    CHECK_CUDA(cudaGetLastError());
+    float values[100];
+    CHECK_CUDA(cudaMemcpy(values, device, sizeof values, cudaMemcpyDeviceToHost));
+    assert_true(values[0] == 0.0f && values[99] == 99.0f);
+    CHECK_CUDA(cudaFree(device));
+}
+
 /* The emulation runs queued work as late as CUDA allows: a copy to the host is not there until the
  * host waits for its stream (its bytes are 0xa5 until then), and a stream that does not wait for
  * another's work through an event runs before it. Both would be bugs on a GPU that happen to work
@@ -389,7 +496,8 @@ static void test_emulation_follows_its_schedule(void **state) {
         assert_int_equal(host[i], forward ? i : threads - 1 - i);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--fault") == 0) return run_fault_case(argv[2]);
     if (!device_present()) printf("skipped: no CUDA device; the launch checks need one\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_thread_runs_once_with_its_indices),
@@ -399,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_event_wait_orders_two_streams),
         cmocka_unit_test(test_threads_run_once_in_some_order),
         cmocka_unit_test(test_emulation_keeps_host_and_device_apart),
+        cmocka_unit_test(test_emulation_keeps_device_memory_from_the_host),
         cmocka_unit_test(test_emulation_runs_work_when_waited_for),
         cmocka_unit_test(test_emulation_follows_its_schedule),
     };

@@ -80,6 +80,9 @@ static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
         ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1) || alpha == NULL || beta == NULL)
         return CUBLAS_STATUS_INVALID_VALUE;
     const T al = *alpha, be = *beta;
+    spconv__emu::check_kernel_pointer("cuBLAS gemm", 6, A);
+    spconv__emu::check_kernel_pointer("cuBLAS gemm", 8, B);
+    spconv__emu::check_kernel_pointer("cuBLAS gemm", 11, C);
     spconv__emu::count_launch();
     spconv__emu::enqueue(handle->stream, [=] {
         for (int j = 0; j < n; ++j)

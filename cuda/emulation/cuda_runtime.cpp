@@ -4,8 +4,11 @@
  * working by accident because everything is host memory. */
 #include "cuda_runtime.h"
 
+#include <execinfo.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -71,11 +74,22 @@ cudaError_t record(cudaError_t error) {
     return error;
 }
 
+/* A device allocation. In the separate memory model (the default) it is a mapping of its own:
+ * [map, map + mapped) holds the block at its end, followed by one page that is never accessible,
+ * so a read or write past the block's 256-byte rounding faults; the block's pages are accessible
+ * only while the device runs (device_access below). In the shared model it is aligned_alloc'd. */
+struct allocation {
+    size_t bytes;  /* asked for */
+    void *map;     /* the mapping (separate model), or NULL */
+    size_t mapped; /* the mapping's bytes, guard page included */
+};
+
 struct runtime_state {
     std::mutex mutex;
-    std::map<uintptr_t, size_t> allocations; /* base address -> bytes asked for */
+    std::map<uintptr_t, allocation> allocations; /* by base address */
     std::set<cudaStream_t> streams;
     std::set<cudaEvent_t> events;
+    int device_depth = 0; /* device_access scopes open: the blocks are accessible while > 0 */
 };
 
 /* ---- queued work ----------------------------------------------------------------------------
@@ -127,6 +141,9 @@ void run_stream_until(uint64_t id, uint64_t item) {
 /* Runs, in order, the items of @p s up to its @p item-th. A destroyed stream is freed once its
  * work has all run, so @p s may be gone when this returns. */
 void run_until(spconv__emu_stream *s, uint64_t item) {
+    /* The device's memory is open to the device's work (one scope for the run, not per item). */
+    std::unique_ptr<spconv__emu::device_access> scope;
+    if (s->done < item && !s->work.empty()) scope.reset(new spconv__emu::device_access);
     while (s->done < item && !s->work.empty()) {
         if (s->running) {
             /* Work only ever waits for work queued before it, so this cannot happen. */
@@ -190,6 +207,109 @@ runtime_state &state() {
     return the_state;
 }
 
+/* ---- the memory model --------------------------------------------------------------------
+ * SPCONV_CUDA_EMULATION_MEMORY names it: `separate` (the default) keeps device memory out of the
+ * host's reach, as a GPU's is: every block is a mapping of its own that only the device's work
+ * (kernels, copies, memsets, cuBLAS products, Thrust algorithms) may read or write, and a host
+ * access faults with a message that names the allocation; its pages start filled with 0xff bytes
+ * (a NaN in every float type), so a kernel that reads what nothing wrote computes NaNs here.
+ * `shared` makes device memory plain host memory (for debugging). */
+bool separate_memory() {
+    static const bool separate = [] {
+        const char *mode = getenv("SPCONV_CUDA_EMULATION_MEMORY");
+        if (mode == NULL || *mode == '\0' || strcmp(mode, "separate") == 0) return true;
+        if (strcmp(mode, "shared") == 0) return false;
+        fprintf(stderr, "spconv CUDA emulation: SPCONV_CUDA_EMULATION_MEMORY=%s is neither "
+                        "\"separate\" nor \"shared\"\n", mode);
+        exit(2);
+    }();
+    return separate;
+}
+
+size_t page_bytes() {
+    static const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return page;
+}
+
+/* Opens or closes a block's pages (never its guard page). */
+void set_access(const allocation &a, bool accessible) {
+    if (a.map == NULL) return;
+    if (mprotect(a.map, a.mapped - page_bytes(), accessible ? PROT_READ | PROT_WRITE : PROT_NONE) !=
+        0) {
+        perror("spconv CUDA emulation: mprotect");
+        abort();
+    }
+}
+
+/* The fault handler of the separate model: a fault inside a device allocation's mapping is the
+ * host touching device memory (or the device running past a block's end); it is named, then the
+ * handler that was there before (ASan's, a test framework's, or the default) takes it. */
+struct sigaction previous_segv;
+
+void on_segv(int signo, siginfo_t *info, void *context);
+
+void on_segv(int signo, siginfo_t *info, void *context) {
+    /* No lock: the process is failing, and the faulting thread may hold it. */
+    const uintptr_t at = (uintptr_t)info->si_addr;
+    for (const auto &entry : state().allocations) {
+        const allocation &a = entry.second;
+        const uintptr_t map = (uintptr_t)a.map;
+        if (a.map == NULL || at < map || at >= map + a.mapped) continue;
+        char line[400];
+        int len;
+        if (at >= map + a.mapped - page_bytes())
+            len = snprintf(line, sizeof line,
+                           "spconv CUDA emulation: an access at %p runs past the end of the "
+                           "%zu-byte device allocation at %p\n",
+                           (void *)at, a.bytes, (void *)entry.first);
+        else
+            len = snprintf(line, sizeof line,
+                           "spconv CUDA emulation: the host touched device memory at %p, in the "
+                           "%zu-byte device allocation at %p: a GPU's memory is not the host's; "
+                           "copy it to the host first\n",
+                           (void *)at, a.bytes, (void *)entry.first);
+        if (len > 0) {
+            ssize_t ignored = write(STDERR_FILENO, line, (size_t)len < sizeof line ? (size_t)len
+                                                                                   : sizeof line - 1);
+            (void)ignored;
+        }
+        /* Where: binary and offset per frame (addr2line -e BINARY OFFSET names the line). */
+        void *frames[32];
+        backtrace_symbols_fd(frames, backtrace(frames, 32), STDERR_FILENO);
+        break;
+    }
+    if (previous_segv.sa_flags & SA_SIGINFO) {
+        previous_segv.sa_sigaction(signo, info, context);
+    } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
+        previous_segv.sa_handler(signo);
+    } else {
+        /* The default action: returning retries the access, which now ends the process. */
+        signal(SIGSEGV, SIG_DFL);
+    }
+}
+
+/* Puts on_segv in front of whatever handles SIGSEGV now, unless it is there already. Called at
+ * every allocation and whenever the device's memory closes, since others replace handlers as
+ * they go (CMocka installs its own around each test and puts the old one back after it, with
+ * signal(), which would drop SA_SIGINFO: that case is reinstalled too). */
+void ensure_segv_handler() {
+    static const int loaded = [] { /* backtrace() loads its library on first use: not in a handler */
+        void *frame;
+        return backtrace(&frame, 1);
+    }();
+    (void)loaded;
+    struct sigaction current;
+    if (sigaction(SIGSEGV, NULL, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_segv) return;
+    const bool ours = (void *)current.sa_handler == (void *)on_segv;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_segv;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, ours ? NULL : &previous_segv);
+}
+
 size_t host_bytes(int pages_name) {
     long pages = sysconf(pages_name), page_size = sysconf(_SC_PAGESIZE);
     return pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
@@ -203,7 +323,8 @@ bool is_device_range(const void *ptr, size_t count) {
     auto after = s.allocations.upper_bound(begin);
     if (after == s.allocations.begin()) return false;
     auto at = std::prev(after);
-    return begin - at->first <= at->second && count <= at->second - (begin - at->first);
+    const size_t bytes = at->second.bytes;
+    return begin - at->first <= bytes && count <= bytes - (begin - at->first);
 }
 
 /* The legacy and per-thread default streams always exist; others from creation to destruction. */
@@ -348,23 +469,77 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 namespace {
 
-/* Device memory: 256-byte aligned host memory, registered as an allocation. */
+/* Device memory: 256-byte aligned, registered as an allocation; in the separate model a mapping
+ * of its own, filled with 0xff bytes, open only while the device runs. */
 cudaError_t allocate_device(void **ptr, size_t size) {
     if (ptr == NULL) return record(cudaErrorInvalidValue);
     *ptr = NULL;
     if (size == 0) return cudaSuccess;
     if (size > host_bytes(_SC_PHYS_PAGES)) return record(cudaErrorMemoryAllocation);
     size_t rounded = (size + device_alignment - 1) / device_alignment * device_alignment;
-    void *memory = aligned_alloc(device_alignment, rounded);
-    if (memory == NULL) return record(cudaErrorMemoryAllocation);
+    allocation a = {size, NULL, 0};
+    void *memory = NULL;
+    if (separate_memory()) {
+        ensure_segv_handler();
+        const size_t page = page_bytes(), body = (rounded + page - 1) / page * page;
+        a.mapped = body + page;
+        a.map = mmap(NULL, a.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a.map == MAP_FAILED) return record(cudaErrorMemoryAllocation);
+        memset(a.map, 0xff, body);
+        if (mprotect((char *)a.map + body, page, PROT_NONE) != 0) {
+            munmap(a.map, a.mapped);
+            return record(cudaErrorMemoryAllocation);
+        }
+        memory = (char *)a.map + body - rounded; /* the block ends where the guard page starts */
+    } else {
+        memory = aligned_alloc(device_alignment, rounded);
+        if (memory == NULL) return record(cudaErrorMemoryAllocation);
+    }
     runtime_state &s = state();
     std::lock_guard<std::mutex> lock(s.mutex);
-    s.allocations[(uintptr_t)memory] = size;
+    if (s.device_depth == 0) set_access(a, false);
+    s.allocations[(uintptr_t)memory] = a;
     *ptr = memory;
     return cudaSuccess;
 }
 
+/* Forgets the allocation at @p ptr and gives its memory back; false if there is none. */
+bool release_device(void *ptr) {
+    allocation a;
+    {
+        runtime_state &s = state();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        auto found = s.allocations.find((uintptr_t)ptr);
+        if (found == s.allocations.end()) return false;
+        a = found->second;
+        s.allocations.erase(found);
+    }
+    if (a.map != NULL)
+        munmap(a.map, a.mapped);
+    else
+        free(ptr);
+    return true;
+}
+
 } // namespace
+
+/* Device access scopes nest and may be opened by several host threads: the blocks are open while
+ * any is. */
+void spconv__emu::device_access_begin() {
+    runtime_state &s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.device_depth++ == 0)
+        for (const auto &entry : s.allocations) set_access(entry.second, true);
+}
+
+void spconv__emu::device_access_end() {
+    runtime_state &s = state();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.device_depth == 0) {
+        for (const auto &entry : s.allocations) set_access(entry.second, false);
+        if (separate_memory()) ensure_segv_handler();
+    }
+}
 
 cudaError_t cudaMalloc(void **ptr, size_t size) { return allocate_device(ptr, size); }
 
@@ -376,13 +551,7 @@ cudaError_t cudaFree(void *ptr) {
         std::lock_guard<std::recursive_mutex> lock(queues().mutex);
         run_every_stream();
     }
-    {
-        runtime_state &s = state();
-        std::lock_guard<std::mutex> lock(s.mutex);
-        if (s.allocations.erase((uintptr_t)ptr) == 0) return record(cudaErrorInvalidValue);
-    }
-    free(ptr);
-    return cudaSuccess;
+    return release_device(ptr) ? cudaSuccess : record(cudaErrorInvalidValue);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
@@ -532,16 +701,11 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
         std::lock_guard<std::mutex> lock(s.mutex);
         auto found = s.allocations.find((uintptr_t)ptr);
         if (found == s.allocations.end()) return record(cudaErrorInvalidValue);
-        bytes = found->second;
+        bytes = found->second.bytes;
     }
     spconv__emu::enqueue(stream, [ptr, bytes] {
         memset(ptr, 0xfe, bytes);
-        {
-            runtime_state &s = state();
-            std::lock_guard<std::mutex> lock(s.mutex);
-            s.allocations.erase((uintptr_t)ptr);
-        }
-        free(ptr);
+        release_device(ptr);
     });
     return cudaSuccess;
 }
@@ -728,6 +892,13 @@ bool spconv__emu::launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cud
     valid = valid && threads <= (unsigned long long)max_threads_per_block;
     if (!valid) record(cudaErrorInvalidConfiguration);
     return valid;
+}
+
+void spconv__emu::check_kernel_pointer(const char *kernel, int index, const void *pointer) {
+    if (pointer == NULL || is_device_range(pointer, 0)) return;
+    fprintf(stderr, "spconv CUDA emulation: %s's argument %d (%p) is not device memory: a GPU "
+                    "cannot read the host's memory\n", kernel, index, pointer);
+    abort();
 }
 
 /* ---- queued work and schedules ------------------------------------------------------------- */

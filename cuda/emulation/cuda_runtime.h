@@ -3,8 +3,10 @@
  * their kernels on the CPU where CI has no GPU, and the CUDA tests compare them with the CPU
  * backend. docs/cuda.md says what this can and cannot show.
  *
- * The model: one device ("host emulation", no GPU); device memory is host memory, registered so
- * that transfers and frees of pointers that are not device memory fail as they would on a GPU.
+ * The model: one device ("host emulation", no GPU); device memory is kept from the host's code
+ * (mappings of their own, open only while the device's work runs: cuda_runtime.cpp, "the memory
+ * model"), registered so that transfers, frees and kernel arguments that are not device memory
+ * fail as they would on a GPU.
  * Work queued on a stream (kernels, copies, memsets, cuBLAS products, event records, waits) is
  * checked when it is queued and *run as late as CUDA allows*: when the host waits for it
  * (cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a blocking copy to the
@@ -126,9 +128,9 @@ enum cudaMemcpyKind {
     cudaMemcpyDefault = 4,
 };
 
-/* Device memory is 256-byte aligned host memory (as cudaMalloc aligns), no more of it than the
- * host has (a request beyond that fails as it would on a GPU, instead of reaching the host
- * allocator). */
+/* Device memory is 256-byte aligned (as cudaMalloc aligns), out of the host's reach outside the
+ * device's work, no more of it than the host has (a request beyond that fails as it would on a
+ * GPU, instead of reaching the host allocator). */
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
@@ -352,6 +354,27 @@ namespace spconv__emu {
  * error and returns false, and the kernel does not run. */
 bool launch_allowed(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream);
 
+/* Device memory is open to the host thread's code only inside a device access scope (the
+ * separate memory model, cuda_runtime.cpp): queued work runs in one, and so does a Thrust
+ * algorithm, which the emulation runs on the host. */
+void device_access_begin();
+void device_access_end();
+struct device_access {
+    device_access() { device_access_begin(); }
+    ~device_access() { device_access_end(); }
+    device_access(const device_access &) = delete;
+    device_access &operator=(const device_access &) = delete;
+};
+
+/* Aborts, naming @p kernel, argument @p index and what is wrong, unless @p pointer is NULL or
+ * points into (or just past) a device allocation: a kernel given host memory faults on a GPU. */
+void check_kernel_pointer(const char *kernel, int index, const void *pointer);
+
+template <typename T> inline void check_kernel_argument(const char *, int, const T &) {}
+template <typename T> inline void check_kernel_argument(const char *kernel, int index, T *pointer) {
+    check_kernel_pointer(kernel, index, (const void *)pointer);
+}
+
 /* Counts one launch (spconv__cuda_emulation_launches). */
 void count_launch();
 
@@ -367,16 +390,20 @@ void run_queued(cudaStream_t stream);
  * in the order of SPCONV_CUDA_EMULATION_SCHEDULE. */
 void run_grid(dim3 grid, dim3 block, const std::function<void()> &thread);
 
-/* Queues @p kernel as a grid of grid x block threads on @p stream, each thread with its own copy
- * of the arguments (which, as on a GPU, are converted to the parameter types once, at the
- * launch). */
+/* Queues @p kernel (called @p name in messages) as a grid of grid x block threads on @p stream,
+ * each thread with its own copy of the arguments (which, as on a GPU, are converted to the
+ * parameter types once, at the launch, and whose pointers must be device memory). */
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-            cudaStream_t stream, Args &&...args) {
+void launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block,
+            size_t shared_bytes, cudaStream_t stream, Args &&...args) {
     static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
     if (!launch_allowed(grid, block, shared_bytes, stream)) return;
     count_launch();
     std::tuple<std::decay_t<Params>...> parameters(std::forward<Args>(args)...);
+    std::apply([name](const auto &...value) {
+        int index = 0;
+        (check_kernel_argument(name, index++, value), ...);
+    }, parameters);
     enqueue(stream, [kernel, grid, block, parameters]() {
         run_grid(grid, block, [&]() { std::apply(kernel, parameters); });
     });
