@@ -201,15 +201,37 @@ __global__ void group_sum_kernel(T *__restrict__ out, int init, const T *__restr
     }
 }
 
-/* out[c] = sum over rows r, in increasing r, of src[r, c]: one thread per column, in double. */
-template <typename Out, typename In>
-__global__ void column_sums_kernel(Out *__restrict__ out, const In *__restrict__ src, int64_t n,
-                                   int64_t cols) {
+/* Column sums (the bias gradient) as the CPU adds them (conv_backward.c, bias_gradient): in
+ * double, over fixed blocks of BIAS_BLOCK_ROWS rows, each block's rows in increasing order, then
+ * the blocks' sums in block order. So the result is the CPU's, bit for bit, and the blocks run in
+ * parallel: one thread per (block, column), where one thread per column walking every row took
+ * milliseconds on a GPU for a few hundred thousand rows. */
+#define BIAS_BLOCK_ROWS 4096
+
+/* partial[blk, c] = the sum of src[r, c] over block blk's rows. */
+template <typename In>
+__global__ void column_block_sums_kernel(double *__restrict__ partial, const In *__restrict__ src,
+                                         int64_t n, int64_t cols, int64_t blocks) {
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < blocks * cols;
+         i += step) {
+        const int64_t blk = i / cols, c = i % cols;
+        const int64_t end = (blk + 1) * BIAS_BLOCK_ROWS < n ? (blk + 1) * BIAS_BLOCK_ROWS : n;
+        double sum = 0.0;
+        for (int64_t r = blk * BIAS_BLOCK_ROWS; r < end; ++r) sum += as_double(src[r * cols + c]);
+        partial[i] = sum;
+    }
+}
+
+/* out[c] = the blocks' sums partial[blk, c], added in block order from 0. */
+template <typename Out>
+__global__ void column_total_kernel(Out *__restrict__ out, const double *__restrict__ partial,
+                                    int64_t cols, int64_t blocks) {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += step) {
-        double sum = 0.0;
-        for (int64_t r = 0; r < n; ++r) sum += as_double(src[r * cols + c]);
-        out[c] = (Out)sum;
+        double total = 0.0;
+        for (int64_t blk = 0; blk < blocks; ++blk) total += partial[blk * cols + c];
+        out[c] = (Out)total;
     }
 }
 
@@ -320,6 +342,12 @@ struct conv_call {
         } else {
             SPCONV_FORWARD_IF_ERROR(default_blas(device, &blas));
         }
+        /* The handle is the caller's to use too (spconv_context_cublas_handle): whatever stream
+         * or pointer mode they left on it, the products go on this call's stream with alpha and
+         * beta read from the host, or they would race the gathers that feed them. Both are
+         * host-side settings, no launch. */
+        CUBLAS_TRY(cublasSetStream(blas, stream));
+        CUBLAS_TRY(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
         int resident = 0;
         SPCONV_FORWARD_IF_ERROR(spconv__cuda_resident_blocks(CONV_THREADS, &resident));
         blocks = resident > 0 ? resident : 1;
@@ -1013,8 +1041,16 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
         c.targets = want_dx ? d.num_in : 0;
         plan = make_plan(rb, identity, c, budget);
     }
-    if (plan.scratch > 0)
-        SPCONV_FORWARD_IF_ERROR(call.scratch.reserve(func, ctx, d.device, plan.scratch));
+    /* the bias gradient's block sums (column_block_sums_kernel) take the workspace first; the
+     * steps reuse it after them, in stream order */
+    const int64_t bias_blocks =
+        grad_bias != NULL ? (d.num_out + BIAS_BLOCK_ROWS - 1) / BIAS_BLOCK_ROWS : 0;
+    const size_t bias_bytes = (size_t)(bias_blocks * d.c_out) * sizeof(double);
+    const size_t reserved = plan.scratch > spconv__cuda_scratch::piece_bytes(bias_bytes)
+                                ? plan.scratch
+                                : spconv__cuda_scratch::piece_bytes(bias_bytes);
+    if (reserved > 0)
+        SPCONV_FORWARD_IF_ERROR(call.scratch.reserve(func, ctx, d.device, reserved));
     spconv_tensor *dx = NULL, *dw = NULL, *db = NULL;
     const int64_t in_sizes[2] = {d.num_in, d.c_in}, bias_size = d.c_out;
     /* the zeroed weight gradient and the bias gradient's column sums count as scatter, as on
@@ -1029,9 +1065,15 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     if (st == SPCONV_OK && grad_bias != NULL)
         st = spconv__tensor_empty_in(func, ctx, d.device, wide, 1, &bias_size, &db);
     if (st == SPCONV_OK && db != NULL && d.c_out > 0) {
-        SPCONV_CUDA_LAUNCH((column_sums_kernel<A, S>), call.grid(d.c_out), CONV_THREADS, 0,
-                           call.stream, (A *)spconv_tensor_data(db), (const S *)g, d.num_out,
-                           d.c_out);
+        double *sums = bias_bytes > 0 ? (double *)call.scratch.take(bias_bytes) : NULL;
+        if (bias_blocks > 0)
+            SPCONV_CUDA_LAUNCH((column_block_sums_kernel<S>), call.grid(bias_blocks * d.c_out),
+                               CONV_THREADS, 0, call.stream, sums, (const S *)g, d.num_out,
+                               d.c_out, bias_blocks);
+        SPCONV_CUDA_LAUNCH((column_total_kernel<A>), call.grid(d.c_out), CONV_THREADS, 0,
+                           call.stream, (A *)spconv_tensor_data(db), (const double *)sums,
+                           d.c_out, bias_blocks);
+        call.scratch.rewind();
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess)
             st = spconv__error(SPCONV_ERR_CUDA, "spconv_conv_backward: %s",

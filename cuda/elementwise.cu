@@ -78,8 +78,9 @@ static spconv_status launch_shape_init(launch_shape *shape, spconv_context *ctx,
 }
 
 /* The kernels access elements through typed pointers, and a misaligned one is a device fault
- * that breaks the whole CUDA context. Only wrapped caller memory can be misaligned (cudaMalloc
- * aligns to 256 bytes), so refuse it with a message instead. */
+ * that breaks the whole CUDA context. Only caller memory could be misaligned (cudaMalloc aligns
+ * to 256 bytes), and spconv_tensor_wrap / spconv_tensor_from_storage refuse it on a device
+ * (create.c) for every op; this check stays as the copy's and fill's own guard. */
 static spconv_status check_aligned(const char *func, const char *role, const spconv_tensor *t) {
     size_t element = spconv__tensor_element_size(t);
     const void *data = spconv_tensor_data(t);

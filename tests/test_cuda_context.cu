@@ -192,6 +192,46 @@ static void test_external_stream_carries_the_work(void **state) {
     release_conv_operands(&o);
 }
 
+/* The context's cuBLAS handle is the caller's to use too (spconv_context_cublas_handle): a caller
+ * who binds it to a stream of their own, or to the device pointer mode, for products of their own
+ * does not move the context's products off its stream (where they would race the gathers that feed
+ * them) nor make it read alpha and beta from device memory: each conv sets both again. In the
+ * emulation, work on a stream nobody waits for has not run, so products on the caller's stream
+ * would leave the output unwritten. */
+static void test_a_caller_reconfigured_handle_does_not_move_the_products(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    spconv_context *ctx = NULL;
+    CHECK_OK(spconv_context_create(spconv_cuda(0), &ctx));
+    cublasHandle_t handle = (cublasHandle_t)spconv_context_cublas_handle(ctx);
+    const int64_t shape[3] = {5, 4, 6};
+    conv_operands o = make_conv_operands(shape, 27, 7, 5);
+    spconv_rulebook *rb = subm_rulebook(ctx, o.sites, shape, 3);
+    spconv_tensor *before = NULL, *after = NULL, *dx_before = NULL, *dx_after = NULL;
+    CHECK_OK(spconv_conv_forward(ctx, rb, o.x, o.w, NULL, &before));
+    CHECK_OK(spconv_conv_backward(ctx, rb, o.x, o.w, before, &dx_before, NULL, NULL));
+
+    cudaStream_t mine = NULL;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
+    CHECK_CUBLAS(cublasSetStream(handle, mine));
+    CHECK_CUBLAS(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE));
+    CHECK_OK(spconv_conv_forward(ctx, rb, o.x, o.w, NULL, &after));
+    CHECK_OK(spconv_conv_backward(ctx, rb, o.x, o.w, before, &dx_after, NULL, NULL));
+    assert_same_bits(before, after);
+    assert_same_bits(dx_before, dx_after);
+    cudaStream_t bound = NULL;
+    CHECK_CUBLAS(cublasGetStream(handle, &bound));
+    assert_ptr_equal(bound, spconv_context_cuda_stream(ctx));
+
+    spconv_rulebook_release(rb);
+    spconv_context_destroy(ctx);
+    CHECK_CUDA(cudaStreamSynchronize(mine));
+    CHECK_CUDA(cudaStreamDestroy(mine));
+    spconv_tensor *held[] = {before, after, dx_before, dx_after};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; ++i) spconv_tensor_release(held[i]);
+    release_conv_operands(&o);
+}
+
 /* The ops do not wait for their work before returning, so that a network's layers only queue;
  * calls with a context and calls without one (the legacy default stream) are still ordered both
  * ways, since the context's own stream is a blocking one: a value written by a call without a
@@ -552,6 +592,7 @@ static void test_tf32_products_only_when_allowed(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_external_stream_carries_the_work),
+        cmocka_unit_test(test_a_caller_reconfigured_handle_does_not_move_the_products),
         cmocka_unit_test(test_context_and_null_context_calls_are_ordered),
         cmocka_unit_test(test_ops_are_right_with_a_stream_ordered_pool),
         cmocka_unit_test(test_the_backends_pool_gives_memory_back_in_stream_order),

@@ -449,19 +449,26 @@ static void test_context_stream_handle_and_workspace(void **state) {
     free(bytes);
     spconv_tensor_release(view);
 
-    /* Misaligned caller memory is refused with a message, never handed to a kernel (where it
-     * would be a device fault that breaks every later CUDA call). */
+    /* Misaligned caller memory is refused with a message when it is wrapped, never handed to a
+     * kernel (where it would be a device fault that breaks every later CUDA call): directly, and
+     * through a storage (whose bytes are still usable as bytes). */
     const int64_t four = 4;
-    spconv_tensor *misaligned = NULL, *aligned = NULL;
-    SPCONV_ASSERT_OK(spconv_tensor_wrap(GPU, SPCONV_F32, 1, &four, NULL, (char *)large + 2, NULL,
-                                        NULL, &misaligned));
-    SPCONV_ASSERT_FAILS(spconv_tensor_fill(ctx, misaligned, 1.0), SPCONV_ERR_INVALID_ARGUMENT,
-                        "not aligned");
-    SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, GPU, SPCONV_F32, 1, &four, &aligned));
-    SPCONV_ASSERT_FAILS(spconv_tensor_copy_(ctx, aligned, misaligned), SPCONV_ERR_INVALID_ARGUMENT,
-                        "not aligned");
-    spconv_tensor_release(misaligned);
-    spconv_tensor_release(aligned);
+    spconv_tensor *misaligned = NULL, *as_bytes = NULL;
+    SPCONV_ASSERT_FAILS(spconv_tensor_wrap(GPU, SPCONV_F32, 1, &four, NULL, (char *)large + 2,
+                                           NULL, NULL, &misaligned),
+                        SPCONV_ERR_INVALID_ARGUMENT, "is not aligned to the 4-byte elements");
+    assert_null(misaligned);
+    spconv_storage *storage = NULL;
+    SPCONV_ASSERT_OK(spconv_storage_wrap(GPU, (char *)large + 2, 16, NULL, NULL, &storage));
+    SPCONV_ASSERT_FAILS(
+        spconv_tensor_from_storage(storage, 0, SPCONV_F32, 1, &four, NULL, &misaligned),
+        SPCONV_ERR_INVALID_ARGUMENT, "is not aligned to the 4-byte elements");
+    const int64_t sixteen = 16;
+    SPCONV_ASSERT_OK(
+        spconv_tensor_from_storage(storage, 0, SPCONV_U8, 1, &sixteen, NULL, &as_bytes));
+    SPCONV_ASSERT_OK(spconv_tensor_fill(ctx, as_bytes, 3.0));
+    spconv_tensor_release(as_bytes);
+    spconv_storage_release(storage);
 
     SPCONV_ASSERT_FAILS(spconv_context_workspace(ctx, (size_t)1 << 60, &large),
                         SPCONV_ERR_OUT_OF_MEMORY, "1152921504606846976 bytes");

@@ -10,11 +10,12 @@
 
 struct spconv__emu_cublas {
     cudaStream_t stream;
+    cublasPointerMode_t pointer_mode;
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     if (handle == NULL) return CUBLAS_STATUS_INVALID_VALUE;
-    *handle = new (std::nothrow) spconv__emu_cublas{NULL};
+    *handle = new (std::nothrow) spconv__emu_cublas{NULL, CUBLAS_POINTER_MODE_HOST};
     return *handle != NULL ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
 
@@ -34,6 +35,21 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (stream == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     *stream = handle->stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    handle->pointer_mode = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetPointerMode(cublasHandle_t handle, cublasPointerMode_t *mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->pointer_mode;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -75,6 +91,7 @@ static cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa,
                            const In *A, int lda, const In *B, int ldb, const T *beta, T *C, int ldc,
                            Input input = Input()) {
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (handle->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
     const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
     if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) ||
         ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1) || alpha == NULL || beta == NULL)

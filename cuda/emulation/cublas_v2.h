@@ -37,11 +37,16 @@ typedef enum {
     CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+/* Only the host pointer mode is modelled: a product in device mode is CUBLAS_STATUS_NOT_SUPPORTED
+ * here (a real cuBLAS would read alpha and beta from device memory). */
+typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cublasPointerMode_t;
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream);
+cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode);
+cublasStatus_t cublasGetPointerMode(cublasHandle_t handle, cublasPointerMode_t *mode);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float *alpha,
                            const float *A, int lda, const float *B, int ldb, const float *beta,

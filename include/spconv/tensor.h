@@ -78,12 +78,14 @@ spconv_status spconv_tensor_from_host(spconv_context *ctx, spconv_device device,
                                       const void *host_data, spconv_tensor **out);
 /** Tensor over caller memory @p data on @p device with the given sizes and @p strides (NULL:
  *  contiguous). The memory must cover every addressed element; @p deleter as in
- *  spconv_storage_wrap (not called on failure). Negative strides are rejected. */
+ *  spconv_storage_wrap (not called on failure). Negative strides are rejected, and so is device
+ *  memory not aligned to the element size (a GPU faults on such loads). */
 spconv_status spconv_tensor_wrap(spconv_device device, spconv_dtype dtype, int ndim,
                                  const int64_t *sizes, const int64_t *strides, void *data,
                                  spconv_deleter deleter, void *user, spconv_tensor **out);
 /** Tensor viewing @p storage from element @p offset with sizes/strides (strides NULL: contiguous);
- *  checked to stay inside the storage. The tensor retains the storage. */
+ *  checked to stay inside the storage, and, on a device, to start aligned to the element size.
+ *  The tensor retains the storage. */
 spconv_status spconv_tensor_from_storage(spconv_storage *storage, int64_t offset,
                                          spconv_dtype dtype, int ndim, const int64_t *sizes,
                                          const int64_t *strides, spconv_tensor **out);

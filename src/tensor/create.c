@@ -157,6 +157,21 @@ static spconv_status check_user_geometry(const char *func, spconv_dtype dtype, i
     return SPCONV_OK;
 }
 
+/* Device memory must hold its elements at multiples of their size: a GPU faults on a misaligned
+ * load, and the fault breaks every later call on the device (the CPU's loads tolerate it, and
+ * host buffers given to copies may sit anywhere, so host memory is not checked). */
+static spconv_status check_device_alignment(const char *func, spconv_device device,
+                                            const void *data, spconv_dtype dtype) {
+    const size_t element = spconv_dtype_size(dtype);
+    SPCONV_RETURN_ERROR_IF(device.type != SPCONV_DEVICE_CPU && data != NULL &&
+                               (uintptr_t)data % element != 0,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: data %p on cuda:%d is not aligned to the %zu-byte elements "
+                           "of %s",
+                           func, data, device.index, element, spconv_dtype_name(dtype));
+    return SPCONV_OK;
+}
+
 spconv_status spconv_tensor_wrap(spconv_device device, spconv_dtype dtype, int ndim,
                                  const int64_t *sizes, const int64_t *strides, void *data,
                                  spconv_deleter deleter, void *user, spconv_tensor **out) {
@@ -172,6 +187,7 @@ spconv_status spconv_tensor_wrap(spconv_device device, spconv_dtype dtype, int n
                            spconv__dims_str(ndim, sizes).text);
     const spconv_backend *backend = NULL;
     SPCONV_FORWARD_IF_ERROR(spconv__backend_check(func, device, &backend));
+    SPCONV_FORWARD_IF_ERROR(check_device_alignment(func, device, data, dtype));
     spconv_storage *storage = NULL;
     SPCONV_FORWARD_IF_ERROR(spconv_storage_wrap(device, data, (size_t)nbytes, deleter, user, &storage));
     spconv_status st = spconv__tensor_make(storage, 0, dtype, ndim, sizes, checked_strides, out);
@@ -202,5 +218,6 @@ spconv_status spconv_tensor_from_storage(spconv_storage *storage, int64_t offset
                            func, spconv__dims_str(ndim, sizes).text,
                            spconv__dims_str(ndim, checked_strides).text, offset, span, available,
                            spconv_dtype_name(dtype), storage->nbytes);
+    SPCONV_FORWARD_IF_ERROR(check_device_alignment(func, storage->device, storage->data, dtype));
     return spconv__tensor_make(storage, offset, dtype, ndim, sizes, checked_strides, out);
 }
