@@ -708,6 +708,88 @@ static void test_refcount(void **state) {
     spconv_tensor_retain(NULL);
 }
 
+/* An allocator hook that counts what it hands out and takes back. */
+typedef struct counted_hook {
+    int allocs, frees;
+} counted_hook;
+
+static void *counted_alloc(size_t nbytes, spconv_device device, void *user) {
+    (void)device;
+    ((counted_hook *)user)->allocs++;
+    return aligned_alloc(SPCONV_ALLOCATOR_ALIGNMENT,
+                         (nbytes + SPCONV_ALLOCATOR_ALIGNMENT - 1) / SPCONV_ALLOCATOR_ALIGNMENT *
+                             SPCONV_ALLOCATOR_ALIGNMENT);
+}
+
+static void counted_free(void *ptr, size_t nbytes, spconv_device device, void *user) {
+    (void)nbytes;
+    (void)device;
+    ((counted_hook *)user)->frees++;
+    free(ptr);
+}
+
+static void other_free(void *ptr, size_t nbytes, spconv_device device, void *user) {
+    counted_free(ptr, nbytes, device, user);
+}
+
+/* spconv_tensor_take_memory hands a hook's memory over only when nothing else uses it and it is
+ * that hook's; then the library never frees it, and on a refusal the tensor is as it was. */
+static void test_take_memory(void **state) {
+    (void)state;
+    counted_hook hook = {0, 0};
+    spconv_context *ctx = NULL;
+    SPCONV_ASSERT_OK(spconv_context_create(spconv_cpu(), &ctx));
+    SPCONV_ASSERT_OK(spconv_context_set_allocator(ctx, counted_alloc, counted_free, &hook));
+    const int64_t sizes[] = {4, 5};
+    spconv_tensor *t = NULL, *view = NULL, *own = NULL;
+    void *data = NULL;
+    size_t nbytes = 0;
+
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, spconv_cpu(), SPCONV_F32, 2, sizes, &t));
+    assert_int_equal(hook.allocs, 1);
+    void *first = spconv_tensor_data(t);
+    SPCONV_ASSERT_OK(spconv_tensor_take_memory(t, counted_free, &data, &nbytes));
+    assert_ptr_equal(data, first);
+    assert_int_equal(nbytes, 20 * sizeof(float));
+    assert_int_equal(hook.frees, 0); /* the tensor is gone, its memory is ours */
+    assert_true(((float *)data)[19] == 0.0f);
+    counted_free(data, nbytes, spconv_cpu(), &hook);
+
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, spconv_cpu(), SPCONV_F32, 2, sizes, &t));
+    spconv_tensor_retain(t);
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "the tensor has 2 references");
+    spconv_tensor_release(t);
+    SPCONV_ASSERT_OK(spconv_tensor_select(t, 0, 1, &view));
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "storage is shared (2 references");
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(view, counted_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "storage is shared");
+    spconv_tensor_release(view);
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, other_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "another allocator hook");
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(NULL, counted_free, &data, &nbytes),
+                        SPCONV_ERR_NULL_POINTER, "spconv_tensor_take_memory");
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, NULL, &data, &nbytes),
+                        SPCONV_ERR_NULL_POINTER, "spconv_tensor_take_memory");
+    assert_int_equal(hook.frees, 1);
+    spconv_tensor_release(t); /* refused: still the library's to free, through the hook */
+    assert_int_equal(hook.frees, 2);
+
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 2, sizes, &own));
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "is the library's own");
+    spconv_tensor_release(own);
+    float memory[20];
+    SPCONV_ASSERT_OK(spconv_tensor_wrap(spconv_cpu(), SPCONV_F32, 2, sizes, NULL, memory, NULL,
+                                        NULL, &own));
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "is wrapped caller memory");
+    spconv_tensor_release(own);
+    assert_int_equal(hook.allocs, 2);
+    spconv_context_destroy(ctx);
+}
+
 static void test_out_of_memory(void **state) {
     (void)state;
     spconv_tensor *t;
@@ -1591,6 +1673,7 @@ int main(void) {
         cmocka_unit_test(test_wrap),
         cmocka_unit_test(test_from_storage),
         cmocka_unit_test(test_refcount),
+        cmocka_unit_test(test_take_memory),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_creation_errors),
     };

@@ -93,6 +93,21 @@ spconv_status spconv_tensor_from_storage(spconv_storage *storage, int64_t offset
 void spconv_tensor_retain(spconv_tensor *tensor);
 void spconv_tensor_release(spconv_tensor *tensor);
 
+/**
+ * Hand the memory under @p tensor to the caller, when it came from the allocator hook whose free
+ * function is @p free_fn and nothing else uses it: @p tensor is the last reference to itself and
+ * the only tensor of its storage. On success *data is the storage's first byte and *nbytes its
+ * size, @p tensor is released (read its sizes, strides and data pointer first), and the library
+ * never calls free_fn for that memory: the caller frees it, through free_fn or the allocator
+ * behind it. A framework whose allocator made the memory can so give it to its own tensor type
+ * (the PyTorch binding does, so that Tensor.record_stream reaches engine outputs).
+ * Otherwise SPCONV_ERR_INVALID_ARGUMENT says why (another reference, memory of another allocator
+ * or of the library's own, wrapped memory) and @p tensor is left as it was; NULL arguments are
+ * SPCONV_ERR_NULL_POINTER.
+ */
+spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void **data,
+                                        size_t *nbytes);
+
 /* ---- properties (cheap; the tensor must not be NULL) --------------------------------------- */
 
 int spconv_tensor_ndim(const spconv_tensor *t);

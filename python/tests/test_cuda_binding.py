@@ -77,6 +77,40 @@ def test_work_is_ordered_on_the_current_stream(seed):
     torch.testing.assert_close(host, want, rtol=0, atol=1e-10)
 
 
+def block_state(address):
+    """The caching allocator's state of the block at @p address ('active_allocated',
+    'active_pending_free', 'inactive'), from its snapshot; None if no block starts there."""
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        at = segment["address"]
+        for block in segment["blocks"]:
+            if block.get("address", at) == address:
+                return block["state"]
+            at += block["size"]
+    return None
+
+
+def test_record_stream_reaches_engine_outputs(seed):
+    # An engine output is the caching allocator's own block (adopt_cuda_block), so record_stream
+    # holds it back while a use on another stream is still queued: after `del` the block is
+    # pending its free, not free. A from_blob tensor's record_stream would do nothing, and the
+    # block would be free (inactive) at once.
+    rb, feats, w, b = case(seed, count=200, cin=8, cout=64)
+    f, wc = feats.cuda(), w.cuda()
+    out = ops.indice_conv(rb, f, wc, None)
+    ptr = out.data_ptr()
+    assert block_state(ptr) == "active_allocated"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the use
+        total = out.sum()
+    out.record_stream(side)
+    del out
+    assert block_state(ptr) == "active_pending_free"
+    torch.cuda.synchronize()
+    assert torch.isfinite(total).item()
+
+
 def test_modules_on_cuda_indices_equal_cpu(seed):
     # A spconv user's tensors: features and indices both on the GPU. Rulebooks are built there
     # (bitwise the CPU's, pairs and output sites), every layer runs there, and the outputs and

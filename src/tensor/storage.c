@@ -1,4 +1,5 @@
 /* Storages: reference-counted owners (or wrappers) of bytes on one device. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -96,3 +97,35 @@ void *spconv_storage_data(const spconv_storage *storage) { return storage->data;
 size_t spconv_storage_nbytes(const spconv_storage *storage) { return storage->nbytes; }
 
 spconv_device spconv_storage_device(const spconv_storage *storage) { return storage->device; }
+
+spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void **data,
+                                        size_t *nbytes) {
+    static const char func[] = "spconv_tensor_take_memory";
+    SPCONV_CHECK_NOT_NULL(func, tensor);
+    SPCONV_CHECK_NOT_NULL(func, free_fn);
+    SPCONV_CHECK_NOT_NULL(func, data);
+    SPCONV_CHECK_NOT_NULL(func, nbytes);
+    spconv_storage *storage = tensor->storage;
+    /* The caller holds a reference: nobody else can retain either object while both counts are
+     * 1, so the check and the hand-over cannot race. */
+    const int64_t tensor_refs = __atomic_load_n(&tensor->refcount, __ATOMIC_ACQUIRE);
+    const int64_t storage_refs = __atomic_load_n(&storage->refcount, __ATOMIC_ACQUIRE);
+    SPCONV_RETURN_ERROR_IF(tensor_refs != 1, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the tensor has %" PRId64 " references, not only the caller's",
+                           func, tensor_refs);
+    SPCONV_RETURN_ERROR_IF(storage_refs != 1, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the tensor's storage is shared (%" PRId64 " references: views or "
+                           "other tensors use it)",
+                           func, storage_refs);
+    SPCONV_RETURN_ERROR_IF(!storage->owns_data || storage->hook_free == NULL,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the tensor's memory %s, not from an allocator hook", func,
+                           storage->owns_data ? "is the library's own" : "is wrapped caller memory");
+    SPCONV_RETURN_ERROR_IF(storage->hook_free != free_fn, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the tensor's memory came from another allocator hook", func);
+    *data = storage->data;
+    *nbytes = storage->nbytes;
+    storage->owns_data = 0; /* the release below frees the headers, not the memory */
+    spconv_tensor_release(tensor);
+    return SPCONV_OK;
+}

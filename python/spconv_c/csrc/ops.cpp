@@ -6,7 +6,10 @@
 //     a reference to the torch tensor (a heap at::Tensor released by the wrap's deleter), so the
 //     memory outlives every engine object that views it (a rulebook keeps its indices);
 //   - outputs of the engine become torch tensors with torch::from_blob over the engine's memory,
-//     whose deleter releases the spconv tensor when the torch storage goes.
+//     whose deleter releases the spconv tensor when the torch storage goes; a CUDA output whose
+//     memory the caching allocator gave the engine (and that the engine holds no other reference
+//     to) is handed back to torch as the allocator's own block instead (adopt_cuda_block), so
+//     that Tensor.record_stream works on it.
 // Engine failures become Python RuntimeErrors carrying spconv_last_error()'s message.
 //
 // A rulebook is an opaque handle (torch::class_ spconv_c.Rulebook) holding the C rulebook: the
@@ -246,6 +249,28 @@ Handle wrap_optional(const c10::optional<at::Tensor> &t, const char *what) {
     return wrap(*t, what);
 }
 
+// A CUDA output of the engine that holds the only reference to memory our hook took from the
+// caching allocator (torch_cuda_alloc) becomes a torch tensor that owns that memory as the
+// allocator's own block: its DataPtr carries the allocator's deleter, which is what
+// Tensor.record_stream looks for (a from_blob tensor's record_stream does nothing). Undefined
+// when the engine keeps a reference or the memory is not the hook's.
+at::Tensor adopt_cuda_block(spconv_tensor *t, const std::vector<int64_t> &sizes,
+                            const std::vector<int64_t> &strides, const at::TensorOptions &options) {
+    c10::DeleterFnPtr deleter = c10::GetAllocator(c10::DeviceType::CUDA)->raw_deleter();
+    if (deleter == nullptr) return at::Tensor();
+    char *first = static_cast<char *>(spconv_tensor_data(t));
+    const int64_t element = static_cast<int64_t>(spconv_dtype_size(spconv_tensor_dtype(t)));
+    void *base = nullptr;
+    size_t nbytes = 0;
+    if (spconv_tensor_take_memory(t, torch_cuda_free, &base, &nbytes) != SPCONV_OK)
+        return at::Tensor(); /* t is as it was */
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                         c10::DataPtr(base, base, deleter, options.device()), nullptr, false);
+    at::Tensor out = at::empty({0}, options);
+    out.set_(storage, (first - static_cast<char *>(base)) / element, sizes, strides);
+    return out;
+}
+
 // A torch tensor over the engine tensor's memory; takes over the reference in @p h.
 at::Tensor to_torch(Handle &&h) {
     spconv_tensor *t = h.release();
@@ -256,6 +281,10 @@ at::Tensor to_torch(Handle &&h) {
     auto options = at::TensorOptions()
                        .dtype(to_torch_dtype(spconv_tensor_dtype(t)))
                        .device(to_torch_device(spconv_tensor_device(t)));
+    if (spconv_tensor_device(t).type == SPCONV_DEVICE_CUDA) {
+        at::Tensor adopted = adopt_cuda_block(t, sizes, strides, options);
+        if (adopted.defined()) return adopted;
+    }
     return torch::from_blob(spconv_tensor_data(t), sizes, strides,
                             [t](void *) { spconv_tensor_release(t); }, options);
 }
