@@ -322,12 +322,55 @@ struct conv_call {
     spconv_tensor *held[12] = {};
     int num_held = 0;
     spconv__lap_timer laps = {}; /* phase times on the device clock, when asked for */
+    /* The handle's settings as the call found them, put back when it ends (bind_blas). */
+    cudaStream_t caller_stream = NULL;
+    cublasPointerMode_t caller_pointer_mode = CUBLAS_POINTER_MODE_HOST;
+    cublasMath_t caller_math = CUBLAS_DEFAULT_MATH;
+    cublasAtomicsMode_t caller_atomics = CUBLAS_ATOMICS_NOT_ALLOWED;
+    bool restore_stream = false, restore_pointer_mode = false, restore_math = false,
+         restore_atomics = false;
 
     conv_call() = default;
     conv_call(const conv_call &) = delete;
     conv_call &operator=(const conv_call &) = delete;
     ~conv_call() {
         for (int i = 0; i < num_held; ++i) spconv_tensor_release(held[i]);
+        /* host-side settings for the caller's later calls; the queued products keep theirs */
+        if (restore_stream) (void)cublasSetStream(blas, caller_stream);
+        if (restore_pointer_mode) (void)cublasSetPointerMode(blas, caller_pointer_mode);
+        if (restore_math) (void)cublasSetMathMode(blas, caller_math);
+        if (restore_atomics) (void)cublasSetAtomicsMode(blas, caller_atomics);
+    }
+
+    /* The handle is the caller's to use too (spconv_context_cublas_handle): whatever stream,
+     * pointer mode, math mode or atomics mode they left on it, the products go on this call's
+     * stream, read alpha and beta from the host, and compute what the compute type says (no TF32
+     * or emulated math they did not ask this call for, no atomics whose order varies); the
+     * caller's settings come back when the call ends. Host-side settings only (no launch), and
+     * only those that differ are touched: cublasSetStream also drops a workspace set with
+     * cublasSetWorkspace. */
+    spconv_status bind_blas() {
+        CUBLAS_TRY(cublasGetStream(blas, &caller_stream));
+        CUBLAS_TRY(cublasGetPointerMode(blas, &caller_pointer_mode));
+        CUBLAS_TRY(cublasGetMathMode(blas, &caller_math));
+        CUBLAS_TRY(cublasGetAtomicsMode(blas, &caller_atomics));
+        if (caller_stream != stream) {
+            CUBLAS_TRY(cublasSetStream(blas, stream));
+            restore_stream = true;
+        }
+        if (caller_pointer_mode != CUBLAS_POINTER_MODE_HOST) {
+            CUBLAS_TRY(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+            restore_pointer_mode = true;
+        }
+        if (caller_math != CUBLAS_DEFAULT_MATH) {
+            CUBLAS_TRY(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
+            restore_math = true;
+        }
+        if (caller_atomics != CUBLAS_ATOMICS_NOT_ALLOWED) {
+            CUBLAS_TRY(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED));
+            restore_atomics = true;
+        }
+        return SPCONV_OK;
     }
 
     /* The context's stream, handle and TF32 setting when it is a context of this device,
@@ -342,12 +385,7 @@ struct conv_call {
         } else {
             SPCONV_FORWARD_IF_ERROR(default_blas(device, &blas));
         }
-        /* The handle is the caller's to use too (spconv_context_cublas_handle): whatever stream
-         * or pointer mode they left on it, the products go on this call's stream with alpha and
-         * beta read from the host, or they would race the gathers that feed them. Both are
-         * host-side settings, no launch. */
-        CUBLAS_TRY(cublasSetStream(blas, stream));
-        CUBLAS_TRY(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+        SPCONV_FORWARD_IF_ERROR(bind_blas());
         int resident = 0;
         SPCONV_FORWARD_IF_ERROR(spconv__cuda_resident_blocks(CONV_THREADS, &resident));
         blocks = resident > 0 ? resident : 1;

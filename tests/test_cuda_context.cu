@@ -193,11 +193,12 @@ static void test_external_stream_carries_the_work(void **state) {
 }
 
 /* The context's cuBLAS handle is the caller's to use too (spconv_context_cublas_handle): a caller
- * who binds it to a stream of their own, or to the device pointer mode, for products of their own
- * does not move the context's products off its stream (where they would race the gathers that feed
- * them) nor make it read alpha and beta from device memory: each conv sets both again. In the
+ * who binds it to a stream of their own, the device pointer mode, TF32 math or atomics for
+ * products of their own does not move the context's products off its stream (where they would
+ * race the gathers that feed them), make it read alpha and beta from device memory or change its
+ * sums: each conv sets what it needs, and puts the caller's settings back when it ends. In the
  * emulation, work on a stream nobody waits for has not run, so products on the caller's stream
- * would leave the output unwritten. */
+ * would leave the output unwritten, and TF32 math rounds the operands. */
 static void test_a_caller_reconfigured_handle_does_not_move_the_products(void **state) {
     (void)state;
     SKIP_WITHOUT_DEVICE();
@@ -215,13 +216,25 @@ static void test_a_caller_reconfigured_handle_does_not_move_the_products(void **
     CHECK_CUDA(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking));
     CHECK_CUBLAS(cublasSetStream(handle, mine));
     CHECK_CUBLAS(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE));
+    CHECK_CUBLAS(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));
+    CHECK_CUBLAS(cublasSetAtomicsMode(handle, CUBLAS_ATOMICS_ALLOWED));
     CHECK_OK(spconv_conv_forward(ctx, rb, o.x, o.w, NULL, &after));
     CHECK_OK(spconv_conv_backward(ctx, rb, o.x, o.w, before, &dx_after, NULL, NULL));
     assert_same_bits(before, after);
     assert_same_bits(dx_before, dx_after);
+    /* and the caller's settings are theirs again */
     cudaStream_t bound = NULL;
+    cublasPointerMode_t pointer_mode = CUBLAS_POINTER_MODE_HOST;
+    cublasMath_t math = CUBLAS_DEFAULT_MATH;
+    cublasAtomicsMode_t atomics = CUBLAS_ATOMICS_NOT_ALLOWED;
     CHECK_CUBLAS(cublasGetStream(handle, &bound));
-    assert_ptr_equal(bound, spconv_context_cuda_stream(ctx));
+    CHECK_CUBLAS(cublasGetPointerMode(handle, &pointer_mode));
+    CHECK_CUBLAS(cublasGetMathMode(handle, &math));
+    CHECK_CUBLAS(cublasGetAtomicsMode(handle, &atomics));
+    assert_ptr_equal(bound, mine);
+    assert_int_equal(pointer_mode, CUBLAS_POINTER_MODE_DEVICE);
+    assert_int_equal(math, CUBLAS_TF32_TENSOR_OP_MATH);
+    assert_int_equal(atomics, CUBLAS_ATOMICS_ALLOWED);
 
     spconv_rulebook_release(rb);
     spconv_context_destroy(ctx);

@@ -368,6 +368,17 @@ static int run_fault_case(const char *name) {
         static float host[100];
         values_view view = {host, 100};
         SPCONV_CUDA_LAUNCH(write_view_kernel, 1, 128, 0, cudaStreamLegacy, view);
+    } else if (strcmp(name, "kernel-after-free") == 0) {
+        /* queued on one stream, the block freed on another that runs first: no event orders
+         * them, so the kernel uses freed memory (the emulation runs the free first) */
+        cudaStream_t user = NULL, freer = NULL;
+        if (cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaStreamCreateWithFlags(&freer, cudaStreamNonBlocking) != cudaSuccess)
+            return 3;
+        SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 128, 0, user, device, 100);
+        if (cudaFreeAsync(device, freer) != cudaSuccess) return 3;
+        (void)cudaStreamSynchronize(freer);
+        (void)cudaStreamSynchronize(user);
     } else if (strcmp(name, "kernel-runs-past-the-end") == 0) {
         /* 100 floats round to 512 bytes: element 128 is the first one past the block's rounding */
         SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 256, 0, cudaStreamLegacy, device, 129);
@@ -404,8 +415,9 @@ static int fault_case_fails_saying(const char *name, const char *message) {
 
 /* Device memory is the device's, as on a GPU: the host's code cannot read or write it (it faults,
  * naming the allocation), a kernel cannot be given host memory, a kernel that runs past a block's
- * 256-byte rounding faults, and fresh memory reads as 0xff bytes (a NaN in every float type), so a
- * kernel reading what nothing wrote shows it. SPCONV_CUDA_EMULATION_MEMORY=shared turns this off. */
+ * 256-byte rounding or uses a freed block faults, fresh memory reads as 0xff bytes (a NaN in every
+ * float type, so a kernel reading what nothing wrote shows it), and a block whose free is queued
+ * takes no more work nor a second free. SPCONV_CUDA_EMULATION_MEMORY=shared turns this off. */
 static void test_emulation_keeps_device_memory_from_the_host(void **state) {
     (void)state;
     if (!SPCONV_CUDA_EMULATION) skip();
@@ -416,20 +428,31 @@ static void test_emulation_keeps_device_memory_from_the_host(void **state) {
     assert_true(fault_case_fails_saying("kernel-gets-host", "write_values_kernel's argument 0"));
     assert_true(fault_case_fails_saying("kernel-gets-host-in-struct",
                                         "write_view_kernel's argument 0"));
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan sees it first: the bytes past the block's size are poisoned */
+    assert_true(fault_case_fails_saying("kernel-runs-past-the-end", "AddressSanitizer"));
+#else
     assert_true(fault_case_fails_saying("kernel-runs-past-the-end", "runs past the end"));
+#endif
+    assert_true(fault_case_fails_saying("kernel-after-free", "after it was freed"));
 
     float *device = NULL;
     CHECK_CUDA(cudaMalloc((void **)&device, 100 * sizeof *device));
     uint32_t bits[100];
     CHECK_CUDA(cudaMemcpy(bits, device, sizeof bits, cudaMemcpyDeviceToHost));
     for (int i = 0; i < 100; ++i) assert_int_equal(bits[i], 0xffffffffu);
-    /* within the block's rounding the device may go (as far as a GPU lets it) */
-    SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 128, 0, cudaStreamLegacy, device, 128);
+    SPCONV_CUDA_LAUNCH(write_values_kernel, 1, 128, 0, cudaStreamLegacy, device, 100);
     CHECK_CUDA(cudaGetLastError());
     float values[100];
     CHECK_CUDA(cudaMemcpy(values, device, sizeof values, cudaMemcpyDeviceToHost));
     assert_true(values[0] == 0.0f && values[99] == 99.0f);
-    CHECK_CUDA(cudaFree(device));
+    /* once its free is queued, a block takes no more work and no second free */
+    CHECK_CUDA(cudaFreeAsync(device, cudaStreamLegacy));
+    assert_int_equal(cudaFreeAsync(device, cudaStreamLegacy), cudaErrorInvalidValue);
+    assert_int_equal(cudaMemsetAsync(device, 0, 4, cudaStreamLegacy), cudaErrorInvalidValue);
+    assert_int_equal(cudaFree(device), cudaErrorInvalidValue);
+    assert_int_equal(cudaGetLastError(), cudaErrorInvalidValue);
+    CHECK_CUDA(cudaDeviceSynchronize());
 }
 
 /* The emulation runs queued work as late as CUDA allows: a copy to the host is not there until the

@@ -748,7 +748,7 @@ static void test_take_memory(void **state) {
     SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, spconv_cpu(), SPCONV_F32, 2, sizes, &t));
     assert_int_equal(hook.allocs, 1);
     void *first = spconv_tensor_data(t);
-    SPCONV_ASSERT_OK(spconv_tensor_take_memory(t, counted_free, &data, &nbytes));
+    SPCONV_ASSERT_OK(spconv_tensor_take_memory(t, counted_free, &hook, &data, &nbytes));
     assert_ptr_equal(data, first);
     assert_int_equal(nbytes, 20 * sizeof(float));
     assert_int_equal(hook.frees, 0); /* the tensor is gone, its memory is ours */
@@ -757,33 +757,36 @@ static void test_take_memory(void **state) {
 
     SPCONV_ASSERT_OK(spconv_tensor_zeros(ctx, spconv_cpu(), SPCONV_F32, 2, sizes, &t));
     spconv_tensor_retain(t);
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_INVALID_ARGUMENT, "the tensor has 2 references");
     spconv_tensor_release(t);
     SPCONV_ASSERT_OK(spconv_tensor_select(t, 0, 1, &view));
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_INVALID_ARGUMENT, "storage is shared (2 references");
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(view, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(view, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_INVALID_ARGUMENT, "storage is shared");
     spconv_tensor_release(view);
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, other_free, &data, &nbytes),
-                        SPCONV_ERR_INVALID_ARGUMENT, "another allocator hook");
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(NULL, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, other_free, &hook, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "another hook");
+    counted_hook stranger = {0, 0};
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, counted_free, &stranger, &data, &nbytes),
+                        SPCONV_ERR_INVALID_ARGUMENT, "other user data");
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(NULL, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_NULL_POINTER, "spconv_tensor_take_memory");
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, NULL, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(t, NULL, &hook, &data, &nbytes),
                         SPCONV_ERR_NULL_POINTER, "spconv_tensor_take_memory");
     assert_int_equal(hook.frees, 1);
     spconv_tensor_release(t); /* refused: still the library's to free, through the hook */
     assert_int_equal(hook.frees, 2);
 
     SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 2, sizes, &own));
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_INVALID_ARGUMENT, "is the library's own");
     spconv_tensor_release(own);
     float memory[20];
     SPCONV_ASSERT_OK(spconv_tensor_wrap(spconv_cpu(), SPCONV_F32, 2, sizes, NULL, memory, NULL,
                                         NULL, &own));
-    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &data, &nbytes),
+    SPCONV_ASSERT_FAILS(spconv_tensor_take_memory(own, counted_free, &hook, &data, &nbytes),
                         SPCONV_ERR_INVALID_ARGUMENT, "is wrapped caller memory");
     spconv_tensor_release(own);
     assert_int_equal(hook.allocs, 2);

@@ -11,11 +11,15 @@
 struct spconv__emu_cublas {
     cudaStream_t stream;
     cublasPointerMode_t pointer_mode;
+    cublasMath_t math;
+    cublasAtomicsMode_t atomics;
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     if (handle == NULL) return CUBLAS_STATUS_INVALID_VALUE;
-    *handle = new (std::nothrow) spconv__emu_cublas{NULL, CUBLAS_POINTER_MODE_HOST};
+    *handle = new (std::nothrow)
+        spconv__emu_cublas{NULL, CUBLAS_POINTER_MODE_HOST, CUBLAS_DEFAULT_MATH,
+                           CUBLAS_ATOMICS_NOT_ALLOWED};
     return *handle != NULL ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
 
@@ -50,6 +54,34 @@ cublasStatus_t cublasGetPointerMode(cublasHandle_t handle, cublasPointerMode_t *
     if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     *mode = handle->pointer_mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->math = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t *mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->math;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode != CUBLAS_ATOMICS_NOT_ALLOWED && mode != CUBLAS_ATOMICS_ALLOWED)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    handle->atomics = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetAtomicsMode(cublasHandle_t handle, cublasAtomicsMode_t *mode) {
+    if (handle == NULL) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (mode == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    *mode = handle->atomics;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -123,6 +155,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float *alpha,
                            const float *A, int lda, const float *B, int ldb, const float *beta,
                            float *C, int ldc) {
+    if (handle != NULL && handle->math == CUBLAS_TF32_TENSOR_OP_MATH)
+        return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                    tf32_input());
     return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -157,6 +192,10 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     const float *a = (const float *)A, *b = (const float *)B;
     switch (computeType) {
     case CUBLAS_COMPUTE_32F:
+        /* the handle's TF32 math mode lets the device use TF32 for this compute type too */
+        if (handle->math == CUBLAS_TF32_TENSOR_OP_MATH)
+            return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc,
+                        tf32_input());
         return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc);
     case CUBLAS_COMPUTE_32F_FAST_TF32:
         return gemm(handle, transa, transb, m, n, k, al, a, lda, b, ldb, be, c, ldc, tf32_input());

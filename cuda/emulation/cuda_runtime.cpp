@@ -5,6 +5,7 @@
 #include "cuda_runtime.h"
 
 #include <execinfo.h>
+#include <sanitizer/asan_interface.h> /* ASAN_(UN)POISON_MEMORY_REGION: no-ops without ASan */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,16 +78,25 @@ cudaError_t record(cudaError_t error) {
 /* A device allocation. In the separate memory model (the default) it is a mapping of its own:
  * [map, map + mapped) holds the block at its end, followed by one page that is never accessible,
  * so a read or write past the block's 256-byte rounding faults; the block's pages are accessible
- * only while the device runs (device_access below). In the shared model it is aligned_alloc'd. */
+ * only while the device runs (device_access below). Under ASan the bytes before the block and
+ * after its size are poisoned as well. A freed mapping is kept inaccessible for a while (the
+ * quarantine), so that a use after the free faults and is named instead of reaching whatever the
+ * address holds next. In the shared model a block is aligned_alloc'd. */
 struct allocation {
-    size_t bytes;  /* asked for */
-    void *map;     /* the mapping (separate model), or NULL */
-    size_t mapped; /* the mapping's bytes, guard page included */
+    size_t bytes;         /* asked for */
+    void *map;            /* the mapping (separate model), or NULL */
+    size_t mapped;        /* the mapping's bytes, guard page included */
+    bool freeing = false; /* cudaFreeAsync was called: no longer usable by later work */
 };
+
+/* Freed mappings kept inaccessible (their pages given back to the system), oldest first. */
+constexpr size_t quarantine_mappings = 4096;
 
 struct runtime_state {
     std::mutex mutex;
     std::map<uintptr_t, allocation> allocations; /* by base address */
+    std::map<uintptr_t, allocation> quarantine;  /* freed, by base address */
+    std::deque<uintptr_t> quarantine_order;
     std::set<cudaStream_t> streams;
     std::set<cudaEvent_t> events;
     int device_depth = 0; /* device_access scopes open: the blocks are accessible while > 0 */
@@ -241,63 +251,94 @@ void set_access(const allocation &a, bool accessible) {
     }
 }
 
-/* The fault handler of the separate model: a fault inside a device allocation's mapping is the
- * host touching device memory (or the device running past a block's end); it is named, then the
- * handler that was there before (ASan's, a test framework's, or the default) takes it. */
+/* The fault handler of the separate model. A fault inside a device allocation's mapping (live or
+ * in the quarantine) is the host touching device memory, or the device running past a block's
+ * end or using a freed block: it is named with a backtrace and the process ends there (a test
+ * framework's handler would jump out of the emulation's queue with its locks held). Any other
+ * fault goes to the handler that was there before (ASan's, a test framework's, or the default). */
 struct sigaction previous_segv;
+thread_local bool in_segv_handler = false;
 
-void on_segv(int signo, siginfo_t *info, void *context);
+/* Writes @p text to stderr with write(2), which a signal handler may call. */
+void say(const char *text, int len, size_t capacity) {
+    if (len <= 0) return;
+    ssize_t ignored = write(STDERR_FILENO, text, (size_t)len < capacity ? (size_t)len : capacity - 1);
+    (void)ignored;
+}
+
+/* The message for a fault at @p at in @p a (block at @p base), or false when it is not there. */
+bool describe_fault(uintptr_t at, uintptr_t base, const allocation &a, bool freed) {
+    const uintptr_t map = (uintptr_t)a.map;
+    if (a.map == NULL || at < map || at >= map + a.mapped) return false;
+    char line[400];
+    int len;
+    if (freed)
+        len = snprintf(line, sizeof line,
+                       "spconv CUDA emulation: an access at %p uses the %zu-byte device allocation "
+                       "at %p after it was freed\n", (void *)at, a.bytes, (void *)base);
+    else if (at >= map + a.mapped - page_bytes())
+        len = snprintf(line, sizeof line,
+                       "spconv CUDA emulation: an access at %p runs past the end of the %zu-byte "
+                       "device allocation at %p\n", (void *)at, a.bytes, (void *)base);
+    else if (at < base)
+        len = snprintf(line, sizeof line,
+                       "spconv CUDA emulation: an access at %p runs before the start of the "
+                       "%zu-byte device allocation at %p\n", (void *)at, a.bytes, (void *)base);
+    else
+        len = snprintf(line, sizeof line,
+                       "spconv CUDA emulation: the host touched device memory at %p, in the "
+                       "%zu-byte device allocation at %p: a GPU's memory is not the host's; copy "
+                       "it to the host first\n", (void *)at, a.bytes, (void *)base);
+    say(line, len, sizeof line);
+    return true;
+}
 
 void on_segv(int signo, siginfo_t *info, void *context) {
+    if (in_segv_handler) { /* a handler that chains back to this one: end it here */
+        signal(SIGSEGV, SIG_DFL);
+        return;
+    }
+    in_segv_handler = true;
     /* No lock: the process is failing, and the faulting thread may hold it. */
     const uintptr_t at = (uintptr_t)info->si_addr;
-    for (const auto &entry : state().allocations) {
-        const allocation &a = entry.second;
-        const uintptr_t map = (uintptr_t)a.map;
-        if (a.map == NULL || at < map || at >= map + a.mapped) continue;
-        char line[400];
-        int len;
-        if (at >= map + a.mapped - page_bytes())
-            len = snprintf(line, sizeof line,
-                           "spconv CUDA emulation: an access at %p runs past the end of the "
-                           "%zu-byte device allocation at %p\n",
-                           (void *)at, a.bytes, (void *)entry.first);
-        else
-            len = snprintf(line, sizeof line,
-                           "spconv CUDA emulation: the host touched device memory at %p, in the "
-                           "%zu-byte device allocation at %p: a GPU's memory is not the host's; "
-                           "copy it to the host first\n",
-                           (void *)at, a.bytes, (void *)entry.first);
-        if (len > 0) {
-            ssize_t ignored = write(STDERR_FILENO, line, (size_t)len < sizeof line ? (size_t)len
-                                                                                   : sizeof line - 1);
-            (void)ignored;
-        }
+    bool named = false;
+    for (const auto &entry : state().allocations)
+        if ((named = describe_fault(at, entry.first, entry.second, false))) break;
+    if (!named)
+        for (const auto &entry : state().quarantine)
+            if ((named = describe_fault(at, entry.first, entry.second, true))) break;
+    if (named) {
         /* Where: binary and offset per frame (addr2line -e BINARY OFFSET names the line). */
         void *frames[32];
         backtrace_symbols_fd(frames, backtrace(frames, 32), STDERR_FILENO);
-        break;
+        signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV); /* delivered when the handler returns, if the retried access is not first */
+        return;
     }
+    in_segv_handler = false;
     if (previous_segv.sa_flags & SA_SIGINFO) {
         previous_segv.sa_sigaction(signo, info, context);
     } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
         previous_segv.sa_handler(signo);
     } else {
-        /* The default action: returning retries the access, which now ends the process. */
         signal(SIGSEGV, SIG_DFL);
+        raise(SIGSEGV);
     }
 }
 
 /* Puts on_segv in front of whatever handles SIGSEGV now, unless it is there already. Called at
  * every allocation and whenever the device's memory closes, since others replace handlers as
  * they go (CMocka installs its own around each test and puts the old one back after it, with
- * signal(), which would drop SA_SIGINFO: that case is reinstalled too). */
+ * signal(), which drops SA_SIGINFO: that case is reinstalled, keeping the handler behind it).
+ * on_segv is never its own previous handler. */
 void ensure_segv_handler() {
+    static std::mutex installing;
     static const int loaded = [] { /* backtrace() loads its library on first use: not in a handler */
         void *frame;
         return backtrace(&frame, 1);
     }();
     (void)loaded;
+    std::lock_guard<std::mutex> lock(installing);
     struct sigaction current;
     if (sigaction(SIGSEGV, NULL, &current) != 0) return;
     if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_segv) return;
@@ -315,7 +356,7 @@ size_t host_bytes(int pages_name) {
     return pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
 }
 
-/* Whether [ptr, ptr + count) lies inside one device allocation. */
+/* Whether [ptr, ptr + count) lies inside one device allocation that is not being freed. */
 bool is_device_range(const void *ptr, size_t count) {
     uintptr_t begin = (uintptr_t)ptr;
     runtime_state &s = state();
@@ -323,6 +364,7 @@ bool is_device_range(const void *ptr, size_t count) {
     auto after = s.allocations.upper_bound(begin);
     if (after == s.allocations.begin()) return false;
     auto at = std::prev(after);
+    if (at->second.freeing) return false;
     const size_t bytes = at->second.bytes;
     return begin - at->first <= bytes && count <= bytes - (begin - at->first);
 }
@@ -491,6 +533,9 @@ cudaError_t allocate_device(void **ptr, size_t size) {
             return record(cudaErrorMemoryAllocation);
         }
         memory = (char *)a.map + body - rounded; /* the block ends where the guard page starts */
+        /* under ASan, the bytes of the mapping around the block too */
+        ASAN_POISON_MEMORY_REGION(a.map, body - rounded);
+        ASAN_POISON_MEMORY_REGION((char *)memory + size, rounded - size);
     } else {
         memory = aligned_alloc(device_alignment, rounded);
         if (memory == NULL) return record(cudaErrorMemoryAllocation);
@@ -503,9 +548,12 @@ cudaError_t allocate_device(void **ptr, size_t size) {
     return cudaSuccess;
 }
 
-/* Forgets the allocation at @p ptr and gives its memory back; false if there is none. */
+/* Forgets the allocation at @p ptr and gives its memory back (a mapping to the quarantine, whose
+ * oldest one is then unmapped); false if there is none. */
 bool release_device(void *ptr) {
     allocation a;
+    void *evicted = NULL;
+    size_t evicted_bytes = 0;
     {
         runtime_state &s = state();
         std::lock_guard<std::mutex> lock(s.mutex);
@@ -513,11 +561,30 @@ bool release_device(void *ptr) {
         if (found == s.allocations.end()) return false;
         a = found->second;
         s.allocations.erase(found);
+        if (a.map != NULL) {
+            /* inaccessible, its pages dropped (they read as zeros if ever opened again) */
+            if (mprotect(a.map, a.mapped, PROT_NONE) != 0 ||
+                madvise(a.map, a.mapped, MADV_DONTNEED) != 0) {
+                perror("spconv CUDA emulation: quarantining a freed block");
+                abort();
+            }
+            s.quarantine[(uintptr_t)ptr] = a;
+            s.quarantine_order.push_back((uintptr_t)ptr);
+            if (s.quarantine_order.size() > quarantine_mappings) {
+                auto oldest = s.quarantine.find(s.quarantine_order.front());
+                s.quarantine_order.pop_front();
+                evicted = oldest->second.map;
+                evicted_bytes = oldest->second.mapped;
+                s.quarantine.erase(oldest);
+            }
+        }
     }
-    if (a.map != NULL)
-        munmap(a.map, a.mapped);
-    else
+    if (a.map == NULL) {
         free(ptr);
+    } else if (evicted != NULL) {
+        ASAN_UNPOISON_MEMORY_REGION(evicted, evicted_bytes);
+        munmap(evicted, evicted_bytes);
+    }
     return true;
 }
 
@@ -550,6 +617,13 @@ cudaError_t cudaFree(void *ptr) {
     {
         std::lock_guard<std::recursive_mutex> lock(queues().mutex);
         run_every_stream();
+    }
+    {
+        runtime_state &s = state();
+        std::lock_guard<std::mutex> lock(s.mutex);
+        auto found = s.allocations.find((uintptr_t)ptr);
+        if (found == s.allocations.end() || found->second.freeing)
+            return record(cudaErrorInvalidValue);
     }
     return release_device(ptr) ? cudaSuccess : record(cudaErrorInvalidValue);
 }
@@ -700,7 +774,10 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
         runtime_state &s = state();
         std::lock_guard<std::mutex> lock(s.mutex);
         auto found = s.allocations.find((uintptr_t)ptr);
-        if (found == s.allocations.end()) return record(cudaErrorInvalidValue);
+        /* a second free of the block is refused, as is later work on it (is_device_range) */
+        if (found == s.allocations.end() || found->second.freeing)
+            return record(cudaErrorInvalidValue);
+        found->second.freeing = true;
         bytes = found->second.bytes;
     }
     spconv__emu::enqueue(stream, [ptr, bytes] {

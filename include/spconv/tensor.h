@@ -95,18 +95,19 @@ void spconv_tensor_release(spconv_tensor *tensor);
 
 /**
  * Hand the memory under @p tensor to the caller, when it came from the allocator hook whose free
- * function is @p free_fn and nothing else uses it: @p tensor is the last reference to itself and
- * the only tensor of its storage. On success *data is the storage's first byte and *nbytes its
- * size, @p tensor is released (read its sizes, strides and data pointer first), and the library
- * never calls free_fn for that memory: the caller frees it, through free_fn or the allocator
- * behind it. A framework whose allocator made the memory can so give it to its own tensor type
- * (the PyTorch binding does, so that Tensor.record_stream reaches engine outputs).
- * Otherwise SPCONV_ERR_INVALID_ARGUMENT says why (another reference, memory of another allocator
- * or of the library's own, wrapped memory) and @p tensor is left as it was; NULL arguments are
- * SPCONV_ERR_NULL_POINTER.
+ * function and user data are @p free_fn and @p user (spconv_context_set_allocator) and nothing
+ * else uses it: @p tensor is the last reference to itself and the only tensor of its storage. On
+ * success *data is the storage's first byte and *nbytes its size, @p tensor is released (read its
+ * sizes, strides and data pointer first), and the library never calls free_fn for that memory:
+ * the caller frees it, with free_fn(data, nbytes, device, user) or through the allocator behind
+ * it. A framework whose allocator made the memory can so give it to its own tensor type (the
+ * PyTorch binding does, so that Tensor.record_stream reaches engine outputs).
+ * Otherwise SPCONV_ERR_INVALID_ARGUMENT says why (another reference, a shared storage, memory of
+ * another allocator, of the library's own (the CUDA backend's pool among them) or wrapped memory)
+ * and @p tensor is left as it was; NULL tensor, free_fn, data or nbytes is SPCONV_ERR_NULL_POINTER.
  */
-spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void **data,
-                                        size_t *nbytes);
+spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void *user,
+                                        void **data, size_t *nbytes);
 
 /* ---- properties (cheap; the tensor must not be NULL) --------------------------------------- */
 

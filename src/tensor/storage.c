@@ -98,8 +98,8 @@ size_t spconv_storage_nbytes(const spconv_storage *storage) { return storage->nb
 
 spconv_device spconv_storage_device(const spconv_storage *storage) { return storage->device; }
 
-spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void **data,
-                                        size_t *nbytes) {
+spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn free_fn, void *user,
+                                        void **data, size_t *nbytes) {
     static const char func[] = "spconv_tensor_take_memory";
     SPCONV_CHECK_NOT_NULL(func, tensor);
     SPCONV_CHECK_NOT_NULL(func, free_fn);
@@ -121,8 +121,12 @@ spconv_status spconv_tensor_take_memory(spconv_tensor *tensor, spconv_free_fn fr
                            SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: the tensor's memory %s, not from an allocator hook", func,
                            storage->owns_data ? "is the library's own" : "is wrapped caller memory");
-    SPCONV_RETURN_ERROR_IF(storage->hook_free != free_fn, SPCONV_ERR_INVALID_ARGUMENT,
-                           "%s: the tensor's memory came from another allocator hook", func);
+    SPCONV_RETURN_ERROR_IF(storage->hook_free != free_fn || storage->hook_user != user,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: the tensor's memory came from another allocator (%s)", func,
+                           storage->hook_free != free_fn
+                               ? "another hook, or the CUDA backend's pool"
+                               : "the same free function with other user data");
     *data = storage->data;
     *nbytes = storage->nbytes;
     storage->owns_data = 0; /* the release below frees the headers, not the memory */

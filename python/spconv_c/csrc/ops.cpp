@@ -262,7 +262,7 @@ at::Tensor adopt_cuda_block(spconv_tensor *t, const std::vector<int64_t> &sizes,
     const int64_t element = static_cast<int64_t>(spconv_dtype_size(spconv_tensor_dtype(t)));
     void *base = nullptr;
     size_t nbytes = 0;
-    if (spconv_tensor_take_memory(t, torch_cuda_free, &base, &nbytes) != SPCONV_OK)
+    if (spconv_tensor_take_memory(t, torch_cuda_free, nullptr, &base, &nbytes) != SPCONV_OK)
         return at::Tensor(); /* t is as it was */
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                          c10::DataPtr(base, base, deleter, options.device()), nullptr, false);
