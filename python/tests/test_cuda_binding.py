@@ -94,6 +94,8 @@ def test_record_stream_reaches_engine_outputs(seed):
     # holds it back while a use on another stream is still queued: after `del` the block is
     # pending its free, not free. A from_blob tensor's record_stream would do nothing, and the
     # block would be free (inactive) at once.
+    if torch.cuda.get_allocator_backend() != "native":
+        pytest.skip("the allocator snapshot lists blocks only for the native caching allocator")
     rb, feats, w, b = case(seed, count=200, cin=8, cout=64)
     f, wc = feats.cuda(), w.cuda()
     out = ops.indice_conv(rb, f, wc, None)
