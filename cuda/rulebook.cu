@@ -536,6 +536,33 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     return SPCONV_OK;
 }
 
+/* What this builder's work and memory grow with: every site of a submanifold build probes half
+ * the kernel's offsets, and the pairs are counted per offset in arrays as long as the kernel (on
+ * the device and the host). The CPU builder walks only offsets that can hold pairs, so it takes
+ * any kernel; this one refuses, by name, kernels beyond these limits (256^3 offsets, 2^32 probes)
+ * instead of running for minutes or allocating gigabytes. Real layers are far below them: a 15^3
+ * subm kernel over 10^6 sites is 1.7e9 probes. */
+#define CUDA_MAX_KERNEL_VOLUME ((int64_t)1 << 24)
+#define CUDA_MAX_SUBM_PROBES ((int64_t)1 << 32)
+
+static spconv_status check_kernel_size(const char *func, const spconv_rulebook *rb,
+                                       const spconv_conv_params *params) {
+    const int64_t kv = rb->kernel_volume, half = kv / 2;
+    SPCONV_RETURN_ERROR_IF(kv > CUDA_MAX_KERNEL_VOLUME, SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: a kernel of %" PRId64 " offsets is more than the CUDA builder "
+                           "takes (%" PRId64 "); build this rulebook from CPU indices (the CUDA "
+                           "ops take it)",
+                           func, kv, CUDA_MAX_KERNEL_VOLUME);
+    SPCONV_RETURN_ERROR_IF(params->kind == SPCONV_CONV_SUBM && half > 0 &&
+                               rb->num_in > CUDA_MAX_SUBM_PROBES / half,
+                           SPCONV_ERR_NOT_SUPPORTED,
+                           "%s: %" PRId64 " sites each probing %" PRId64 " kernel offsets is "
+                           "more than the CUDA builder takes (%" PRId64 " probes); build this "
+                           "rulebook from CPU indices (the CUDA ops take it)",
+                           func, rb->num_in, half, CUDA_MAX_SUBM_PROBES);
+    return SPCONV_OK;
+}
+
 spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
                                           const int64_t spatial_shape[3], int64_t batch_size,
                                           const spconv_conv_params *params,
@@ -565,7 +592,8 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
     s.device = device;
     s.rows = (const int32_t *)spconv_tensor_data(rows);
     s.num_in = rb->num_in;
-    st = queue_site_table(&s, spatial_shape, batch_size);
+    st = check_kernel_size(func, rb, params);
+    if (st == SPCONV_OK) st = queue_site_table(&s, spatial_shape, batch_size);
     if (st == SPCONV_OK)
         st = params->kind == SPCONV_CONV_SUBM ? build_subm(&s, rb) : build_strided(&s, rb);
     if (st != SPCONV_OK) {

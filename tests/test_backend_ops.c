@@ -486,6 +486,41 @@ static void test_bad_coordinates_on_device(void **state) {
     free(rows);
 }
 
+/* Kernels whose work or per-offset arrays would run away on the CUDA builder are refused by name
+ * before anything is queued (the CPU builds them); kernels under the limits are built. */
+static void test_huge_kernels_are_refused_on_device(void **state) {
+    (void)state;
+    if (!gpu_present()) {
+        print_message("no CUDA device (nor the emulation): skipped\n");
+        skip();
+    }
+    const int64_t shape[3] = {300, 300, 300};
+    int32_t *rows = spconv_test_random_sites(1, shape, 600);
+    spconv_tensor *host = spconv_test_indices_tensor(rows, 600), *dev = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, host, spconv_cuda(0), &dev));
+    spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int a = 0; a < 3; ++a) p.kernel[a] = 257; /* 16,974,593 offsets > 2^24 */
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, dev, shape, 1, &p, &rb),
+                        SPCONV_ERR_NOT_SUPPORTED, "a kernel of 16974593 offsets is more than");
+    assert_null(rb);
+    p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    for (int a = 0; a < 3; ++a) p.kernel[a] = 255; /* 600 sites x 8,290,687 probes > 2^32 */
+    SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, dev, shape, 1, &p, &rb),
+                        SPCONV_ERR_NOT_SUPPORTED, "600 sites each probing 8290687 kernel offsets");
+    assert_null(rb);
+    for (int a = 0; a < 3; ++a) p.kernel[a] = 9; /* well within: built, the CPU's bytes */
+    spconv_rulebook *rb_h = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, dev, shape, 1, &p, &rb));
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, host, shape, 1, &p, &rb_h));
+    assert_int_equal(spconv_rulebook_num_pairs(rb), spconv_rulebook_num_pairs(rb_h));
+    spconv_rulebook_release(rb);
+    spconv_rulebook_release(rb_h);
+    spconv_tensor_release(dev);
+    spconv_tensor_release(host);
+    free(rows);
+}
+
 /* A table with fewer slots than keys is an error, not a hang; one with room is not. */
 static void test_full_table(void **state) {
     (void)state;
@@ -537,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_rulebook_real_sites),
         cmocka_unit_test(test_rulebook_cache),
         cmocka_unit_test(test_bad_coordinates_on_device),
+        cmocka_unit_test(test_huge_kernels_are_refused_on_device),
         cmocka_unit_test(test_full_table),
         cmocka_unit_test(test_no_device),
     };

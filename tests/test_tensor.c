@@ -1563,6 +1563,46 @@ static void test_creation_errors(void **state) {
     }
 }
 
+/* Strides that size-1 dims and empty tensors may carry unchecked (any value is valid there)
+ * never overflow a view's offset or stride, and a byte count that does not fit in size_t is
+ * SPCONV_ERR_OVERFLOW, not a wrapped zero. */
+static void test_views_of_unchecked_strides(void **state) {
+    (void)state;
+    spconv_storage *s = NULL;
+    SPCONV_ASSERT_OK(spconv_storage_create(spconv_cpu(), 64, &s));
+    spconv_tensor *t = NULL, *v = NULL;
+    const int64_t one = 1, huge = INT64_MAX;
+    SPCONV_ASSERT_OK(spconv_tensor_from_storage(s, 15, SPCONV_F32, 1, &one, &huge, &t));
+    SPCONV_ASSERT_OK(spconv_tensor_narrow(t, 0, 1, 0, &v)); /* empty: start == size */
+    assert_int_equal(spconv_tensor_numel(v), 0);
+    assert_ptr_equal(spconv_tensor_data(v), spconv_tensor_data(t));
+    spconv_tensor_release(v);
+    SPCONV_ASSERT_OK(spconv_tensor_slice(t, 0, 1, 5, 1, &v));
+    assert_int_equal(spconv_tensor_numel(v), 0);
+    assert_ptr_equal(spconv_tensor_data(v), spconv_tensor_data(t));
+    spconv_tensor_release(v);
+    spconv_tensor_release(t);
+
+    const int64_t sizes[2] = {0, 3}, strides[2] = {1, INT64_MAX};
+    SPCONV_ASSERT_OK(spconv_tensor_from_storage(s, 0, SPCONV_F32, 2, sizes, strides, &t));
+    SPCONV_ASSERT_OK(spconv_tensor_unsqueeze(t, 1, &v));
+    assert_int_equal(spconv_tensor_ndim(v), 3);
+    assert_int_equal(spconv_tensor_size(v, 1), 1);
+    spconv_tensor_release(v);
+    spconv_tensor_release(t);
+    spconv_storage_release(s);
+
+    float value = 1.0f;
+    char buf[1];
+    const int64_t quarter = (int64_t)1 << 62;
+    SPCONV_ASSERT_OK(spconv_tensor_from_host(NULL, spconv_cpu(), SPCONV_F32, 1, &one, &value, &t));
+    SPCONV_ASSERT_OK(spconv_tensor_expand(t, 1, &quarter, &v)); /* 2^62 floats: 2^64 bytes */
+    SPCONV_ASSERT_FAILS(spconv_tensor_copy_to_host(NULL, v, buf, 0), SPCONV_ERR_OVERFLOW,
+                        "take more than SIZE_MAX bytes");
+    spconv_tensor_release(v);
+    spconv_tensor_release(t);
+}
+
 static void test_view_errors(void **state) {
     (void)state;
     const int64_t sizes[] = {2, 3};
@@ -1684,6 +1724,7 @@ int main(void) {
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_view_shapes),
         cmocka_unit_test(test_views_random),
+        cmocka_unit_test(test_views_of_unchecked_strides),
         cmocka_unit_test(test_view_errors),
     };
     const struct CMUnitTest copies[] = {

@@ -225,7 +225,12 @@ spconv_status spconv_tensor_copy_to_host(spconv_context *ctx, const spconv_tenso
                                          size_t nbytes) {
     static const char func[] = "spconv_tensor_copy_to_host";
     SPCONV_CHECK_NOT_NULL(func, t);
-    size_t need = (size_t)t->numel * spconv__tensor_element_size(t);
+    size_t need = 0;
+    SPCONV_RETURN_ERROR_IF(__builtin_mul_overflow((size_t)t->numel,
+                                                  spconv__tensor_element_size(t), &need),
+                           SPCONV_ERR_OVERFLOW,
+                           "%s: the tensor's %" PRId64 " elements take more than SIZE_MAX bytes",
+                           func, t->numel);
     SPCONV_RETURN_ERROR_IF(nbytes != need, SPCONV_ERR_INVALID_ARGUMENT,
                            "%s: nbytes = %zu but the %s tensor %s needs %zu", func, nbytes,
                            spconv_dtype_name(t->dtype), spconv__dims_str(t->ndim, t->sizes).text,

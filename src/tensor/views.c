@@ -16,6 +16,16 @@ static spconv_status make_view(const spconv_tensor *t, int64_t offset, int ndim,
     return spconv__tensor_make(t->storage, offset, t->dtype, ndim, sizes, strides, out);
 }
 
+/* The offset of a view that starts @p start elements of stride @p stride into @p t's dim: that
+ * of @p t when the view addresses no element (an empty tensor's strides are not checked, so the
+ * product may not even fit in int64), else within the extent the strides were checked for. */
+static int64_t view_offset(const spconv_tensor *t, int ndim, const int64_t *sizes, int64_t start,
+                           int64_t stride) {
+    for (int i = 0; i < ndim; ++i)
+        if (sizes[i] == 0) return t->offset;
+    return t->offset + start * stride;
+}
+
 spconv_status spconv_tensor_narrow(const spconv_tensor *t, int dim, int64_t start,
                                    int64_t length, spconv_tensor **out) {
     static const char func[] = "spconv_tensor_narrow";
@@ -32,7 +42,8 @@ spconv_status spconv_tensor_narrow(const spconv_tensor *t, int dim, int64_t star
     int64_t sizes[SPCONV_MAX_DIMS];
     for (int i = 0; i < t->ndim; ++i) sizes[i] = t->sizes[i];
     sizes[d] = length;
-    return make_view(t, t->offset + start * t->strides[d], t->ndim, sizes, t->strides, out);
+    return make_view(t, view_offset(t, t->ndim, sizes, start, t->strides[d]), t->ndim, sizes,
+                     t->strides, out);
 }
 
 /* Python's rule for a slice bound: negative counts from the end, then clamp to [0, size]. */
@@ -63,7 +74,8 @@ spconv_status spconv_tensor_slice(const spconv_tensor *t, int dim, int64_t start
     /* With two or more elements step < size, so the product stays inside the extent; a single
      * element keeps its stride, which then never matters, and a huge step cannot overflow. */
     if (length > 1) strides[d] *= step;
-    return make_view(t, t->offset + start * t->strides[d], t->ndim, sizes, strides, out);
+    return make_view(t, view_offset(t, t->ndim, sizes, start, t->strides[d]), t->ndim, sizes,
+                     strides, out);
 }
 
 spconv_status spconv_tensor_select(const spconv_tensor *t, int dim, int64_t index,
@@ -147,8 +159,12 @@ spconv_status spconv_tensor_unsqueeze(const spconv_tensor *t, int dim, spconv_te
     for (int i = 0, j = 0; i <= t->ndim; ++i) {
         if (i == d) {
             sizes[i] = 1;
-            /* Any stride is valid for a size-1 dim; this one keeps contiguous tensors so. */
-            strides[i] = d < t->ndim ? t->sizes[d] * t->strides[d] : 1;
+            /* Any stride is valid for a size-1 dim; this one keeps contiguous tensors so (and 1
+             * where the product does not fit, as an empty tensor's unchecked strides allow). */
+            int64_t stride = 1;
+            if (d < t->ndim && __builtin_mul_overflow(t->sizes[d], t->strides[d], &stride))
+                stride = 1;
+            strides[i] = stride;
         } else {
             sizes[i] = t->sizes[j];
             strides[i] = t->strides[j++];
