@@ -408,6 +408,44 @@ static void test_maxpool_matches_cpu(void **state) {
     }
 }
 
+/* An argmax whose rows are neither -1 nor an input row is refused on the device with the CPU's
+ * status and message (the device kernel compares rows and would give a silently wrong gradient),
+ * whichever element is bad. */
+static void test_bad_argmax_on_device(void **state) {
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    geometry g = random_geometry(0);
+    const int64_t n_in = spconv_rulebook_num_in(g.rb), n_out = spconv_rulebook_num_out(g.rb);
+    const int64_t c = 3;
+    spconv_tensor *x = random_tensor(SPCONV_F32, 2, (const int64_t[]){n_in, c});
+    spconv_tensor *gy = random_tensor(SPCONV_F32, 2, (const int64_t[]){n_out, c});
+    spconv_tensor *y = NULL, *arg = NULL;
+    SPCONV_ASSERT_OK(spconv_maxpool_forward(NULL, g.rb, x, &y, &arg));
+    if (n_out > 0) {
+        int32_t *a = (int32_t *)spconv_tensor_data(arg);
+        const int64_t at = spconv_test_rand_int(0, (int)(n_out * c - 1));
+        const int32_t bad[2] = {(int32_t)n_in, -7};
+        for (int i = 0; i < 2; ++i) {
+            const int32_t kept = a[at];
+            a[at] = bad[i];
+            spconv_tensor *dx = NULL, *gd = on_cuda(gy), *ad = on_cuda(arg);
+            const spconv_status want = spconv_maxpool_backward(NULL, g.rb, arg, gy, &dx);
+            assert_int_equal(want, SPCONV_ERR_OUT_OF_RANGE);
+            char message[512];
+            snprintf(message, sizeof message, "%s", spconv_last_error());
+            SPCONV_ASSERT_STATUS(spconv_maxpool_backward(NULL, g.rb, ad, gd, &dx), want);
+            assert_null(dx);
+            assert_string_equal(spconv_last_error(), message);
+            spconv_tensor_release(gd);
+            spconv_tensor_release(ad);
+            a[at] = kept;
+        }
+    }
+    spconv_tensor *all[] = {x, gy, y, arg};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) spconv_tensor_release(all[i]);
+    spconv_rulebook_release(g.rb);
+}
+
 /* Integer features are no conv operands on the device either: a clear NOT_SUPPORTED. */
 static void test_unsupported_dtype(void **state) {
     (void)state;
@@ -1212,6 +1250,7 @@ int main(void) {
         cmocka_unit_test(test_conv_matches_cpu),
         cmocka_unit_test(test_bias_gradient_is_the_cpus_bit_for_bit),
         cmocka_unit_test(test_maxpool_matches_cpu),
+        cmocka_unit_test(test_bad_argmax_on_device),
         cmocka_unit_test(test_unsupported_dtype),
         cmocka_unit_test(test_device_rulebook_with_cpu_features),
         cmocka_unit_test(test_net_layers_match_cpu),

@@ -71,7 +71,10 @@ spconv_status spconv_maxpool_forward(spconv_context *ctx, const spconv_rulebook 
                                      const spconv_tensor *features, spconv_tensor **out,
                                      spconv_tensor **argmax);
 
-/** Gradient of max pooling: grad_in [num_in, C] gets grad_out at each argmax position. */
+/** Gradient of max pooling: grad_in [num_in, C] gets grad_out at each argmax position. Every
+ *  argmax element must be -1 or an input row (SPCONV_ERR_OUT_OF_RANGE naming the first that is
+ *  not); a device argmax is copied to the host for that check, so the call waits for it (the
+ *  network's own backward, whose argmax its forward made, does not). */
 spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
                                       const spconv_tensor *argmax, const spconv_tensor *grad_out,
                                       spconv_tensor **grad_features);

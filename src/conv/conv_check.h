@@ -62,6 +62,13 @@ spconv_status spconv__pool_check_backward(const char *func, const spconv_ruleboo
 /* Each of the @p rows x @p cols entries of the contiguous @p argmax is -1 or an input row
  * < @p num_in (<= INT32_MAX); SPCONV_ERR_OUT_OF_RANGE names the first that is not. Checked on
  * @p threads threads. */
+/* spconv_maxpool_backward for an argmax that the max pool forward made on the same rulebook (the
+ * network's): a device argmax is not copied to the host to check its rows (a wait). */
+spconv_status spconv__maxpool_backward_trusted(spconv_context *ctx, const spconv_rulebook *rb,
+                                               const spconv_tensor *argmax,
+                                               const spconv_tensor *grad_out,
+                                               spconv_tensor **grad_features);
+
 spconv_status spconv__check_argmax_rows(const char *func, const int32_t *argmax, int64_t rows,
                                         int64_t cols, int64_t num_in, int threads);
 

@@ -614,9 +614,31 @@ done:
     return st;
 }
 
-spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
-                                      const spconv_tensor *argmax, const spconv_tensor *grad_out,
-                                      spconv_tensor **grad_features) {
+/* The argmax rows of a device argmax, checked on the host as the CPU backend checks its own: a
+ * device kernel never indexes with them (it compares them with input rows), so a bad one would
+ * only give a silently wrong gradient. The copy is a wait, which a caller passing the argmax of
+ * its own forward (the network) skips through spconv__maxpool_backward_trusted. */
+static spconv_status check_device_argmax(spconv_context *ctx, const spconv_rulebook *rb,
+                                         const spconv_tensor *argmax,
+                                         const spconv_tensor *grad_out) {
+    static const char func[] = "spconv_maxpool_backward";
+    spconv_tensor *host = NULL, *contiguous = NULL;
+    spconv_status st;
+    SPCONV_TRY_GOTO(st, spconv_tensor_to_device(ctx, argmax, spconv_cpu(), &host), done);
+    SPCONV_TRY_GOTO(st, spconv_tensor_contiguous(NULL, host, &contiguous), done);
+    st = spconv__check_argmax_rows(func, spconv_tensor_data(contiguous),
+                                   spconv_rulebook_num_out(rb), spconv_tensor_size(grad_out, 1),
+                                   spconv_rulebook_num_in(rb), spconv_context_num_threads(NULL));
+done:
+    spconv_tensor_release(contiguous);
+    spconv_tensor_release(host);
+    return st;
+}
+
+static spconv_status maxpool_backward_entry(spconv_context *ctx, const spconv_rulebook *rb,
+                                            const spconv_tensor *argmax,
+                                            const spconv_tensor *grad_out,
+                                            spconv_tensor **grad_features, int trusted) {
     static const char func[] = "spconv_maxpool_backward";
     SPCONV_CHECK_NOT_NULL(func, grad_features);
     *grad_features = NULL;
@@ -624,12 +646,27 @@ spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook
     SPCONV_CHECK_NOT_NULL(func, argmax);
     SPCONV_CHECK_NOT_NULL(func, grad_out);
     SPCONV_FORWARD_IF_ERROR(spconv__pool_check_backward(func, rb, argmax, grad_out));
+    if (!trusted && spconv_tensor_device(argmax).type != SPCONV_DEVICE_CPU)
+        SPCONV_FORWARD_IF_ERROR(check_device_argmax(ctx, rb, argmax, grad_out));
     const spconv_backend *backend;
     SPCONV_DISPATCH(func, spconv_tensor_device(grad_out), maxpool_backward,
                     "max pooling backward", &backend);
     if (spconv__is_half_dtype(spconv_tensor_dtype(grad_out)))
         return spconv__half_maxpool_backward(backend, ctx, rb, argmax, grad_out, grad_features);
     return backend->maxpool_backward(ctx, rb, argmax, grad_out, grad_features);
+}
+
+spconv_status spconv_maxpool_backward(spconv_context *ctx, const spconv_rulebook *rb,
+                                      const spconv_tensor *argmax, const spconv_tensor *grad_out,
+                                      spconv_tensor **grad_features) {
+    return maxpool_backward_entry(ctx, rb, argmax, grad_out, grad_features, 0);
+}
+
+spconv_status spconv__maxpool_backward_trusted(spconv_context *ctx, const spconv_rulebook *rb,
+                                               const spconv_tensor *argmax,
+                                               const spconv_tensor *grad_out,
+                                               spconv_tensor **grad_features) {
+    return maxpool_backward_entry(ctx, rb, argmax, grad_out, grad_features, 1);
 }
 
 /* The CPU backend's slot (operands checked by the entry point). */
