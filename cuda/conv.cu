@@ -327,8 +327,7 @@ struct conv_call {
     cublasPointerMode_t caller_pointer_mode = CUBLAS_POINTER_MODE_HOST;
     cublasMath_t caller_math = CUBLAS_DEFAULT_MATH;
     cublasAtomicsMode_t caller_atomics = CUBLAS_ATOMICS_NOT_ALLOWED;
-    bool restore_stream = false, restore_pointer_mode = false, restore_math = false,
-         restore_atomics = false;
+    bool bound = false; /* the caller's settings were read: the end puts back those that differ */
 
     conv_call() = default;
     conv_call(const conv_call &) = delete;
@@ -336,10 +335,13 @@ struct conv_call {
     ~conv_call() {
         for (int i = 0; i < num_held; ++i) spconv_tensor_release(held[i]);
         /* host-side settings for the caller's later calls; the queued products keep theirs */
-        if (restore_stream) (void)cublasSetStream(blas, caller_stream);
-        if (restore_pointer_mode) (void)cublasSetPointerMode(blas, caller_pointer_mode);
-        if (restore_math) (void)cublasSetMathMode(blas, caller_math);
-        if (restore_atomics) (void)cublasSetAtomicsMode(blas, caller_atomics);
+        if (!bound) return;
+        if (caller_stream != stream) (void)cublasSetStream(blas, caller_stream);
+        if (caller_pointer_mode != CUBLAS_POINTER_MODE_HOST)
+            (void)cublasSetPointerMode(blas, caller_pointer_mode);
+        if (caller_math != CUBLAS_DEFAULT_MATH) (void)cublasSetMathMode(blas, caller_math);
+        if (caller_atomics != CUBLAS_ATOMICS_NOT_ALLOWED)
+            (void)cublasSetAtomicsMode(blas, caller_atomics);
     }
 
     /* The handle is the caller's to use too (spconv_context_cublas_handle): whatever stream,
@@ -354,22 +356,14 @@ struct conv_call {
         CUBLAS_TRY(cublasGetPointerMode(blas, &caller_pointer_mode));
         CUBLAS_TRY(cublasGetMathMode(blas, &caller_math));
         CUBLAS_TRY(cublasGetAtomicsMode(blas, &caller_atomics));
-        if (caller_stream != stream) {
-            CUBLAS_TRY(cublasSetStream(blas, stream));
-            restore_stream = true;
-        }
-        if (caller_pointer_mode != CUBLAS_POINTER_MODE_HOST) {
+        bound = true;
+        if (caller_stream != stream) CUBLAS_TRY(cublasSetStream(blas, stream));
+        if (caller_pointer_mode != CUBLAS_POINTER_MODE_HOST)
             CUBLAS_TRY(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
-            restore_pointer_mode = true;
-        }
-        if (caller_math != CUBLAS_DEFAULT_MATH) {
+        if (caller_math != CUBLAS_DEFAULT_MATH)
             CUBLAS_TRY(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
-            restore_math = true;
-        }
-        if (caller_atomics != CUBLAS_ATOMICS_NOT_ALLOWED) {
+        if (caller_atomics != CUBLAS_ATOMICS_NOT_ALLOWED)
             CUBLAS_TRY(cublasSetAtomicsMode(blas, CUBLAS_ATOMICS_NOT_ALLOWED));
-            restore_atomics = true;
-        }
         return SPCONV_OK;
     }
 
