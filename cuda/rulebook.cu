@@ -6,19 +6,23 @@
  *     (rulebook/sites.h);
  *  2. the pairs as 64-bit sort keys (offset k << 32 | out_row) with the input row beside them:
  *     SUBM probes the table at the offsets below the centre and each hit also gives its mirror
- *     (k and KV-1-k are opposite displacements), the centre is the identity; REGULAR and
+ *     (k and KV-1-k are opposite displacements), the centre is the identity, or, with no more
+ *     sites than probed offsets, tests every pair of sites (the CPU's rule); REGULAR and
  *     TRANSPOSED list every (input, offset) that reaches an output as a candidate (output key,
  *     input row << 32 | k), sort the candidates by output key, and number the distinct keys:
  *     those are the output sites, in (b, z, y, x) order;
  *  3. one sort of the pair keys groups the pairs by offset, in increasing out_row within each
  *     (keys are unique: an output meets an offset at most once), and a binary search per offset
- *     counts its pairs: the counts of every offset are what comes back to the host.
- * Counts are int64 throughout. The host waits twice a build: for the number of pairs (or
+ *     counts its pairs: the counts of every offset are what comes back to the host, or, for a
+ *     kernel of more than DENSE_OFFSET_COUNTS offsets, the list of the offsets that occur.
+ * No array grows with the kernel beyond that, so any kernel the geometry accepts is built, as on
+ * the CPU. Counts are int64 throughout. The host waits twice a build: for the number of pairs (or
  * candidates) it must allocate, read with the validation marks and the site table's insert
  * counters (the insert reads the first bad row on the device; the kernels queued before that read
  * are safe on any rows), and at the end for the offsets' counts, with a strided build's number of
  * outputs (their sites are written for as many rows as candidates, then copied to their exact
- * size). Only an error path waits more, to name the row. */
+ * size). A kernel over DENSE_OFFSET_COUNTS waits once more, for its offset lists; only an error
+ * path waits more, to name the row. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,6 +30,7 @@
 #include "core/error.h"
 #include "maps_common.h"
 #include "rulebook/internal.h"
+#include "rulebook/site_pairs.h"
 #include "rulebook/sites.h"
 #include "spconv/tensor.h"
 
@@ -231,6 +236,36 @@ __global__ void subm_write_kernel(subm_geometry g, spconv__hash_table table,
     }
 }
 
+/* Few sites (no more than the probed offsets, the CPU's rule: build_subm.c): every pair of sites
+ * is tested instead, N^2 tests rather than N x KV/2 probes, and every hit is written directly
+ * (the mirror and the centre are hits of their own). The rows need not be valid yet. */
+__global__ void site_pairs_count_kernel(subm_geometry g, const int32_t *rows, int64_t n,
+                                        int64_t *hits) {
+    SPCONV_CUDA_GRID_LOOP(o, n) {
+        int64_t count = 0;
+        for (int64_t i = 0; i < n; ++i)
+            count +=
+                spconv__site_pair_offset(g.kernel, g.dilation, rows + 4 * o, rows + 4 * i) >= 0;
+        hits[o] = count;
+    }
+}
+
+__global__ void site_pairs_write_kernel(subm_geometry g, const int32_t *rows, int64_t n,
+                                        const int64_t *starts, uint64_t *pair_keys,
+                                        int32_t *pair_in) {
+    SPCONV_CUDA_GRID_LOOP(o, n) {
+        int64_t at = starts[o];
+        for (int64_t i = 0; i < n; ++i) {
+            const int64_t k =
+                spconv__site_pair_offset(g.kernel, g.dilation, rows + 4 * o, rows + 4 * i);
+            if (k < 0) continue;
+            pair_keys[at] = (uint64_t)k << 32 | (uint64_t)o;
+            pair_in[at] = (int32_t)i;
+            ++at;
+        }
+    }
+}
+
 /* ---- regular and transposed candidates ------------------------------------------------------ */
 
 typedef struct axis_rule {
@@ -344,6 +379,14 @@ static __device__ __forceinline__ int64_t first_at_least(const uint64_t *keys, i
     return lo;
 }
 
+/* The per-offset counts of a rulebook come back in one of two forms. A kernel of up to
+ * DENSE_OFFSET_COUNTS offsets (40^3 and below, every real layer) gets the count of each of its
+ * offsets, read back with the build's last wait. A larger kernel would make those arrays, on the
+ * device and the host, grow with the kernel rather than with the pairs (a 1023^3 pool over a few
+ * sites is 2^30 offsets), so there the offsets that occur are listed instead, as the CPU builders
+ * do: at most min(KV, pairs) of them, read back in one more wait. */
+#define DENSE_OFFSET_COUNTS ((int64_t)1 << 16)
+
 /* counts[k] = the pairs of offset k among the n sorted pair keys (k << 32 | out_row), for every
  * k < kv: the distance between the first keys of k and of k + 1. */
 __global__ void offset_counts_kernel(const uint64_t *keys, int64_t n, int64_t kv,
@@ -351,6 +394,26 @@ __global__ void offset_counts_kernel(const uint64_t *keys, int64_t n, int64_t kv
     SPCONV_CUDA_GRID_LOOP(k, kv) {
         counts[k] = first_at_least(keys, n, (uint64_t)(k + 1) << 32) -
                     first_at_least(keys, n, (uint64_t)k << 32);
+    }
+}
+
+static __device__ __forceinline__ bool offset_head(const uint64_t *keys, int64_t j) {
+    return j == 0 || keys[j] >> 32 != keys[j - 1] >> 32;
+}
+
+/* heads[j] = 1 where sorted pair j is the first of its offset, 0 elsewhere. */
+__global__ void offset_heads_kernel(const uint64_t *keys, int64_t n, int64_t *heads) {
+    SPCONV_CUDA_GRID_LOOP(j, n) heads[j] = offset_head(keys, j);
+}
+
+/* heads now holds the inclusive sums: the first pair j of each offset fills slot heads[j] - 1 with
+ * the offset and j, where its pairs start; the slots come out in increasing offset. */
+__global__ void offset_slots_kernel(const uint64_t *keys, const int64_t *heads, int64_t n,
+                                    int64_t *slot_offsets, int64_t *slot_starts) {
+    SPCONV_CUDA_GRID_LOOP(j, n) {
+        if (!offset_head(keys, j)) continue;
+        slot_offsets[heads[j] - 1] = (int64_t)(keys[j] >> 32);
+        slot_starts[heads[j] - 1] = j;
     }
 }
 
@@ -370,26 +433,14 @@ static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb,
     return st;
 }
 
-/* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
- * rb->pairs_in already; write rb->pairs_out and count the pairs of every offset, then read the
- * counts back with @p extra (another read the caller needs, or NULL): the build's last wait. */
-static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
-                                  int64_t n, spconv_rulebook *rb,
-                                  const spconv__host_read *extra) {
+/* The count of every offset of a kernel of up to DENSE_OFFSET_COUNTS offsets, read back with
+ * @p extra (another read the caller needs, or NULL): the build's last wait. */
+static spconv_status read_dense_counts(const build_state *s, const uint64_t *keys, int64_t n,
+                                       spconv_rulebook *rb, const spconv__host_read *extra) {
     const char *func = s->func;
     const int64_t kv = rb->kernel_volume;
-    int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
-    SPCONV_FORWARD_IF_ERROR(
-        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
     spconv__device_array<int64_t> counts;
     SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, kv, "pair counts"));
-    uint64_t *keys = pair_keys->get();
-    if (n > 0) {
-        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
-                                              thrust::sort_by_key, keys, keys + n, pair_in));
-        LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
-                   (int32_t *)spconv_tensor_data(rb->pairs_out));
-    }
     if (kv > 0) LAUNCH_MAP(s->stream, kv, offset_counts_kernel, keys, n, kv, counts.get());
     int64_t *host = (int64_t *)malloc((size_t)(kv > 0 ? kv : 1) * sizeof *host);
     SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
@@ -403,6 +454,74 @@ static spconv_status finish_pairs(const build_state *s, spconv__device_array<uin
     free(host);
     CUDA_TRY(err);
     return st;
+}
+
+/* The offsets that occur among the n sorted pair keys of a larger kernel, with where their pairs
+ * start: their number comes back with @p extra, then the lists. */
+static spconv_status read_active_offsets(const build_state *s, const uint64_t *keys, int64_t n,
+                                         spconv_rulebook *rb, const spconv__host_read *extra) {
+    const char *func = s->func;
+    const int64_t kv = rb->kernel_volume, most = n < kv ? n : kv;
+    spconv__device_array<int64_t> heads, slot_offsets, slot_starts;
+    SPCONV_FORWARD_IF_ERROR(heads.alloc(s->ctx, func, n, "offset heads"));
+    SPCONV_FORWARD_IF_ERROR(slot_offsets.alloc(s->ctx, func, most, "active offsets"));
+    SPCONV_FORWARD_IF_ERROR(slot_starts.alloc(s->ctx, func, most, "active offset starts"));
+    if (n > 0) {
+        LAUNCH_MAP(s->stream, n, offset_heads_kernel, keys, n, heads.get());
+        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "numbering the offsets",
+                                              thrust::inclusive_scan, heads.get(),
+                                              heads.get() + n, heads.get()));
+        LAUNCH_MAP(s->stream, n, offset_slots_kernel, keys, heads.get(), n, slot_offsets.get(),
+                   slot_starts.get());
+    }
+    int64_t active = 0;
+    const int64_t last = n > 0 ? n - 1 : 0;
+    spconv__host_read reads[2] = {{&active, heads.get() + last, n > 0 ? sizeof active : 0},
+                                  {NULL, NULL, 0}};
+    if (extra != NULL) reads[1] = *extra;
+    CUDA_TRY(spconv__cuda_read_back(s->stream, reads, 2));
+    int64_t *offsets = (int64_t *)malloc((size_t)(active > 0 ? active : 1) * sizeof *offsets);
+    int64_t *starts = (int64_t *)malloc((size_t)(active + 1) * sizeof *starts);
+    if (offsets == NULL || starts == NULL) {
+        free(offsets);
+        free(starts);
+        return spconv__error(SPCONV_ERR_OUT_OF_MEMORY,
+                             "%s: out of host memory for %" PRId64 " pair offsets", func, active);
+    }
+    const spconv__host_read lists[2] = {
+        {offsets, slot_offsets.get(), (size_t)active * sizeof *offsets},
+        {starts, slot_starts.get(), (size_t)active * sizeof *starts}};
+    const cudaError_t err = spconv__cuda_read_back(s->stream, lists, 2);
+    spconv_status st = SPCONV_OK;
+    if (err == cudaSuccess) {
+        starts[active] = n;
+        st = spconv__rulebook_set_offsets(func, rb, active, offsets, starts);
+    }
+    free(offsets);
+    free(starts);
+    CUDA_TRY(err);
+    return st;
+}
+
+/* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
+ * rb->pairs_in already; write rb->pairs_out and find the pairs of each offset, then read them
+ * back with @p extra (another read the caller needs, or NULL). */
+static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
+                                  int64_t n, spconv_rulebook *rb,
+                                  const spconv__host_read *extra) {
+    const char *func = s->func;
+    int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
+    uint64_t *keys = pair_keys->get();
+    if (n > 0) {
+        SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
+                                              thrust::sort_by_key, keys, keys + n, pair_in));
+        LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
+                   (int32_t *)spconv_tensor_data(rb->pairs_out));
+    }
+    return rb->kernel_volume <= DENSE_OFFSET_COUNTS ? read_dense_counts(s, keys, n, rb, extra)
+                                                    : read_active_offsets(s, keys, n, rb, extra);
 }
 
 /* ---- the builders --------------------------------------------------------------------------- */
@@ -442,23 +561,31 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     }
     g.kernel_volume = rb->kernel_volume;
     g.half = rb->kernel_volume / 2;
+    /* Few sites test every pair of sites, as the CPU does (build_subm.c); the others probe half
+     * the kernel's offsets and get the mirrors and the centre from symmetry. */
+    const bool site_pairs = n <= g.half;
     spconv__device_array<int64_t> hits, starts;
     SPCONV_FORWARD_IF_ERROR(hits.alloc(s->ctx, func, n, "neighbour counts"));
     SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "neighbour starts"));
-    if (n > 0)
+    if (n > 0 && site_pairs)
+        LAUNCH_MAP(s->stream, n, site_pairs_count_kernel, g, s->rows, n, hits.get());
+    else if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_count_kernel, g, s->table, s->in_layout, s->rows, n,
                    hits.get());
     int64_t total_hits;
     SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, hits.get(), n, starts.get(), &total_hits));
-    const int64_t num_pairs = 2 * total_hits + n;
+    const int64_t num_pairs = site_pairs ? total_hits : 2 * total_hits + n;
     SPCONV_FORWARD_IF_ERROR(
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, num_pairs, "pair keys"));
-    if (n > 0)
+    int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
+    if (n > 0 && site_pairs)
+        LAUNCH_MAP(s->stream, n, site_pairs_write_kernel, g, s->rows, n, starts.get(),
+                   pair_keys.get(), pair_in);
+    else if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
-                   starts.get(), total_hits, pair_keys.get(),
-                   (int32_t *)spconv_tensor_data(rb->pairs_in));
+                   starts.get(), total_hits, pair_keys.get(), pair_in);
     return finish_pairs(s, &pair_keys, num_pairs, rb, NULL);
 }
 
@@ -536,33 +663,6 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     return SPCONV_OK;
 }
 
-/* What this builder's work and memory grow with: every site of a submanifold build probes half
- * the kernel's offsets, and the pairs are counted per offset in arrays as long as the kernel (on
- * the device and the host). The CPU builder walks only offsets that can hold pairs, so it takes
- * any kernel; this one refuses, by name, kernels beyond these limits (256^3 offsets, 2^32 probes)
- * instead of running for minutes or allocating gigabytes. Real layers are far below them: a 15^3
- * subm kernel over 10^6 sites is 1.7e9 probes. */
-#define CUDA_MAX_KERNEL_VOLUME ((int64_t)1 << 24)
-#define CUDA_MAX_SUBM_PROBES ((int64_t)1 << 32)
-
-static spconv_status check_kernel_size(const char *func, const spconv_rulebook *rb,
-                                       const spconv_conv_params *params) {
-    const int64_t kv = rb->kernel_volume, half = kv / 2;
-    SPCONV_RETURN_ERROR_IF(kv > CUDA_MAX_KERNEL_VOLUME, SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: a kernel of %" PRId64 " offsets is more than the CUDA builder "
-                           "takes (%" PRId64 "); build this rulebook from CPU indices (the CUDA "
-                           "ops take it)",
-                           func, kv, CUDA_MAX_KERNEL_VOLUME);
-    SPCONV_RETURN_ERROR_IF(params->kind == SPCONV_CONV_SUBM && half > 0 &&
-                               rb->num_in > CUDA_MAX_SUBM_PROBES / half,
-                           SPCONV_ERR_NOT_SUPPORTED,
-                           "%s: %" PRId64 " sites each probing %" PRId64 " kernel offsets is "
-                           "more than the CUDA builder takes (%" PRId64 " probes); build this "
-                           "rulebook from CPU indices (the CUDA ops take it)",
-                           func, rb->num_in, half, CUDA_MAX_SUBM_PROBES);
-    return SPCONV_OK;
-}
-
 spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,
                                           const int64_t spatial_shape[3], int64_t batch_size,
                                           const spconv_conv_params *params,
@@ -592,8 +692,7 @@ spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tens
     s.device = device;
     s.rows = (const int32_t *)spconv_tensor_data(rows);
     s.num_in = rb->num_in;
-    st = check_kernel_size(func, rb, params);
-    if (st == SPCONV_OK) st = queue_site_table(&s, spatial_shape, batch_size);
+    st = queue_site_table(&s, spatial_shape, batch_size);
     if (st == SPCONV_OK)
         st = params->kind == SPCONV_CONV_SUBM ? build_subm(&s, rb) : build_strided(&s, rb);
     if (st != SPCONV_OK) {

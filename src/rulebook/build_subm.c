@@ -26,6 +26,7 @@
 #include "core/parallel.h"
 #include "rulebook/build.h"
 #include "rulebook/radix_sort.h"
+#include "rulebook/site_pairs.h"
 #include "rulebook/site_lines.h"
 #include "spconv/tensor.h"
 
@@ -325,21 +326,6 @@ done:
 
 /* ---- few sites: every pair of sites -------------------------------------------------------- */
 
-/* The offset through which input row @p in reaches output row @p out, or -1. */
-static int64_t site_pair_offset(const spconv_conv_params *params, const int32_t *out,
-                                const int32_t *in) {
-    if (in[0] != out[0]) return -1;
-    int64_t k = 0;
-    for (int axis = 0; axis < 3; ++axis) {
-        const int64_t d = (int64_t)in[1 + axis] - out[1 + axis], dil = params->dilation[axis];
-        if (d % dil != 0) return -1;
-        const int64_t q = d / dil + params->kernel[axis] / 2;
-        if (q < 0 || q >= params->kernel[axis]) return -1;
-        k = k * params->kernel[axis] + q;
-    }
-    return k;
-}
-
 /* Hits of outputs [begin, end): counted when keys is NULL, else written as (offset, out << 32 |
  * in) in increasing out, then in. */
 static int64_t site_pairs_chunk(const spconv__build_input *in, const spconv_conv_params *params,
@@ -347,7 +333,8 @@ static int64_t site_pairs_chunk(const spconv__build_input *in, const spconv_conv
     int64_t hits = 0;
     for (int64_t o = begin; o < end; ++o)
         for (int64_t i = 0; i < in->num_in; ++i) {
-            const int64_t k = site_pair_offset(params, in->rows + 4 * o, in->rows + 4 * i);
+            const int64_t k = spconv__site_pair_offset(params->kernel, params->dilation,
+                                                       in->rows + 4 * o, in->rows + 4 * i);
             if (k < 0) continue;
             if (keys != NULL) {
                 keys[hits] = (uint64_t)k;
