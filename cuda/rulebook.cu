@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "maps_common.h"
+#include "rulebook/axis_reach.h"
 #include "rulebook/internal.h"
 #include "rulebook/site_pairs.h"
 #include "rulebook/sites.h"
@@ -268,40 +269,16 @@ __global__ void site_pairs_write_kernel(subm_geometry g, const int32_t *rows, in
 
 /* ---- regular and transposed candidates ------------------------------------------------------ */
 
-typedef struct axis_rule {
-    int64_t kernel, stride, padding, dilation, out_size;
-    int transposed;
-} axis_rule;
-
 typedef struct strided_geometry {
-    axis_rule axes[3];
+    spconv__axis_geometry axes[3];
     spconv__key_layout out_layout;
 } strided_geometry;
 
-/* Output of coordinate c through offset k on one axis: 1 with *o set, 0 when k reaches no output,
- * -1 when no larger k can (o only moves away from the grid as k grows). */
-static __device__ __forceinline__ int axis_target(const axis_rule *a, int64_t c, int64_t k,
-                                                  int64_t *o) {
-    if (a->transposed) {
-        *o = c * a->stride - a->padding + k * a->dilation;
-        if (*o >= a->out_size) return -1;
-        return *o >= 0;
-    }
-    const int64_t span = c + a->padding - k * a->dilation;
-    if (span < 0) return -1;
-    if (span % a->stride != 0 || span / a->stride >= a->out_size) return 0;
-    *o = span / a->stride;
-    return 1;
-}
-
-static __device__ __forceinline__ int64_t axis_count(const axis_rule *a, int64_t c) {
-    int64_t count = 0, o;
-    for (int64_t k = 0; k < a->kernel; ++k) {
-        const int step = axis_target(a, c, k, &o);
-        if (step < 0) break;
-        count += step;
-    }
-    return count;
+/* The offsets of each axis through which a row reaches outputs: rulebook/axis_reach.h, which the
+ * CPU builder walks too, so the work is the candidates' and not the kernel's. */
+static __device__ __forceinline__ int64_t axis_count(const spconv__axis_geometry *a, int64_t c) {
+    int64_t first, last, step;
+    return spconv__axis_reach(a, c, &first, &last, &step) ? (last - first) / step + 1 : 0;
 }
 
 __global__ void candidate_count_kernel(strided_geometry g, const int32_t *rows, int64_t n,
@@ -318,21 +295,20 @@ __global__ void candidate_write_kernel(strided_geometry g, const int32_t *rows, 
                                        uint64_t *values) {
     SPCONV_CUDA_GRID_LOOP(r, n) {
         const int32_t *row = rows + 4 * r;
+        int64_t first[3], last[3], step[3];
+        bool reaches = true;
+        for (int a = 0; a < 3; ++a)
+            reaches = reaches && spconv__axis_reach(&g.axes[a], row[1 + a], &first[a], &last[a],
+                                                    &step[a]);
+        if (!reaches) continue;
         int64_t at = starts[r];
         const int64_t kh = g.axes[1].kernel, kw = g.axes[2].kernel;
-        int64_t oz, oy, ox;
-        for (int64_t kz = 0; kz < g.axes[0].kernel; ++kz) {
-            const int sz = axis_target(&g.axes[0], row[1], kz, &oz);
-            if (sz < 0) break;
-            if (sz == 0) continue;
-            for (int64_t ky = 0; ky < kh; ++ky) {
-                const int sy = axis_target(&g.axes[1], row[2], ky, &oy);
-                if (sy < 0) break;
-                if (sy == 0) continue;
-                for (int64_t kx = 0; kx < kw; ++kx) {
-                    const int sx = axis_target(&g.axes[2], row[3], kx, &ox);
-                    if (sx < 0) break;
-                    if (sx == 0) continue;
+        for (int64_t kz = first[0]; kz <= last[0]; kz += step[0]) {
+            const int64_t oz = spconv__axis_output(&g.axes[0], row[1], kz);
+            for (int64_t ky = first[1]; ky <= last[1]; ky += step[1]) {
+                const int64_t oy = spconv__axis_output(&g.axes[1], row[2], ky);
+                for (int64_t kx = first[2]; kx <= last[2]; kx += step[2]) {
+                    const int64_t ox = spconv__axis_output(&g.axes[2], row[3], kx);
                     out_keys[at] = spconv__key_pack(&g.out_layout, row[0], oz, oy, ox);
                     values[at] = (uint64_t)r << 32 | (uint64_t)((kz * kh + ky) * kw + kx);
                     ++at;
@@ -594,9 +570,10 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     const int64_t n = s->num_in;
     strided_geometry g;
     for (int a = 0; a < 3; ++a)
-        g.axes[a] = axis_rule{rb->params.kernel[a],   rb->params.stride[a],
-                              rb->params.padding[a],  rb->params.dilation[a],
-                              rb->out_shape[a],       rb->params.kind == SPCONV_CONV_TRANSPOSED};
+        g.axes[a] = spconv__axis_geometry{rb->params.kernel[a],  rb->params.stride[a],
+                                          rb->params.padding[a], rb->params.dilation[a],
+                                          rb->out_shape[a],
+                                          rb->params.kind == SPCONV_CONV_TRANSPOSED};
     SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", rb->batch_size,
                                                        rb->out_shape, &g.out_layout));
     spconv__device_array<int64_t> counts, starts;

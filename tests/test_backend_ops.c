@@ -524,6 +524,29 @@ static void test_huge_kernels(void **state) {
     }
     spconv_tensor_release(indices);
     free(rows);
+    /* Kernels of 2,000,000,001 offsets on x, padded so that each of 64 rows reaches one output
+     * at offset 10^9: the builders compute that window (rulebook/axis_reach.h); trying every
+     * offset before it took a second per row. */
+    const int64_t column[3] = {8, 8, 1};
+    rows = spconv_test_random_sites(1, column, 64);
+    indices = spconv_test_indices_tensor(rows, 64);
+    spconv_conv_params padded = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    padded.kernel[0] = padded.kernel[1] = 1, padded.kernel[2] = 2000000001;
+    padded.padding[2] = 1000000000;
+    spconv_conv_params padded_t = padded;
+    padded_t.kind = SPCONV_CONV_TRANSPOSED;
+    for (int b = 0; b < n; ++b) {
+        compare_rulebook(&backends[b], indices, column, 1, &padded);
+        compare_rulebook(&backends[b], indices, column, 1, &padded_t);
+    }
+    spconv_rulebook *rb = NULL;
+    SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, column, 1, &padded, &rb));
+    assert_int_equal(spconv_rulebook_num_pairs(rb), 64);
+    assert_int_equal(spconv_rulebook_num_active_offsets(rb), 1);
+    assert_int_equal(spconv_rulebook_active_offsets(rb)[0], 1000000000);
+    spconv_rulebook_release(rb);
+    spconv_tensor_release(indices);
+    free(rows);
     /* Few sites under a kernel of fewer than 2^16 offsets take the pairs of sites too. */
     const int64_t small_cube[3] = {12, 12, 12};
     rows = spconv_test_random_sites(2, small_cube, 40);

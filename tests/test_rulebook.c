@@ -3,6 +3,7 @@
  * every bad input, hash flooding and seeds, and the real scan of ../shared/data when present. */
 #define _POSIX_C_SOURCE 200809L /* setenv, fork, execv, kill, nanosleep */
 
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "common/test_util.h"
 #include "conv/conv_cpu.h"
 #include "core/parallel.h"
+#include "rulebook/axis_reach.h"
 #include "rulebook/hash.h"
 #include "rulebook/sites.h"
 #include "rulebook/rulebook_impl.h"
@@ -831,6 +833,86 @@ static void test_empty_input(void **state) {
  * 15^3 on GRID, per-axis kernels, dilation, both strided kinds and subm): the strided builder
  * numbers the offsets that occur, subm takes the site-pair path; both against the reference,
  * at 1 and 3 threads. */
+/* The offsets of one axis that reach an output, found from the output side: for each output o
+ * the one k that lands on it, where that k is whole and inside the kernel. Increasing k means
+ * decreasing o for a regular conv and increasing o for a transposed one. */
+static int64_t reach_from_outputs(const spconv__axis_geometry *a, int64_t c, int64_t *ks) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < a->out_size; ++i) {
+        const int64_t o = a->transposed ? i : a->out_size - 1 - i;
+        const int64_t span = a->transposed ? o - c * a->stride + a->padding
+                                           : c + a->padding - o * a->stride;
+        if (span < 0 || span % a->dilation != 0 || span / a->dilation >= a->kernel) continue;
+        ks[count++] = span / a->dilation;
+    }
+    return count;
+}
+
+static void expect_reach(const spconv__axis_geometry *a, int64_t c) {
+    int64_t want[64], first = 0, last = -1, step = 1, got = 0;
+    assert_true(a->out_size <= 64);
+    const int64_t n = reach_from_outputs(a, c, want);
+    if (spconv__axis_reach(a, c, &first, &last, &step)) {
+        assert_true(step >= 1 && first <= last);
+        for (int64_t k = first; k <= last; k += step) {
+            if (got >= n || want[got] != k || spconv__axis_output(a, c, k) < 0 ||
+                spconv__axis_output(a, c, k) >= a->out_size)
+                fail_msg("axis (kernel %" PRId64 ", stride %" PRId64 ", padding %" PRId64
+                         ", dilation %" PRId64 ", outputs %" PRId64 ", %s), c = %" PRId64
+                         ": offset %" PRId64 " is not the oracle's",
+                         a->kernel, a->stride, a->padding, a->dilation, a->out_size,
+                         a->transposed ? "transposed" : "regular", c, k);
+            ++got;
+        }
+    }
+    if (got != n)
+        fail_msg("axis (kernel %" PRId64 ", stride %" PRId64 ", padding %" PRId64
+                 ", dilation %" PRId64 ", outputs %" PRId64 ", %s), c = %" PRId64
+                 ": %" PRId64 " offsets, the oracle %" PRId64,
+                 a->kernel, a->stride, a->padding, a->dilation, a->out_size,
+                 a->transposed ? "transposed" : "regular", c, got, n);
+}
+
+/* spconv__axis_reach against the output-side oracle: every small geometry, then random ones with
+ * parameters up to 2^31 and few outputs (the windows the builders once walked offset by offset). */
+static void test_axis_reach_matches_outputs(void **state) {
+    (void)state;
+    for (int transposed = 0; transposed < 2; ++transposed)
+        for (int64_t kernel = 1; kernel <= 6; ++kernel)
+            for (int64_t stride = 1; stride <= 5; ++stride)
+                for (int64_t padding = 0; padding <= 4; ++padding)
+                    for (int64_t dilation = 1; dilation <= 4; ++dilation)
+                        for (int64_t size = 1; size <= 9; ++size) {
+                            const int64_t out =
+                                transposed ? (size - 1) * stride - 2 * padding +
+                                                 dilation * (kernel - 1) + 1
+                                           : (size + 2 * padding - dilation * (kernel - 1) - 1) /
+                                                     stride + 1;
+                            if (out < 1 || size + 2 * padding < dilation * (kernel - 1) + 1)
+                                continue;
+                            const spconv__axis_geometry a = {kernel,   stride, padding,
+                                                             dilation, out,    transposed};
+                            for (int64_t c = 0; c < size; ++c) expect_reach(&a, c);
+                        }
+    const int64_t big = INT32_MAX;
+    for (int trial = 0; trial < 20000; ++trial) {
+        spconv__axis_geometry a;
+        a.transposed = (int)spconv_test_rand_int(0, 1);
+        a.kernel = spconv_test_rand_int(1, big);
+        a.stride = trial % 3 == 0 ? spconv_test_rand_int(1, 7) : spconv_test_rand_int(1, big);
+        a.dilation = trial % 3 == 1 ? spconv_test_rand_int(1, 7) : spconv_test_rand_int(1, big);
+        a.padding = spconv_test_rand_int(0, big);
+        a.out_size = spconv_test_rand_int(1, 64);
+        expect_reach(&a, spconv_test_rand_int(0, big));
+    }
+    /* The hostile case: a 2,000,000,001-wide kernel padded so that each row has one output. */
+    const spconv__axis_geometry wide = {2000000001, 1, 1000000000, 1, 1, 0};
+    int64_t first, last, step;
+    assert_true(spconv__axis_reach(&wide, 0, &first, &last, &step));
+    assert_int_equal(first, 1000000000);
+    assert_int_equal(last, 1000000000);
+}
+
 static void test_kernel_larger_than_its_pairs(void **state) {
     (void)state;
     int64_t total = 0;
@@ -1469,6 +1551,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_subm_line_walks_agree),
         cmocka_unit_test(test_anisotropic_matches_reference),
         cmocka_unit_test(test_empty_input),
+        cmocka_unit_test(test_axis_reach_matches_outputs),
         cmocka_unit_test(test_kernel_larger_than_its_pairs),
         cmocka_unit_test(test_single_voxel),
         cmocka_unit_test(test_thread_count_does_not_change_rulebooks),

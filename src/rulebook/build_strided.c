@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "rulebook/axis_reach.h"
 #include "rulebook/build.h"
 #include "rulebook/radix_sort.h"
 #include "spconv/tensor.h"
@@ -24,8 +25,7 @@
 #define CHUNKS_PER_THREAD 4
 
 typedef struct axis_rule {
-    int64_t kernel, stride, padding, dilation, out_size;
-    int transposed;
+    spconv__axis_geometry geo;
     /* Where the axis is short enough (AXIS_TABLE_MAX entries), the (k, o) lists of every input
      * coordinate, worked out once: count[c], then ks / os at c * room. NULL otherwise. */
     int64_t room;
@@ -54,10 +54,10 @@ typedef struct strided_plan {
 /* The one (k, o) of coordinate c on an axis of a plan with `single`, or 0 where c reaches no
  * output: c + padding = o * stride + k with 0 <= k < kernel and o < out_size. */
 static int axis_single_target(const axis_rule *rule, int64_t c, int64_t *k, int64_t *o) {
-    const int64_t t = c + rule->padding;
-    *o = t / rule->stride;
-    *k = t - *o * rule->stride;
-    return *k < rule->kernel && *o < rule->out_size;
+    const int64_t t = c + rule->geo.padding;
+    *o = t / rule->geo.stride;
+    *k = t - *o * rule->geo.stride;
+    return *k < rule->geo.kernel && *o < rule->geo.out_size;
 }
 
 /* axis_single_target from the axis table where there is one: three loads instead of a
@@ -80,8 +80,8 @@ static int64_t row_candidate_single(const strided_plan *plan, int64_t r, uint64_
         return 0;
     if (key != NULL) {
         *key = spconv__key_pack(&plan->out_layout, row[0], o[0], o[1], o[2]);
-        *value = (uint64_t)r << 32 |
-                 (uint64_t)((k[0] * plan->axes[1].kernel + k[1]) * plan->axes[2].kernel + k[2]);
+        const int64_t kh = plan->axes[1].geo.kernel, kw = plan->axes[2].geo.kernel;
+        *value = (uint64_t)r << 32 | (uint64_t)((k[0] * kh + k[1]) * kw + k[2]);
     }
     return 1;
 }
@@ -90,26 +90,17 @@ static int64_t row_candidate_single(const strided_plan *plan, int64_t r, uint64_
  * offsets reach distinct outputs, and there are no more than the kernel or the outputs. Sizing the
  * per-chunk scratch by this keeps a kernel far wider than the grid from costing its width. */
 static int64_t axis_max_targets(const axis_rule *rule) {
-    return rule->kernel < rule->out_size ? rule->kernel : rule->out_size;
+    return rule->geo.kernel < rule->geo.out_size ? rule->geo.kernel : rule->geo.out_size;
 }
 
-/* The (k, o) pairs through which coordinate c reaches an output on one axis; returns how many. */
+/* The (k, o) pairs through which coordinate c reaches an output on one axis, in increasing k;
+ * returns how many. */
 static int64_t axis_targets(const axis_rule *rule, int64_t c, int64_t *ks, int64_t *os) {
-    int64_t count = 0;
-    for (int64_t k = 0; k < rule->kernel; ++k) {
-        int64_t o;
-        if (rule->transposed) {
-            o = c * rule->stride - rule->padding + k * rule->dilation;
-            if (o >= rule->out_size) break;
-            if (o < 0) continue;
-        } else {
-            const int64_t span = c + rule->padding - k * rule->dilation;
-            if (span < 0) break;
-            if (span % rule->stride != 0 || span / rule->stride >= rule->out_size) continue;
-            o = span / rule->stride;
-        }
+    int64_t first, last, step, count = 0;
+    if (!spconv__axis_reach(&rule->geo, c, &first, &last, &step)) return 0;
+    for (int64_t k = first; k <= last; k += step) {
         ks[count] = k;
-        os[count] = o;
+        os[count] = spconv__axis_output(&rule->geo, c, k);
         ++count;
     }
     return count;
@@ -153,7 +144,7 @@ static int64_t row_candidates(const strided_plan *plan, int64_t r, int64_t *scra
                    plan->axes[2].count[row[3]];
         return row_targets(plan, row, scratch, ks, os, counts);
     }
-    const int64_t kh = plan->axes[1].kernel, kw = plan->axes[2].kernel;
+    const int64_t kh = plan->axes[1].geo.kernel, kw = plan->axes[2].geo.kernel;
     if (plan->axes[0].count != NULL && plan->axes[1].count != NULL &&
         plan->axes[2].count != NULL) {
         /* Straight from the tables: no copies of the lists. */
@@ -494,11 +485,11 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
     plan->scratch_len = 0;
     plan->single = params->kind != SPCONV_CONV_TRANSPOSED;
     for (int axis = 0; axis < 3; ++axis) {
-        plan->axes[axis] = (axis_rule){
-            params->kernel[axis],   params->stride[axis], params->padding[axis],
-            params->dilation[axis], rb->out_shape[axis],  params->kind == SPCONV_CONV_TRANSPOSED,
-            0,                      NULL,                NULL,
-            NULL};
+        const spconv__axis_geometry geo = {params->kernel[axis],   params->stride[axis],
+                                           params->padding[axis],  params->dilation[axis],
+                                           rb->out_shape[axis],
+                                           params->kind == SPCONV_CONV_TRANSPOSED};
+        plan->axes[axis] = (axis_rule){geo, 0, NULL, NULL, NULL};
         plan->scratch_len += 2 * axis_max_targets(&plan->axes[axis]);
         plan->single &= params->dilation[axis] == 1 && params->kernel[axis] <= params->stride[axis];
         SPCONV_FORWARD_IF_ERROR(axis_table(in->func, in->shape[axis], &plan->axes[axis]));
