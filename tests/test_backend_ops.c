@@ -490,13 +490,24 @@ static void test_bad_coordinates_on_device(void **state) {
  * sites (every pair of sites is tested instead, on the CPU and the device alike), and kernels of
  * more than 2^16 offsets, whose counts come back as the list of the offsets that occur rather
  * than a count per offset (cuda/rulebook.cu). Each is the CPU's rulebook, bit for bit. */
-static void test_huge_kernels(void **state) {
-    (void)state;
+/* compare_rulebook for each of @p params on every backend, on @p per_batch random sites in each
+ * of @p batch batches of @p shape. */
+static void compare_on_random_sites(int64_t batch, const int64_t shape[3], int64_t per_batch,
+                                    const spconv_conv_params *const *params, int count) {
     backend_under_test backends[MAX_BACKENDS];
     const int n = list_backends(backends);
+    int32_t *rows = spconv_test_random_sites(batch, shape, per_batch);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, batch * per_batch);
+    for (int b = 0; b < n; ++b)
+        for (int c = 0; c < count; ++c)
+            compare_rulebook(&backends[b], indices, shape, batch, params[c]);
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
+static void test_huge_kernels(void **state) {
+    (void)state;
     const int64_t cube[3] = {120, 120, 120};
-    int32_t *rows = spconv_test_random_sites(2, cube, 300);
-    spconv_tensor *indices = spconv_test_indices_tensor(rows, 600);
     spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
     for (int a = 0; a < 3; ++a) subm.kernel[a] = 255; /* 16,581,375 offsets, 600 sites */
     spconv_conv_params subm_dilated = spconv_conv_params_default(SPCONV_CONV_SUBM);
@@ -505,40 +516,29 @@ static void test_huge_kernels(void **state) {
     spconv_conv_params pool = spconv_conv_params_default(SPCONV_CONV_REGULAR);
     for (int a = 0; a < 3; ++a) pool.kernel[a] = pool.stride[a] = 61, pool.padding[a] = 1;
     const spconv_conv_params *on_cube[3] = {&subm, &subm_dilated, &pool};
-    for (int b = 0; b < n; ++b)
-        for (int c = 0; c < 3; ++c) compare_rulebook(&backends[b], indices, cube, 2, on_cube[c]);
-    spconv_tensor_release(indices);
-    free(rows);
+    compare_on_random_sites(2, cube, 300, on_cube, 3);
     /* A long x axis: kernels of over 65,536 offsets over 20 sites, each reaching most of them. */
     const int64_t line[3] = {5, 5, 20000};
-    rows = spconv_test_random_sites(1, line, 20);
-    indices = spconv_test_indices_tensor(rows, 20);
     spconv_conv_params wide = spconv_conv_params_default(SPCONV_CONV_REGULAR);
     wide.kernel[2] = 7283, wide.padding[0] = wide.padding[1] = 1, wide.padding[2] = 3641;
     spconv_conv_params wide_t = spconv_conv_params_default(SPCONV_CONV_TRANSPOSED);
     wide_t.kernel[0] = 1, wide_t.kernel[2] = 21851, wide_t.padding[1] = 1;
     wide_t.padding[2] = 10925;
-    for (int b = 0; b < n; ++b) {
-        compare_rulebook(&backends[b], indices, line, 1, &wide);
-        compare_rulebook(&backends[b], indices, line, 1, &wide_t);
-    }
-    spconv_tensor_release(indices);
-    free(rows);
+    const spconv_conv_params *on_line[2] = {&wide, &wide_t};
+    compare_on_random_sites(1, line, 20, on_line, 2);
     /* Kernels of 2,000,000,001 offsets on x, padded so that each of 64 rows reaches one output
      * at offset 10^9: the builders compute that window (rulebook/axis_reach.h); trying every
      * offset before it took a second per row. */
     const int64_t column[3] = {8, 8, 1};
-    rows = spconv_test_random_sites(1, column, 64);
-    indices = spconv_test_indices_tensor(rows, 64);
     spconv_conv_params padded = spconv_conv_params_default(SPCONV_CONV_REGULAR);
     padded.kernel[0] = padded.kernel[1] = 1, padded.kernel[2] = 2000000001;
     padded.padding[2] = 1000000000;
     spconv_conv_params padded_t = padded;
     padded_t.kind = SPCONV_CONV_TRANSPOSED;
-    for (int b = 0; b < n; ++b) {
-        compare_rulebook(&backends[b], indices, column, 1, &padded);
-        compare_rulebook(&backends[b], indices, column, 1, &padded_t);
-    }
+    const spconv_conv_params *on_column[2] = {&padded, &padded_t};
+    compare_on_random_sites(1, column, 64, on_column, 2);
+    int32_t *rows = spconv_test_random_sites(1, column, 64);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 64);
     spconv_rulebook *rb = NULL;
     SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, column, 1, &padded, &rb));
     assert_int_equal(spconv_rulebook_num_pairs(rb), 64);
@@ -549,14 +549,11 @@ static void test_huge_kernels(void **state) {
     free(rows);
     /* Few sites under a kernel of fewer than 2^16 offsets take the pairs of sites too. */
     const int64_t small_cube[3] = {12, 12, 12};
-    rows = spconv_test_random_sites(2, small_cube, 40);
-    indices = spconv_test_indices_tensor(rows, 80);
     spconv_conv_params small = spconv_conv_params_default(SPCONV_CONV_SUBM);
     for (int a = 0; a < 3; ++a) small.kernel[a] = 7; /* 171 probed offsets, 80 sites */
     small.dilation[1] = 2;
-    for (int b = 0; b < n; ++b) compare_rulebook(&backends[b], indices, small_cube, 2, &small);
-    spconv_tensor_release(indices);
-    free(rows);
+    const spconv_conv_params *on_small[1] = {&small};
+    compare_on_random_sites(2, small_cube, 40, on_small, 1);
 }
 
 /* A table with fewer slots than keys is an error, not a hang; one with room is not. */
