@@ -337,12 +337,42 @@ __global__ void outputs_kernel(spconv__key_layout layout, const uint64_t *sorted
 
 /* ---- pairs by offset -------------------------------------------------------------------------- */
 
-__global__ void pairs_out_kernel(const uint64_t *pair_keys, int64_t n, int32_t *pairs_out) {
-    SPCONV_CUDA_GRID_LOOP(j, n) pairs_out[j] = (int32_t)(pair_keys[j] & UINT32_MAX);
+/* How a pair key codes (offset k, out_row o). The builders write k << 32 | o (wide_code). Where
+ * the kernel's offsets times the output rows fit 32 bits (every real layer: 27 offsets x 10^7
+ * rows is under 2^29), the keys are narrowed to k * rows + o (narrow_code) before the sort: both
+ * increase with (k, o), so the pairs come out alike, and a radix sort of 32-bit keys makes half
+ * the passes over fewer bytes. */
+struct wide_code {
+    typedef uint64_t key_type;
+    __device__ uint64_t offset(uint64_t key) const { return key >> 32; }
+    __device__ int32_t row(uint64_t key) const { return (int32_t)(key & UINT32_MAX); }
+    __device__ uint64_t first_key(int64_t k) const { return (uint64_t)k << 32; }
+};
+
+struct narrow_code {
+    typedef uint32_t key_type;
+    uint32_t rows; /* every out_row is below it */
+    __device__ uint64_t offset(uint32_t key) const { return key / rows; }
+    __device__ int32_t row(uint32_t key) const { return (int32_t)(key % rows); }
+    __device__ uint64_t first_key(int64_t k) const { return (uint64_t)k * rows; }
+};
+
+__global__ void narrow_keys_kernel(const uint64_t *wide, int64_t n, uint32_t rows,
+                                   uint32_t *narrow) {
+    SPCONV_CUDA_GRID_LOOP(j, n) {
+        narrow[j] = (uint32_t)((wide[j] >> 32) * rows + (wide[j] & UINT32_MAX));
+    }
+}
+
+template <typename Code>
+__global__ void pairs_out_kernel(Code code, const typename Code::key_type *keys, int64_t n,
+                                 int32_t *pairs_out) {
+    SPCONV_CUDA_GRID_LOOP(j, n) pairs_out[j] = code.row(keys[j]);
 }
 
 /* The first j in [0, n) with keys[j] >= value (n when none): keys increase. */
-static __device__ __forceinline__ int64_t first_at_least(const uint64_t *keys, int64_t n,
+template <typename Key>
+static __device__ __forceinline__ int64_t first_at_least(const Key *keys, int64_t n,
                                                          uint64_t value) {
     int64_t lo = 0, hi = n;
     while (lo < hi) {
@@ -363,32 +393,39 @@ static __device__ __forceinline__ int64_t first_at_least(const uint64_t *keys, i
  * do: at most min(KV, pairs) of them, read back in one more wait. */
 #define DENSE_OFFSET_COUNTS ((int64_t)1 << 16)
 
-/* counts[k] = the pairs of offset k among the n sorted pair keys (k << 32 | out_row), for every
- * k < kv: the distance between the first keys of k and of k + 1. */
-__global__ void offset_counts_kernel(const uint64_t *keys, int64_t n, int64_t kv,
-                                     int64_t *counts) {
+/* counts[k] = the pairs of offset k among the n sorted pair keys, for every k < kv: the distance
+ * between the first keys of k and of k + 1. */
+template <typename Code>
+__global__ void offset_counts_kernel(Code code, const typename Code::key_type *keys, int64_t n,
+                                     int64_t kv, int64_t *counts) {
     SPCONV_CUDA_GRID_LOOP(k, kv) {
-        counts[k] = first_at_least(keys, n, (uint64_t)(k + 1) << 32) -
-                    first_at_least(keys, n, (uint64_t)k << 32);
+        counts[k] = first_at_least(keys, n, code.first_key(k + 1)) -
+                    first_at_least(keys, n, code.first_key(k));
     }
 }
 
-static __device__ __forceinline__ bool offset_head(const uint64_t *keys, int64_t j) {
-    return j == 0 || keys[j] >> 32 != keys[j - 1] >> 32;
+template <typename Code>
+static __device__ __forceinline__ bool offset_head(Code code, const typename Code::key_type *keys,
+                                                   int64_t j) {
+    return j == 0 || code.offset(keys[j]) != code.offset(keys[j - 1]);
 }
 
 /* heads[j] = 1 where sorted pair j is the first of its offset, 0 elsewhere. */
-__global__ void offset_heads_kernel(const uint64_t *keys, int64_t n, int64_t *heads) {
-    SPCONV_CUDA_GRID_LOOP(j, n) heads[j] = offset_head(keys, j);
+template <typename Code>
+__global__ void offset_heads_kernel(Code code, const typename Code::key_type *keys, int64_t n,
+                                    int64_t *heads) {
+    SPCONV_CUDA_GRID_LOOP(j, n) heads[j] = offset_head(code, keys, j);
 }
 
 /* heads now holds the inclusive sums: the first pair j of each offset fills slot heads[j] - 1 with
  * the offset and j, where its pairs start; the slots come out in increasing offset. */
-__global__ void offset_slots_kernel(const uint64_t *keys, const int64_t *heads, int64_t n,
-                                    int64_t *slot_offsets, int64_t *slot_starts) {
+template <typename Code>
+__global__ void offset_slots_kernel(Code code, const typename Code::key_type *keys,
+                                    const int64_t *heads, int64_t n, int64_t *slot_offsets,
+                                    int64_t *slot_starts) {
     SPCONV_CUDA_GRID_LOOP(j, n) {
-        if (!offset_head(keys, j)) continue;
-        slot_offsets[heads[j] - 1] = (int64_t)(keys[j] >> 32);
+        if (!offset_head(code, keys, j)) continue;
+        slot_offsets[heads[j] - 1] = (int64_t)code.offset(keys[j]);
         slot_starts[heads[j] - 1] = j;
     }
 }
@@ -411,13 +448,16 @@ static spconv_status set_offset_counts(const char *func, spconv_rulebook *rb,
 
 /* The count of every offset of a kernel of up to DENSE_OFFSET_COUNTS offsets, read back with
  * @p extra (another read the caller needs, or NULL): the build's last wait. */
-static spconv_status read_dense_counts(const build_state *s, const uint64_t *keys, int64_t n,
+template <typename Code>
+static spconv_status read_dense_counts(const build_state *s, Code code,
+                                       const typename Code::key_type *keys, int64_t n,
                                        spconv_rulebook *rb, const spconv__host_read *extra) {
     const char *func = s->func;
     const int64_t kv = rb->kernel_volume;
     spconv__device_array<int64_t> counts;
     SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, kv, "pair counts"));
-    if (kv > 0) LAUNCH_MAP(s->stream, kv, offset_counts_kernel, keys, n, kv, counts.get());
+    if (kv > 0)
+        LAUNCH_MAP(s->stream, kv, offset_counts_kernel<Code>, code, keys, n, kv, counts.get());
     int64_t *host = (int64_t *)malloc((size_t)(kv > 0 ? kv : 1) * sizeof *host);
     SPCONV_RETURN_ERROR_IF(host == NULL, SPCONV_ERR_OUT_OF_MEMORY,
                            "%s: out of host memory for %" PRId64 " offset counts", func, kv);
@@ -434,7 +474,9 @@ static spconv_status read_dense_counts(const build_state *s, const uint64_t *key
 
 /* The offsets that occur among the n sorted pair keys of a larger kernel, with where their pairs
  * start: their number comes back with @p extra, then the lists. */
-static spconv_status read_active_offsets(const build_state *s, const uint64_t *keys, int64_t n,
+template <typename Code>
+static spconv_status read_active_offsets(const build_state *s, Code code,
+                                         const typename Code::key_type *keys, int64_t n,
                                          spconv_rulebook *rb, const spconv__host_read *extra) {
     const char *func = s->func;
     const int64_t kv = rb->kernel_volume, most = n < kv ? n : kv;
@@ -443,12 +485,12 @@ static spconv_status read_active_offsets(const build_state *s, const uint64_t *k
     SPCONV_FORWARD_IF_ERROR(slot_offsets.alloc(s->ctx, func, most, "active offsets"));
     SPCONV_FORWARD_IF_ERROR(slot_starts.alloc(s->ctx, func, most, "active offset starts"));
     if (n > 0) {
-        LAUNCH_MAP(s->stream, n, offset_heads_kernel, keys, n, heads.get());
+        LAUNCH_MAP(s->stream, n, offset_heads_kernel<Code>, code, keys, n, heads.get());
         SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "numbering the offsets",
                                               thrust::inclusive_scan, heads.get(),
                                               heads.get() + n, heads.get()));
-        LAUNCH_MAP(s->stream, n, offset_slots_kernel, keys, heads.get(), n, slot_offsets.get(),
-                   slot_starts.get());
+        LAUNCH_MAP(s->stream, n, offset_slots_kernel<Code>, code, keys, heads.get(), n,
+                   slot_offsets.get(), slot_starts.get());
     }
     int64_t active = 0;
     const int64_t last = n > 0 ? n - 1 : 0;
@@ -479,25 +521,43 @@ static spconv_status read_active_offsets(const build_state *s, const uint64_t *k
     return st;
 }
 
-/* Sort the @p n pair keys (k << 32 | out_row) with their input rows, which are the data of
+/* Sort the n pair keys (coded by @p code) with their input rows, which are the data of
  * rb->pairs_in already; write rb->pairs_out and find the pairs of each offset, then read them
  * back with @p extra (another read the caller needs, or NULL). */
-static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
-                                  int64_t n, spconv_rulebook *rb,
-                                  const spconv__host_read *extra) {
+template <typename Code>
+static spconv_status sort_pairs(const build_state *s, Code code, typename Code::key_type *keys,
+                                int64_t n, spconv_rulebook *rb, const spconv__host_read *extra) {
     const char *func = s->func;
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
     SPCONV_FORWARD_IF_ERROR(
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &n, &rb->pairs_out));
-    uint64_t *keys = pair_keys->get();
     if (n > 0) {
         SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the pairs",
                                               thrust::sort_by_key, keys, keys + n, pair_in));
-        LAUNCH_MAP(s->stream, n, pairs_out_kernel, keys, n,
+        LAUNCH_MAP(s->stream, n, pairs_out_kernel<Code>, code, keys, n,
                    (int32_t *)spconv_tensor_data(rb->pairs_out));
     }
-    return rb->kernel_volume <= DENSE_OFFSET_COUNTS ? read_dense_counts(s, keys, n, rb, extra)
-                                                    : read_active_offsets(s, keys, n, rb, extra);
+    return rb->kernel_volume <= DENSE_OFFSET_COUNTS
+               ? read_dense_counts(s, code, keys, n, rb, extra)
+               : read_active_offsets(s, code, keys, n, rb, extra);
+}
+
+/* The pairs' last steps from the @p n keys k << 32 | out_row in @p pair_keys, every out_row below
+ * @p out_rows: narrowed to 32 bits where they fit (narrow_code), sorted, and their offsets found. */
+static spconv_status finish_pairs(const build_state *s, spconv__device_array<uint64_t> *pair_keys,
+                                  int64_t n, int64_t out_rows, spconv_rulebook *rb,
+                                  const spconv__host_read *extra) {
+    const int64_t kv = rb->kernel_volume;
+    if (out_rows < 1 || kv > ((int64_t)1 << 32) / out_rows)
+        return sort_pairs(s, wide_code(), pair_keys->get(), n, rb, extra);
+    const narrow_code code = {(uint32_t)out_rows};
+    spconv__device_array<uint32_t> narrow;
+    SPCONV_FORWARD_IF_ERROR(narrow.alloc(s->ctx, s->func, n, "narrow pair keys"));
+    if (n > 0)
+        LAUNCH_MAP(s->stream, n, narrow_keys_kernel, pair_keys->get(), n, code.rows,
+                   narrow.get());
+    pair_keys->release(); /* stream-ordered: after the narrowing */
+    return sort_pairs(s, code, narrow.get(), n, rb, extra);
 }
 
 /* ---- the builders --------------------------------------------------------------------------- */
@@ -562,7 +622,7 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     else if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
                    starts.get(), total_hits, pair_keys.get(), pair_in);
-    return finish_pairs(s, &pair_keys, num_pairs, rb, NULL);
+    return finish_pairs(s, &pair_keys, num_pairs, n, rb, NULL);
 }
 
 static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
@@ -627,8 +687,8 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
                    heads.get(), total, sites.get(), pair_keys.get(),
                    (int32_t *)spconv_tensor_data(rb->pairs_in));
     const spconv__host_read count_read = {&num_out, heads.get() + total - 1, sizeof num_out};
-    SPCONV_FORWARD_IF_ERROR(
-        finish_pairs(s, &pair_keys, total, rb, bounded && total > 0 ? &count_read : NULL));
+    SPCONV_FORWARD_IF_ERROR(finish_pairs(s, &pair_keys, total, site_rows, rb,
+                                         bounded && total > 0 ? &count_read : NULL));
     rb->num_out = num_out;
     const int64_t out_sizes[2] = {num_out, 4};
     SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 2,
