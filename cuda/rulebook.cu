@@ -290,9 +290,37 @@ __global__ void candidate_count_kernel(strided_geometry g, const int32_t *rows, 
     }
 }
 
-__global__ void candidate_write_kernel(strided_geometry g, const int32_t *rows, int64_t n,
-                                       const int64_t *starts, uint64_t *out_keys,
-                                       uint64_t *values) {
+/* How a candidate codes its output key (packed (b, z, y, x): spconv__key_pack) and its input row
+ * r and offset k for the candidates' sort. Wide: the 64-bit key and r << 32 | k. Where the output
+ * key takes at most 32 bits (a KITTI grid's 41 x 1600 x 1408 takes 28, plus the batch) and the
+ * input rows times the offsets fit 32 bits, narrow: the key in 32 bits and r * KV + k, the same
+ * order in a quarter of the sort's traffic (half the radix passes over half the bytes). */
+struct wide_candidates {
+    typedef uint64_t key_type;
+    typedef uint64_t value_type;
+    __device__ uint64_t value(int64_t r, int64_t k) const {
+        return (uint64_t)r << 32 | (uint64_t)k;
+    }
+    __device__ int32_t row(uint64_t v) const { return (int32_t)(v >> 32); }
+    __device__ uint64_t offset(uint64_t v) const { return v & UINT32_MAX; }
+};
+
+struct narrow_candidates {
+    typedef uint32_t key_type;
+    typedef uint32_t value_type;
+    uint32_t kernel_volume;
+    __device__ uint32_t value(int64_t r, int64_t k) const {
+        return (uint32_t)(r * kernel_volume + k);
+    }
+    __device__ int32_t row(uint32_t v) const { return (int32_t)(v / kernel_volume); }
+    __device__ uint64_t offset(uint32_t v) const { return v % kernel_volume; }
+};
+
+template <typename Code>
+__global__ void candidate_write_kernel(strided_geometry g, Code code, const int32_t *rows,
+                                       int64_t n, const int64_t *starts,
+                                       typename Code::key_type *out_keys,
+                                       typename Code::value_type *values) {
     SPCONV_CUDA_GRID_LOOP(r, n) {
         const int32_t *row = rows + 4 * r;
         int64_t first[3], last[3], step[3];
@@ -309,8 +337,9 @@ __global__ void candidate_write_kernel(strided_geometry g, const int32_t *rows, 
                 const int64_t oy = spconv__axis_output(&g.axes[1], row[2], ky);
                 for (int64_t kx = first[2]; kx <= last[2]; kx += step[2]) {
                     const int64_t ox = spconv__axis_output(&g.axes[2], row[3], kx);
-                    out_keys[at] = spconv__key_pack(&g.out_layout, row[0], oz, oy, ox);
-                    values[at] = (uint64_t)r << 32 | (uint64_t)((kz * kh + ky) * kw + kx);
+                    out_keys[at] = (typename Code::key_type)spconv__key_pack(
+                        &g.out_layout, row[0], oz, oy, ox);
+                    values[at] = code.value(r, (kz * kh + ky) * kw + kx);
                     ++at;
                 }
             }
@@ -318,20 +347,24 @@ __global__ void candidate_write_kernel(strided_geometry g, const int32_t *rows, 
     }
 }
 
-__global__ void output_heads_kernel(const uint64_t *sorted_keys, int64_t n, int64_t *heads) {
+template <typename Key>
+__global__ void output_heads_kernel(const Key *sorted_keys, int64_t n, int64_t *heads) {
     SPCONV_CUDA_GRID_LOOP(j, n) heads[j] = j == 0 || sorted_keys[j] != sorted_keys[j - 1];
 }
 
 /* heads now holds the inclusive sums: candidate j belongs to output row heads[j] - 1. */
-__global__ void outputs_kernel(spconv__key_layout layout, const uint64_t *sorted_keys,
-                               const uint64_t *values, const int64_t *heads, int64_t n,
-                               int32_t *out_rows, uint64_t *pair_keys, int32_t *pair_in) {
+template <typename Code>
+__global__ void outputs_kernel(spconv__key_layout layout, Code code,
+                               const typename Code::key_type *sorted_keys,
+                               const typename Code::value_type *values, const int64_t *heads,
+                               int64_t n, int32_t *out_rows, uint64_t *pair_keys,
+                               int32_t *pair_in) {
     SPCONV_CUDA_GRID_LOOP(j, n) {
         const int64_t out_row = heads[j] - 1;
         if (j == 0 || sorted_keys[j] != sorted_keys[j - 1])
             spconv__key_unpack(&layout, sorted_keys[j], out_rows + 4 * out_row);
-        pair_keys[j] = (values[j] & UINT32_MAX) << 32 | (uint64_t)out_row;
-        pair_in[j] = (int32_t)(values[j] >> 32);
+        pair_keys[j] = code.offset(values[j]) << 32 | (uint64_t)out_row;
+        pair_in[j] = code.row(values[j]);
     }
 }
 
@@ -625,38 +658,30 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     return finish_pairs(s, &pair_keys, num_pairs, n, rb, NULL);
 }
 
-static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
+/* A strided build from its @p total candidates, whose places are @p starts (released once the
+ * candidates are written), coded by @p code. */
+template <typename Code>
+static spconv_status strided_outputs(build_state *s, spconv_rulebook *rb,
+                                     const strided_geometry &g, Code code,
+                                     spconv__device_array<int64_t> *starts, int64_t total) {
     const char *func = s->func;
     const int64_t n = s->num_in;
-    strided_geometry g;
-    for (int a = 0; a < 3; ++a)
-        g.axes[a] = spconv__axis_geometry{rb->params.kernel[a],  rb->params.stride[a],
-                                          rb->params.padding[a], rb->params.dilation[a],
-                                          rb->out_shape[a],
-                                          rb->params.kind == SPCONV_CONV_TRANSPOSED};
-    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", rb->batch_size,
-                                                       rb->out_shape, &g.out_layout));
-    spconv__device_array<int64_t> counts, starts;
-    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, n, "candidate counts"));
-    SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "candidate starts"));
-    if (n > 0) LAUNCH_MAP(s->stream, n, candidate_count_kernel, g, s->rows, n, counts.get());
-    int64_t total;
-    SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, counts.get(), n, starts.get(), &total));
-    spconv__device_array<uint64_t> out_keys, values;
+    spconv__device_array<typename Code::key_type> out_keys;
+    spconv__device_array<typename Code::value_type> values;
     SPCONV_FORWARD_IF_ERROR(out_keys.alloc(s->ctx, func, total, "candidate keys"));
     SPCONV_FORWARD_IF_ERROR(values.alloc(s->ctx, func, total, "candidates"));
     if (n > 0)
-        LAUNCH_MAP(s->stream, n, candidate_write_kernel, g, s->rows, n, starts.get(),
-                   out_keys.get(), values.get());
-    counts.release();
-    starts.release();
+        LAUNCH_MAP(s->stream, n, candidate_write_kernel<Code>, g, code, s->rows, n,
+                   starts->get(), out_keys.get(), values.get());
+    starts->release();
     SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream, "sorting the candidates",
                                           thrust::sort_by_key, out_keys.get(),
                                           out_keys.get() + total, values.get()));
     spconv__device_array<int64_t> heads;
     SPCONV_FORWARD_IF_ERROR(heads.alloc(s->ctx, func, total, "output numbers"));
     if (total > 0) {
-        LAUNCH_MAP(s->stream, total, output_heads_kernel, out_keys.get(), total, heads.get());
+        LAUNCH_MAP(s->stream, total, output_heads_kernel<typename Code::key_type>, out_keys.get(),
+                   total, heads.get());
         SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream,
                                               "numbering the output sites", thrust::inclusive_scan,
                                               heads.get(), heads.get() + total, heads.get()));
@@ -683,9 +708,11 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, total, "pair keys"));
     if (total > 0)
-        LAUNCH_MAP(s->stream, total, outputs_kernel, g.out_layout, out_keys.get(), values.get(),
-                   heads.get(), total, sites.get(), pair_keys.get(),
+        LAUNCH_MAP(s->stream, total, outputs_kernel<Code>, g.out_layout, code, out_keys.get(),
+                   values.get(), heads.get(), total, sites.get(), pair_keys.get(),
                    (int32_t *)spconv_tensor_data(rb->pairs_in));
+    out_keys.release();
+    values.release();
     const spconv__host_read count_read = {&num_out, heads.get() + total - 1, sizeof num_out};
     SPCONV_FORWARD_IF_ERROR(finish_pairs(s, &pair_keys, total, site_rows, rb,
                                          bounded && total > 0 ? &count_read : NULL));
@@ -698,6 +725,30 @@ static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
                                  (size_t)num_out * 4 * sizeof(int32_t), cudaMemcpyDeviceToDevice,
                                  s->stream));
     return SPCONV_OK;
+}
+
+static spconv_status build_strided(build_state *s, spconv_rulebook *rb) {
+    const char *func = s->func;
+    const int64_t n = s->num_in;
+    strided_geometry g;
+    for (int a = 0; a < 3; ++a)
+        g.axes[a] = spconv__axis_geometry{rb->params.kernel[a],  rb->params.stride[a],
+                                          rb->params.padding[a], rb->params.dilation[a],
+                                          rb->out_shape[a],
+                                          rb->params.kind == SPCONV_CONV_TRANSPOSED};
+    SPCONV_FORWARD_IF_ERROR(spconv__key_layout_checked(func, "output", rb->batch_size,
+                                                       rb->out_shape, &g.out_layout));
+    spconv__device_array<int64_t> counts, starts;
+    SPCONV_FORWARD_IF_ERROR(counts.alloc(s->ctx, func, n, "candidate counts"));
+    SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "candidate starts"));
+    if (n > 0) LAUNCH_MAP(s->stream, n, candidate_count_kernel, g, s->rows, n, counts.get());
+    int64_t total;
+    SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, counts.get(), n, starts.get(), &total));
+    counts.release();
+    const int64_t kv = rb->kernel_volume;
+    if (g.out_layout.total_bits <= 32 && (n == 0 || kv <= ((int64_t)1 << 32) / n))
+        return strided_outputs(s, rb, g, narrow_candidates{(uint32_t)kv}, &starts, total);
+    return strided_outputs(s, rb, g, wide_candidates(), &starts, total);
 }
 
 spconv_status spconv__cuda_rulebook_build(spconv_context *ctx, const spconv_tensor *indices,

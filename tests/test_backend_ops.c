@@ -355,6 +355,29 @@ static void test_rulebook_pool_and_wide_kernels(void **state) {
     free(rows);
 }
 
+/* Sites spread over a grid whose output keys need more than 32 bits (1500^3 outputs: 33 bits),
+ * where the device sorts 64-bit candidate keys; the smaller grids of the other tests take 32. */
+static void test_rulebook_wide_keys(void **state) {
+    (void)state;
+    backend_under_test backends[MAX_BACKENDS];
+    const int n = list_backends(backends);
+    const int64_t small[3] = {12, 12, 12}, shape[3] = {3000, 3000, 3000};
+    int32_t *rows = spconv_test_random_sites(2, small, 200);
+    for (int64_t r = 0; r < 400; ++r)
+        for (int a = 1; a < 4; ++a) rows[4 * r + a] = rows[4 * r + a] * 250 + (int32_t)(r % 2);
+    spconv_tensor *indices = spconv_test_indices_tensor(rows, 400);
+    spconv_conv_params down = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    for (int a = 0; a < 3; ++a) down.stride[a] = 2, down.padding[a] = 1;
+    spconv_conv_params up = spconv_conv_params_default(SPCONV_CONV_TRANSPOSED);
+    for (int a = 0; a < 3; ++a) up.stride[a] = 2;
+    for (int b = 0; b < n; ++b) {
+        compare_rulebook(&backends[b], indices, shape, 2, &down);
+        compare_rulebook(&backends[b], indices, shape, 2, &up);
+    }
+    spconv_tensor_release(indices);
+    free(rows);
+}
+
 static void test_rulebook_real_sites(void **state) {
     (void)state;
     char *path = spconv_test_data_path("spconv_test_indices.i32");
@@ -604,6 +627,7 @@ int main(void) {
         cmocka_unit_test(test_voxelize_real_scans),
         cmocka_unit_test(test_rulebook_random),
         cmocka_unit_test(test_rulebook_pool_and_wide_kernels),
+        cmocka_unit_test(test_rulebook_wide_keys),
         cmocka_unit_test(test_rulebook_real_sites),
         cmocka_unit_test(test_rulebook_cache),
         cmocka_unit_test(test_bad_coordinates_on_device),
