@@ -289,6 +289,13 @@ static void test_weight_layout_errors(void **state) {
                         SPCONV_ERR_INVALID_ARGUMENT, "kernel (3, 0, 3) must be positive");
     SPCONV_ASSERT_FAILS(spconv_weight_from_rsck(NULL, w3, NULL, SPCONV_WEIGHT_KRSC, &out),
                         SPCONV_ERR_NULL_POINTER, "'kernel'");
+    /* 2^32 x 2^32 x 1 wrapped to 0 offsets, which a [0, C_in, C_out] weight then matched. */
+    int64_t k_wraps[3] = {INT64_C(1) << 32, INT64_C(1) << 32, 1}, s_empty[3] = {0, 4, 5};
+    spconv_tensor *w_empty = NULL;
+    SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_F32, 3, s_empty, &w_empty));
+    SPCONV_ASSERT_FAILS(spconv_weight_from_rsck(NULL, w_empty, k_wraps, SPCONV_WEIGHT_KRSC, &out),
+                        SPCONV_ERR_OVERFLOW, "has more offsets than int64 holds");
+    spconv_tensor_release(w_empty);
     SPCONV_ASSERT_FAILS(spconv_weight_to_rsck(NULL, NULL, SPCONV_WEIGHT_KRSC, NULL, &out),
                         SPCONV_ERR_NULL_POINTER, "'weight'");
     assert_null(out);

@@ -504,6 +504,30 @@ static void test_params_default_and_kernel_volume(void **state) {
     q.kernel[2] = 5;
     assert_int_equal(spconv_conv_kernel_volume(&q), 2 * 3 * 5);
     assert_int_equal(spconv_conv_kernel_volume(NULL), 0);
+    /* Products past int64 saturate; wrapped, they were 0 or a plausible 2,145,385,471, and the
+     * builders took them (a division by zero on the device, a rulebook with no pairs). */
+    const int64_t wraps[3][3] = {{1 << 22, 1 << 21, 1 << 21},     /* 2^64: wrapped to 0 */
+                                 {2096129, 2097151, 4196353},     /* wrapped to 2^31 - 2177 */
+                                 {4194305, 2097151, 2097153}};    /* odd, for subm */
+    const spconv_conv_kind kinds[3] = {SPCONV_CONV_REGULAR, SPCONV_CONV_TRANSPOSED,
+                                       SPCONV_CONV_SUBM};
+    spconv_tensor *indices = spconv_test_indices_tensor((const int32_t[]){0, 0, 0, 0}, 1);
+    const int64_t shape[3] = {1, 1, 1};
+    for (int w = 0; w < 3; ++w) {
+        for (int a = 0; a < 3; ++a) q.kernel[a] = wraps[w][a], q.padding[a] = wraps[w][a] / 2;
+        assert_int_equal(spconv_conv_kernel_volume(&q), INT64_MAX);
+        for (int k = w < 2 ? 0 : 2; k < (w < 2 ? 2 : 3); ++k) {
+            q.kind = kinds[k];
+            int64_t out[3];
+            SPCONV_ASSERT_FAILS(spconv_conv_output_shape(&q, shape, out),
+                                SPCONV_ERR_INVALID_ARGUMENT, "has more than 2147483647 offsets");
+            spconv_rulebook *rb = NULL;
+            SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, indices, shape, 1, &q, &rb),
+                                SPCONV_ERR_INVALID_ARGUMENT, "has more than 2147483647 offsets");
+            assert_null(rb);
+        }
+    }
+    spconv_tensor_release(indices);
 }
 
 /* Output extent of a regular conv by counting the windows that fit the padded input. */

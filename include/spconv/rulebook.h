@@ -57,7 +57,9 @@ spconv_conv_params spconv_conv_params_default(spconv_conv_kind kind);
 spconv_status spconv_conv_output_shape(const spconv_conv_params *params, const int64_t in_shape[3],
                                        int64_t out_shape[3]);
 
-/** Number of kernel offsets KD*KH*KW. */
+/** Number of kernel offsets KD*KH*KW: 0 when @p params is NULL or a size is outside
+ *  [1, INT32_MAX], INT64_MAX when the product would pass it (the geometry checks refuse any
+ *  kernel of more than INT32_MAX offsets). */
 int64_t spconv_conv_kernel_volume(const spconv_conv_params *params);
 
 typedef struct spconv_rulebook spconv_rulebook;

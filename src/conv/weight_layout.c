@@ -75,8 +75,15 @@ spconv_status spconv_weight_from_rsck(spconv_context *ctx, const spconv_tensor *
         SPCONV_RETURN_ERROR_IF(kernel[axis] <= 0, SPCONV_ERR_INVALID_ARGUMENT,
                                "%s: kernel (%lld, %lld, %lld) must be positive", func,
                                (long long)kernel[0], (long long)kernel[1], (long long)kernel[2]);
+    int64_t kv = 1;
+    for (int axis = 0; axis < 3; ++axis) {
+        SPCONV_RETURN_ERROR_IF(kernel[axis] > INT64_MAX / kv, SPCONV_ERR_OVERFLOW,
+                               "%s: kernel (%lld, %lld, %lld) has more offsets than int64 holds",
+                               func, (long long)kernel[0], (long long)kernel[1],
+                               (long long)kernel[2]);
+        kv *= kernel[axis];
+    }
     int ndim = spconv_tensor_ndim(weight);
-    int64_t kv = kernel[0] * kernel[1] * kernel[2];
     int fits = ndim == 3   ? spconv_tensor_size(weight, 0) == kv
                : ndim == 5 ? spconv_tensor_size(weight, 0) == kernel[0] &&
                                  spconv_tensor_size(weight, 1) == kernel[1] &&

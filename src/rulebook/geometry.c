@@ -26,6 +26,9 @@ int64_t spconv_conv_kernel_volume(const spconv_conv_params *params) {
     int64_t volume = 1;
     for (int axis = 0; axis < 3; ++axis) {
         if (params->kernel[axis] < 1 || params->kernel[axis] > PARAM_MAX) return 0;
+        /* Three sizes of up to 2^31 can pass 2^63: saturate instead of wrapping to a small
+         * volume (or 0) that every check below would take for a real one. */
+        if (volume > INT64_MAX / params->kernel[axis]) return INT64_MAX;
         volume *= params->kernel[axis];
     }
     return volume;
@@ -82,10 +85,11 @@ static spconv_status check_params(const char *func, const spconv_conv_params *pa
     for (int axis = 0; axis < 3; ++axis)
         SPCONV_FORWARD_IF_ERROR(check_axis_params(func, params, axis));
     const int64_t volume = spconv_conv_kernel_volume(params);
-    SPCONV_RETURN_ERROR_IF(
-        volume > PARAM_MAX, SPCONV_ERR_INVALID_ARGUMENT,
-        "%s: kernel (%" PRId64 ", %" PRId64 ", %" PRId64 ") has %" PRId64 " offsets, more than %d",
-        func, params->kernel[0], params->kernel[1], params->kernel[2], volume, PARAM_MAX);
+    SPCONV_RETURN_ERROR_IF(volume > PARAM_MAX, SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: kernel (%" PRId64 ", %" PRId64 ", %" PRId64
+                           ") has more than %d offsets",
+                           func, params->kernel[0], params->kernel[1], params->kernel[2],
+                           PARAM_MAX);
     return SPCONV_OK;
 }
 
