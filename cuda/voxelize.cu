@@ -163,7 +163,13 @@ __global__ void voxel_fill_kernel(voxel_fill_args a, unsigned long long *counts)
                     dst[k * F + f] = a.points[(int64_t)members[k] * F + f];
             for (int64_t e = n * F; e < a.max_points * F; ++e) dst[e] = 0.0f;
         }
-        if (a.features != NULL) {
+        if (a.features != NULL && n == 1) {
+            /* The mean of one point is the point, bit for bit as on the CPU: a sum from 0.0 would
+             * turn -0.0 into +0.0 and quiet a signalling NaN. */
+            const uint32_t *point = (const uint32_t *)(a.points + (int64_t)members[0] * F);
+            uint32_t *out = (uint32_t *)(a.features + row * F);
+            for (int64_t f = 0; f < F; ++f) out[f] = point[f];
+        } else if (a.features != NULL) {
             for (int64_t f = 0; f < F; ++f) {
                 double sum = 0.0;
                 for (int64_t k = 0; k < n; ++k) sum += a.points[(int64_t)members[k] * F + f];

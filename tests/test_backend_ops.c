@@ -106,6 +106,12 @@ static spconv_tensor *random_cloud(int64_t P, int64_t F) {
         const int64_t odd = spconv_test_rand_int(0, 99);
         if (odd == 0) p[spconv_test_rand_int(0, 2)] = NAN;
         if (odd == 1) p[spconv_test_rand_int(0, 2)] = -INFINITY;
+        /* Bits a mean must keep where a voxel has one point: -0.0 and a signalling NaN. */
+        if (odd == 2) p[spconv_test_rand_int(0, F - 1)] = -0.0f;
+        if (odd == 3 && F > 3) {
+            const uint32_t signalling = 0x7f800001u;
+            memcpy(&p[F - 1], &signalling, sizeof signalling);
+        }
     }
     const int64_t sizes[2] = {P, F};
     spconv_tensor *t;
