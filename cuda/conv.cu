@@ -1092,8 +1092,8 @@ static spconv_status backward_typed(spconv_context *ctx, const spconv_rulebook *
     if (st == SPCONV_OK && want_dx)
         st = spconv__tensor_empty_in(func, ctx, d.device, wide, 2, in_sizes, &dx);
     if (st == SPCONV_OK && want_dw)
-        st = spconv_tensor_zeros(ctx, d.device, wide, spconv_tensor_ndim(weight),
-                                 spconv_tensor_sizes(weight), &dw);
+        st = spconv__tensor_zeros_in(func, ctx, d.device, wide, spconv_tensor_ndim(weight),
+                                     spconv_tensor_sizes(weight), &dw);
     if (st == SPCONV_OK && grad_bias != NULL)
         st = spconv__tensor_empty_in(func, ctx, d.device, wide, 1, &bias_size, &db);
     if (st == SPCONV_OK && db != NULL && d.c_out > 0) {

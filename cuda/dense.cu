@@ -173,7 +173,7 @@ extern "C" spconv_status spconv__cuda_sparse_to_dense(spconv_context *ctx,
     if (st == SPCONV_OK) st = spconv_tensor_contiguous(ctx, indices, &idx);
     const int32_t *rows = idx != NULL ? (const int32_t *)spconv_tensor_data(idx) : NULL;
     if (st == SPCONV_OK) st = check_rows(func, call, rows, spconv_tensor_size(idx, 0), g);
-    if (st == SPCONV_OK) st = spconv_tensor_zeros(ctx, device, dtype, 5, sizes, &dense);
+    if (st == SPCONV_OK) st = spconv__tensor_zeros_in(func, ctx, device, dtype, 5, sizes, &dense);
     if (st == SPCONV_OK)
         st = dtype == SPCONV_F32   ? scatter_typed<float>(call, dense, f, rows, g)
              : dtype == SPCONV_F64 ? scatter_typed<double>(call, dense, f, rows, g)

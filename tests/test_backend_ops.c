@@ -179,6 +179,26 @@ static void test_voxelize_random(void **state) {
     }
 }
 
+/* An output too large to describe (max_points INT64_MAX with the [M, max_points, F] voxels) is
+ * refused by every backend with a message naming spconv_voxelize, not an inner function. */
+static void test_voxelize_output_overflow(void **state) {
+    (void)state;
+    backend_under_test backends[MAX_BACKENDS];
+    const int n = list_backends(backends);
+    spconv_tensor *cloud = random_cloud(100, 4);
+    const spconv_voxelize_params params = {{1.0f, 1.0f, 1.0f}, {-1.0f, -1.0f, -1.0f, 9.0f, 9.0f, 5.0f},
+                                           INT64_MAX, 50, SPCONV_VOXELIZE_VOXELS};
+    for (int b = 0; b < n; ++b) {
+        spconv_tensor *moved = NULL;
+        SPCONV_ASSERT_OK(spconv_tensor_to_device(NULL, cloud, backends[b].device, &moved));
+        spconv_voxels v;
+        SPCONV_ASSERT_FAILS(spconv_voxelize(NULL, moved, &params, &v), SPCONV_ERR_OVERFLOW,
+                            "spconv_voxelize: ");
+        spconv_tensor_release(moved);
+    }
+    spconv_tensor_release(cloud);
+}
+
 /* A raw float32 file of 4 values per point (the KITTI / spconv layout) as a [P, 4] CPU tensor, or
  * NULL (the caller skips) when the data folder does not have it. */
 static spconv_tensor *read_raw_f32(const char *name, int64_t columns) {
@@ -630,6 +650,7 @@ int main(void) {
     printf("%s\n", n == 1 ? " (no CUDA device: the CPU is compared with itself)" : "");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_voxelize_random),
+        cmocka_unit_test(test_voxelize_output_overflow),
         cmocka_unit_test(test_voxelize_real_scans),
         cmocka_unit_test(test_rulebook_random),
         cmocka_unit_test(test_rulebook_pool_and_wide_kernels),

@@ -1376,11 +1376,11 @@ static void test_bad_arguments(void **state) {
     spconv_tensor_release(wrong);
     SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I32, 2, narrow, &wrong));
     SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, wrong, GRID, 1, &p, &rb),
-                        SPCONV_ERR_SHAPE_MISMATCH, "indices must be [N, 4]");
+                        SPCONV_ERR_SHAPE_MISMATCH, "indices must be [N, 4] rows (b, z, y, x), got [2, 3]");
     spconv_tensor_release(wrong);
     SPCONV_ASSERT_OK(spconv_tensor_zeros(NULL, spconv_cpu(), SPCONV_I32, 1, flat_sizes, &wrong));
     SPCONV_ASSERT_FAILS(spconv_rulebook_build(NULL, wrong, GRID, 1, &p, &rb),
-                        SPCONV_ERR_SHAPE_MISMATCH, "indices must be [N, 4]");
+                        SPCONV_ERR_SHAPE_MISMATCH, "got a 1-d tensor");
     spconv_tensor_release(wrong);
     assert_null(rb);
 }

@@ -502,8 +502,10 @@ static spconv_status plan_init(const spconv__build_input *in, const spconv_ruleb
     plan->scratch = malloc((size_t)(plan->num_chunks * plan->scratch_len) * sizeof *plan->scratch);
     plan->chunk_starts = malloc((size_t)(plan->num_chunks + 1) * sizeof *plan->chunk_starts);
     SPCONV_RETURN_ERROR_IF(plan->scratch == NULL || plan->chunk_starts == NULL,
-                           SPCONV_ERR_OUT_OF_MEMORY, "%s: out of host memory for candidate counts",
-                           in->func);
+                           SPCONV_ERR_OUT_OF_MEMORY,
+                           "%s: out of host memory for the per-axis (offset, output) lists of "
+                           "%" PRId64 " chunks of rows (%" PRId64 " entries each)",
+                           in->func, plan->num_chunks, plan->scratch_len);
     return SPCONV_OK;
 }
 

@@ -68,12 +68,13 @@ spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(indices) != SPCONV_I32, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: indices must be int32, got %s", func,
                            spconv_dtype_name(spconv_tensor_dtype(indices)));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(indices) != 2 || spconv_tensor_size(indices, 1) != 4,
-                           SPCONV_ERR_SHAPE_MISMATCH,
-                           "%s: indices must be [N, 4] rows (b, z, y, x), got %d dims of sizes "
-                           "(%" PRId64 ", %" PRId64 ", ...)",
-                           func, spconv_tensor_ndim(indices), spconv_tensor_size(indices, 0),
-                           spconv_tensor_size(indices, 1));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(indices) != 2, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: indices must be [N, 4] rows (b, z, y, x), got a %d-d tensor", func,
+                           spconv_tensor_ndim(indices));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 1) != 4, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: indices must be [N, 4] rows (b, z, y, x), got [%" PRId64
+                           ", %" PRId64 "]",
+                           func, spconv_tensor_size(indices, 0), spconv_tensor_size(indices, 1));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_device(indices).type != device_type,
                            SPCONV_ERR_NOT_SUPPORTED, "%s: indices are on a %s device, not on the "
                            "device of this rulebook builder (%s)", func,

@@ -13,12 +13,13 @@ static spconv_status check_indices(const char *func, const spconv_tensor *indice
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(indices) != SPCONV_I32, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: indices must be int32, got %s", func,
                            spconv_dtype_name(spconv_tensor_dtype(indices)));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(indices) != 2 || spconv_tensor_size(indices, 1) != 4,
-                           SPCONV_ERR_SHAPE_MISMATCH,
-                           "%s: indices must be [N, 4] rows (b, z, y, x), got %d dims of sizes "
-                           "(%" PRId64 ", %" PRId64 ", ...)",
-                           func, spconv_tensor_ndim(indices), spconv_tensor_size(indices, 0),
-                           spconv_tensor_size(indices, 1));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(indices) != 2, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: indices must be [N, 4] rows (b, z, y, x), got a %d-d tensor", func,
+                           spconv_tensor_ndim(indices));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 1) != 4, SPCONV_ERR_SHAPE_MISMATCH,
+                           "%s: indices must be [N, 4] rows (b, z, y, x), got [%" PRId64
+                           ", %" PRId64 "]",
+                           func, spconv_tensor_size(indices, 0), spconv_tensor_size(indices, 1));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
                            "%s: %" PRId64 " indices rows exceed int32 row numbers", func,
                            spconv_tensor_size(indices, 0));

@@ -57,6 +57,12 @@ spconv_status spconv_tensor_zeros(spconv_context *ctx, spconv_device device, spc
     return filled("spconv_tensor_zeros", ctx, device, dtype, ndim, sizes, 0.0, out);
 }
 
+spconv_status spconv__tensor_zeros_in(const char *func, spconv_context *ctx, spconv_device device,
+                                      spconv_dtype dtype, int ndim, const int64_t *sizes,
+                                      spconv_tensor **out) {
+    return filled(func, ctx, device, dtype, ndim, sizes, 0.0, out);
+}
+
 spconv_status spconv_tensor_full(spconv_context *ctx, spconv_device device, spconv_dtype dtype,
                                  int ndim, const int64_t *sizes, double value,
                                  spconv_tensor **out) {

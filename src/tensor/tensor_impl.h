@@ -55,6 +55,11 @@ spconv_status spconv__tensor_empty_in(const char *func, spconv_context *ctx, spc
                                       spconv_dtype dtype, int ndim, const int64_t *sizes,
                                       spconv_tensor **out);
 
+/* spconv__tensor_empty_in, then zeroed (on the context's stream for a device tensor). */
+spconv_status spconv__tensor_zeros_in(const char *func, spconv_context *ctx, spconv_device device,
+                                      spconv_dtype dtype, int ndim, const int64_t *sizes,
+                                      spconv_tensor **out);
+
 /* Element size of a tensor in bytes. */
 size_t spconv__tensor_element_size(const spconv_tensor *t);
 

@@ -15,6 +15,7 @@
 #include "core/cpu_kernels.h"
 #include "core/error.h"
 #include "core/hash_seed.h"
+#include "tensor/tensor_impl.h"
 #include "voxel/voxelize_impl.h"
 
 #define KEY_OUTSIDE (-1)
@@ -303,24 +304,28 @@ static spconv_status assign_scan(scan_state *s, const spconv_voxelize_params *pa
 static spconv_status make_outputs(const spconv_voxelize_params *params, int64_t num_voxels,
                                   int64_t F, int batch_column, spconv_voxels *out,
                                   batch_outputs *o) {
+    static const char func[] = "spconv_voxelize"; /* its messages name the public call */
     const spconv_device cpu = spconv_cpu();
     const int64_t M = num_voxels;
     o->coord_cols = batch_column ? 4 : 3;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(cpu, SPCONV_I32, 2,
-                                                (const int64_t[]){M, o->coord_cols}, &out->coords));
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(cpu, SPCONV_I32, 1, &M, &out->num_points));
+    const int64_t coord_sizes[2] = {M, o->coord_cols};
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, NULL, cpu, SPCONV_I32, 2, coord_sizes, &out->coords));
+    SPCONV_FORWARD_IF_ERROR(
+        spconv__tensor_empty_in(func, NULL, cpu, SPCONV_I32, 1, &M, &out->num_points));
     o->coords = spconv_tensor_data(out->coords);
     o->num_points = spconv_tensor_data(out->num_points);
     o->voxels = o->features = NULL;
     if (params->outputs & SPCONV_VOXELIZE_VOXELS) {
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(cpu, SPCONV_F32, 3,
-                                                    (const int64_t[]){M, params->max_points, F},
-                                                    &out->voxels));
+        const int64_t sizes[3] = {M, params->max_points, F};
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, NULL, cpu, SPCONV_F32, 3, sizes, &out->voxels));
         o->voxels = spconv_tensor_data(out->voxels);
     }
     if (params->outputs & SPCONV_VOXELIZE_MEAN) {
-        SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(cpu, SPCONV_F32, 2, (const int64_t[]){M, F},
-                                                    &out->features));
+        const int64_t sizes[2] = {M, F};
+        SPCONV_FORWARD_IF_ERROR(
+            spconv__tensor_empty_in(func, NULL, cpu, SPCONV_F32, 2, sizes, &out->features));
         o->features = spconv_tensor_data(out->features);
     }
     return SPCONV_OK;
