@@ -10,19 +10,24 @@
  *     sites than probed offsets, tests every pair of sites (the CPU's rule); REGULAR and
  *     TRANSPOSED list every (input, offset) that reaches an output as a candidate (output key,
  *     input row << 32 | k), sort the candidates by output key, and number the distinct keys:
- *     those are the output sites, in (b, z, y, x) order;
+ *     those are the output sites, in (b, z, y, x) order (rulebook/axis_reach.h gives each axis's
+ *     offsets, so the work is the candidates');
  *  3. one sort of the pair keys groups the pairs by offset, in increasing out_row within each
  *     (keys are unique: an output meets an offset at most once), and a binary search per offset
  *     counts its pairs: the counts of every offset are what comes back to the host, or, for a
  *     kernel of more than DENSE_OFFSET_COUNTS offsets, the list of the offsets that occur.
- * No array grows with the kernel beyond that, so any kernel the geometry accepts is built, as on
- * the CPU. Counts are int64 throughout. The host waits twice a build: for the number of pairs (or
- * candidates) it must allocate, read with the validation marks and the site table's insert
- * counters (the insert reads the first bad row on the device; the kernels queued before that read
- * are safe on any rows), and at the end for the offsets' counts, with a strided build's number of
- * outputs (their sites are written for as many rows as candidates, then copied to their exact
- * size). A kernel over DENSE_OFFSET_COUNTS waits once more, for its offset lists; only an error
- * path waits more, to name the row. */
+ * Both sorts take 32-bit keys and values where they fit (narrow_candidates, narrow_code: output
+ * keys of at most 32 bits, rows x KV and KV x output rows under 2^32, so every real layer), in
+ * the same order as the 64-bit codings above. No array grows with the kernel beyond the counts,
+ * so any kernel the geometry accepts is built, as on the CPU. Counts are int64 throughout.
+ *
+ * The host waits twice a build: for the number of pairs (or candidates) it must allocate, read
+ * with the validation marks and the site table's insert counters (the insert reads the first bad
+ * row on the device; the kernels queued before that read are safe on any rows), and at the end
+ * for the offsets' counts, with a strided build's number of outputs (their sites are written for
+ * as many rows as candidates, then copied to their exact size). A kernel over
+ * DENSE_OFFSET_COUNTS waits once more, for its offset lists; only an error path waits more, to
+ * name the row. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>

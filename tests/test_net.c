@@ -962,6 +962,17 @@ static const bad_net bad_nets[] = {
     {{{.kind = (spconv_layer_kind)42, .name = "x"}}, 1, SPCONV_ERR_INVALID_ARGUMENT, "kind 42"},
     {{{.kind = SPCONV_LAYER_SUBM, .name = "c", .in_channels = 3, .kernel = {3, 3, 3}}}, 1,
      SPCONV_ERR_INVALID_ARGUMENT, "out_channels must be > 0"},
+    /* (2^32, 1, 1) offsets wrapped nothing but made a kernel the rulebooks refuse; the product of
+     * three sizes of 2^31 - 1 overflowed int64 in the weights' fan-in */
+    {{{.kind = SPCONV_LAYER_CONV, .name = "c", .in_channels = 3, .out_channels = 3,
+       .kernel = {INT64_C(1) << 32, 1, 1}}}, 1, SPCONV_ERR_INVALID_ARGUMENT,
+     "'c' (conv): on axis z kernel 4294967296, stride 1, dilation 1, padding 0 and output "
+     "padding 0 must be at most 2147483647"},
+    {{{.kind = SPCONV_LAYER_CONV, .name = "c", .in_channels = 3, .out_channels = 3,
+       .kernel = {INT32_MAX, INT32_MAX, INT32_MAX}}}, 1, SPCONV_ERR_INVALID_ARGUMENT,
+     "'c' (conv): kernel (2147483647, 2147483647, 2147483647) has more than 2147483647 offsets"},
+    {{{.kind = SPCONV_LAYER_MAXPOOL, .name = "p", .kernel = {65536, 65536, 1}}}, 1,
+     SPCONV_ERR_INVALID_ARGUMENT, "has more than 2147483647 offsets"},
 };
 
 static void test_create_errors_in_layers(void **state) {

@@ -853,10 +853,6 @@ static void test_empty_input(void **state) {
     }
 }
 
-/* Kernels with more offsets than the candidates they produce (few random sites, kernels up to
- * 15^3 on GRID, per-axis kernels, dilation, both strided kinds and subm): the strided builder
- * numbers the offsets that occur, subm takes the site-pair path; both against the reference,
- * at 1 and 3 threads. */
 /* The offsets of one axis that reach an output, found from the output side: for each output o
  * the one k that lands on it, where that k is whole and inside the kernel. Increasing k means
  * decreasing o for a regular conv and increasing o for a transposed one. */
@@ -937,6 +933,10 @@ static void test_axis_reach_matches_outputs(void **state) {
     assert_int_equal(last, 1000000000);
 }
 
+/* Kernels with more offsets than the candidates they produce (few random sites, kernels up to
+ * 15^3 on GRID, per-axis kernels, dilation, both strided kinds and subm): the strided builder
+ * numbers the offsets that occur, subm takes the site-pair path; both against the reference,
+ * at 1 and 3 threads. */
 static void test_kernel_larger_than_its_pairs(void **state) {
     (void)state;
     int64_t total = 0;

@@ -91,6 +91,15 @@ static spconv_status check_geometry(const char *func, int index, spconv_layer_de
                               " >= 0",
                               axes[a], d->kernel[a], d->stride[a], d->dilation[a], d->padding[a],
                               d->output_padding[a]);
+        const int64_t most = INT32_MAX; /* the rulebook geometry's bound (rulebook.h) */
+        if (d->kernel[a] > most || d->stride[a] > most || d->dilation[a] > most ||
+            d->padding[a] > most || d->output_padding[a] > most)
+            return layer_fail(SPCONV_ERR_INVALID_ARGUMENT, func, index, d,
+                              "on axis %c kernel %" PRId64 ", stride %" PRId64 ", dilation %" PRId64
+                              ", padding %" PRId64 " and output padding %" PRId64
+                              " must be at most %" PRId64,
+                              axes[a], d->kernel[a], d->stride[a], d->dilation[a], d->padding[a],
+                              d->output_padding[a], most);
         if (d->kind == SPCONV_LAYER_SUBM && d->kernel[a] % 2 == 0)
             return layer_fail(SPCONV_ERR_INVALID_ARGUMENT, func, index, d,
                               "a submanifold kernel must be odd, but it is %" PRId64 " on axis %c",
@@ -106,6 +115,13 @@ static spconv_status check_geometry(const char *func, int index, spconv_layer_de
                               "output padding is for transposed convs only (axis %c: %" PRId64 ")",
                               axes[a], d->output_padding[a]);
     }
+    spconv_conv_params sizes = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    memcpy(sizes.kernel, d->kernel, sizeof sizes.kernel);
+    if (spconv_conv_kernel_volume(&sizes) > INT32_MAX)
+        return layer_fail(SPCONV_ERR_INVALID_ARGUMENT, func, index, d,
+                          "kernel (%" PRId64 ", %" PRId64 ", %" PRId64
+                          ") has more than %d offsets",
+                          d->kernel[0], d->kernel[1], d->kernel[2], INT32_MAX);
     return SPCONV_OK;
 }
 

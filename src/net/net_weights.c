@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "net/net_internal.h"
 #include "tensor/convert.h"
+#include "tensor/tensor_impl.h"
 #include "spconv/npy.h"
 
 /* ---- seeded initialisation ------------------------------------------------------------------- */
@@ -68,8 +69,9 @@ static spconv_status add_param(spconv_net *net, const spconv__net_layer *layer, 
     snprintf(p->name, length, "%s.%s", layer->desc.name, suffix);
     ++net->num_params;
     p->trainable = trainable;
-    SPCONV_FORWARD_IF_ERROR(spconv_tensor_empty(
-        spconv_cpu(), spconv__net_param_dtype(net, layer->desc.kind), ndim, sizes, &p->value));
+    SPCONV_FORWARD_IF_ERROR(spconv__tensor_empty_in(func, NULL, spconv_cpu(),
+                                                    spconv__net_param_dtype(net, layer->desc.kind),
+                                                    ndim, sizes, &p->value));
     fill_param(p->value, seed, p->name, bound, value);
     return SPCONV_OK;
 }
@@ -86,7 +88,7 @@ static spconv_status init_layer_params(spconv_net *net, spconv__net_layer *layer
     } else if (spconv__layer_is_conv(d->kind)) {
         const int64_t kv = spconv_conv_kernel_volume(&layer->params);
         const int64_t sizes[3] = {kv, d->in_channels, d->out_channels};
-        const double fan_in = (double)(kv * d->in_channels);
+        const double fan_in = (double)kv * (double)d->in_channels; /* no int64 product */
         /* Kaiming-uniform for ReLU (gain sqrt 2); biases as PyTorch's conv default. */
         SPCONV_FORWARD_IF_ERROR(
             add_param(net, layer, "weight", 3, sizes, 1, seed, sqrt(6.0 / fan_in), 0.0));

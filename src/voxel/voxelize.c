@@ -301,10 +301,9 @@ static spconv_status assign_scan(scan_state *s, const spconv_voxelize_params *pa
 }
 
 /* The output tensors for @p num_voxels rows; views of their data in @p o. */
-static spconv_status make_outputs(const spconv_voxelize_params *params, int64_t num_voxels,
-                                  int64_t F, int batch_column, spconv_voxels *out,
-                                  batch_outputs *o) {
-    static const char func[] = "spconv_voxelize"; /* its messages name the public call */
+static spconv_status make_outputs(const char *func, const spconv_voxelize_params *params,
+                                  int64_t num_voxels, int64_t F, int batch_column,
+                                  spconv_voxels *out, batch_outputs *o) {
     const spconv_device cpu = spconv_cpu();
     const int64_t M = num_voxels;
     o->coord_cols = batch_column ? 4 : 3;
@@ -360,7 +359,8 @@ static spconv_status voxelize_scans(spconv_context *ctx, const char *func,
     SPCONV_FORWARD_IF_ERROR(
         prepare_scans(ctx, func, scans, num_scans, batch_column, states, &total_points));
     SPCONV_FORWARD_IF_ERROR(
-        spconv_tensor_empty(spconv_cpu(), SPCONV_I64, 1, &total_points, &out->point_voxel));
+        spconv__tensor_empty_in(func, NULL, spconv_cpu(), SPCONV_I64, 1, &total_points,
+                                &out->point_voxel));
     int64_t *point_voxel = spconv_tensor_data(out->point_voxel);
     for (int64_t b = 0; b < num_scans; ++b) {
         states[b].first_row = total_voxels;
@@ -373,7 +373,7 @@ static spconv_status voxelize_scans(spconv_context *ctx, const char *func,
     out->stats.voxelized = out->stats.points_in - out->stats.dropped_nonfinite -
                            out->stats.dropped_range - out->stats.dropped_voxel_overflow;
     batch_outputs o = {.point_voxel = point_voxel};
-    SPCONV_FORWARD_IF_ERROR(make_outputs(params, total_voxels, states[0].in.num_features,
+    SPCONV_FORWARD_IF_ERROR(make_outputs(func, params, total_voxels, states[0].in.num_features,
                                          batch_column, out, &o));
     for (int64_t b = 0; b < num_scans; ++b)
         SPCONV_FORWARD_IF_ERROR(fill_scan(&states[b], params, out->grid_size, b, num_threads, &o));
