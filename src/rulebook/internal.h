@@ -22,6 +22,9 @@ spconv_status spconv__conv_geometry(const char *func, const spconv_conv_params *
 /* Check a batch size for int32 batch indices. */
 spconv_status spconv__check_batch_size(const char *func, int64_t batch_size);
 
+/* Check that @p indices is an int32 [N, 4] tensor with N <= INT32_MAX (on any device). */
+spconv_status spconv__check_indices(const char *func, const spconv_tensor *indices);
+
 /* Check that @p indices is an int32 [N, 4] tensor on a device of @p device_type with
  * N <= INT32_MAX and return it contiguous (one new reference, possibly @p indices itself). */
 spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,

@@ -61,10 +61,7 @@ spconv_status spconv__rulebook_alloc_pairs(spconv_rulebook *rb) {
     return spconv_tensor_empty(spconv_cpu(), SPCONV_I32, 1, &num_pairs, &rb->pairs_out);
 }
 
-spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
-                                         const spconv_tensor *indices,
-                                         spconv_device_type device_type, spconv_tensor **out) {
-    *out = NULL;
+spconv_status spconv__check_indices(const char *func, const spconv_tensor *indices) {
     SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(indices) != SPCONV_I32, SPCONV_ERR_DTYPE_MISMATCH,
                            "%s: indices must be int32, got %s", func,
                            spconv_dtype_name(spconv_tensor_dtype(indices)));
@@ -75,14 +72,22 @@ spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
                            "%s: indices must be [N, 4] rows (b, z, y, x), got [%" PRId64
                            ", %" PRId64 "]",
                            func, spconv_tensor_size(indices, 0), spconv_tensor_size(indices, 1));
+    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
+                           "%s: %" PRId64 " indices rows exceed int32 row numbers", func,
+                           spconv_tensor_size(indices, 0));
+    return SPCONV_OK;
+}
+
+spconv_status spconv__indices_contiguous(spconv_context *ctx, const char *func,
+                                         const spconv_tensor *indices,
+                                         spconv_device_type device_type, spconv_tensor **out) {
+    *out = NULL;
+    SPCONV_FORWARD_IF_ERROR(spconv__check_indices(func, indices));
     SPCONV_RETURN_ERROR_IF(spconv_tensor_device(indices).type != device_type,
                            SPCONV_ERR_NOT_SUPPORTED, "%s: indices are on a %s device, not on the "
                            "device of this rulebook builder (%s)", func,
                            spconv_tensor_device(indices).type == SPCONV_DEVICE_CPU ? "CPU" : "CUDA",
                            device_type == SPCONV_DEVICE_CPU ? "CPU" : "CUDA");
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
-                           "%s: %" PRId64 " indices rows exceed int32 row numbers", func,
-                           spconv_tensor_size(indices, 0));
     return spconv_tensor_contiguous(ctx, indices, out);
 }
 

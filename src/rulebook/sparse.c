@@ -9,23 +9,6 @@
 #include "rulebook/sparse_impl.h"
 #include "spconv/tensor.h"
 
-static spconv_status check_indices(const char *func, const spconv_tensor *indices) {
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_dtype(indices) != SPCONV_I32, SPCONV_ERR_DTYPE_MISMATCH,
-                           "%s: indices must be int32, got %s", func,
-                           spconv_dtype_name(spconv_tensor_dtype(indices)));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_ndim(indices) != 2, SPCONV_ERR_SHAPE_MISMATCH,
-                           "%s: indices must be [N, 4] rows (b, z, y, x), got a %d-d tensor", func,
-                           spconv_tensor_ndim(indices));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 1) != 4, SPCONV_ERR_SHAPE_MISMATCH,
-                           "%s: indices must be [N, 4] rows (b, z, y, x), got [%" PRId64
-                           ", %" PRId64 "]",
-                           func, spconv_tensor_size(indices, 0), spconv_tensor_size(indices, 1));
-    SPCONV_RETURN_ERROR_IF(spconv_tensor_size(indices, 0) > INT32_MAX, SPCONV_ERR_OVERFLOW,
-                           "%s: %" PRId64 " indices rows exceed int32 row numbers", func,
-                           spconv_tensor_size(indices, 0));
-    return SPCONV_OK;
-}
-
 static spconv_status check_features(const char *func, const spconv_tensor *features,
                                     const spconv_tensor *indices) {
     SPCONV_RETURN_ERROR_IF(!spconv_dtype_is_floating(spconv_tensor_dtype(features)),
@@ -93,7 +76,7 @@ spconv_status spconv_sparse_create(spconv_tensor *features, spconv_tensor *indic
     SPCONV_CHECK_NOT_NULL(func, features);
     SPCONV_CHECK_NOT_NULL(func, indices);
     SPCONV_CHECK_NOT_NULL(func, spatial_shape);
-    SPCONV_FORWARD_IF_ERROR(check_indices(func, indices));
+    SPCONV_FORWARD_IF_ERROR(spconv__check_indices(func, indices));
     SPCONV_FORWARD_IF_ERROR(check_features(func, features, indices));
     for (int axis = 0; axis < 3; ++axis)
         SPCONV_RETURN_ERROR_IF(spatial_shape[axis] < 1 || spatial_shape[axis] > INT32_MAX,
