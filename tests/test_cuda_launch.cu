@@ -391,8 +391,9 @@ static int run_fault_case(const char *name) {
 }
 
 /* Runs `this program --fault @p name` with its stderr in a file; true when it did not end
- * normally with status 0 and its stderr holds @p message. */
-static int fault_case_fails_saying(const char *name, const char *message) {
+ * normally with status 0 and its stderr holds @p message or (when not NULL) @p alternative. */
+static int fault_case_fails_saying_either(const char *name, const char *message,
+                                          const char *alternative) {
     char err_path[] = "/tmp/spconv-fault-XXXXXX";
     const int err = mkstemp(err_path);
     assert_true(err >= 0);
@@ -410,7 +411,12 @@ static int fault_case_fails_saying(const char *name, const char *message) {
     }
     unlink(err_path);
     print_message("--fault %s: status %d, stderr: %.300s\n", name, status, text);
-    return status != 0 && strstr(text, message) != NULL;
+    return status != 0 && (strstr(text, message) != NULL ||
+                           (alternative != NULL && strstr(text, alternative) != NULL));
+}
+
+static int fault_case_fails_saying(const char *name, const char *message) {
+    return fault_case_fails_saying_either(name, message, NULL);
 }
 
 /* Device memory is the device's, as on a GPU: the host's code cannot read or write it (it faults,
@@ -429,8 +435,11 @@ static void test_emulation_keeps_device_memory_from_the_host(void **state) {
     assert_true(fault_case_fails_saying("kernel-gets-host-in-struct",
                                         "write_view_kernel's argument 0"));
 #if defined(__SANITIZE_ADDRESS__)
-    /* ASan sees it first: the bytes past the block's size are poisoned */
-    assert_true(fault_case_fails_saying("kernel-runs-past-the-end", "AddressSanitizer"));
+    /* ASan sees it first where the first write past the block's size lands on its poisoned bytes;
+     * where the schedule (shuffled, reversed) runs the thread past the rounding first, the guard
+     * page does */
+    assert_true(fault_case_fails_saying_either("kernel-runs-past-the-end", "AddressSanitizer",
+                                               "runs past the end"));
 #else
     assert_true(fault_case_fails_saying("kernel-runs-past-the-end", "runs past the end"));
 #endif
