@@ -550,6 +550,25 @@ static void test_build_on_a_rulebook_side(void **state) {
     SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 1, &inverse, &rb),
                         SPCONV_ERR_INVALID_ARGUMENT, "");
     assert_null(rb);
+    /* Rows written after the source was built (the API forbids it; a binding cannot see writes
+     * through .data or NumPy): the range is still checked, so a row outside the shape or the
+     * batch is the range error, not keys packed from it (a crash once). */
+    int32_t *held = spconv_tensor_data(spconv_rulebook_in_indices(source));
+    const int32_t bad_rows[3][4] = {{0, -5, 2, 2}, {7, 1, 1, 1}, {0, 1, 100000, 1}};
+    const spconv_conv_params next[3] = {params_of(SPCONV_CONV_REGULAR, 3, 2, 1),
+                                        params_of(SPCONV_CONV_REGULAR, 2, 2, 0),
+                                        params_of(SPCONV_CONV_TRANSPOSED, 3, 2, 0)};
+    for (int b = 0; b < 3; ++b) {
+        int32_t saved[4];
+        memcpy(saved, held + 4 * 3, sizeof saved);
+        memcpy(held + 4 * 3, bad_rows[b], sizeof saved);
+        for (int k = 0; k < 3; ++k) {
+            SPCONV_ASSERT_FAILS(spconv_rulebook_build_on(NULL, source, 0, &next[k], &rb),
+                                SPCONV_ERR_OUT_OF_RANGE, "row 3");
+            assert_null(rb);
+        }
+        memcpy(held + 4 * 3, saved, sizeof saved);
+    }
     spconv_rulebook_release(source);
     spconv_tensor_release(indices);
     free(rows);

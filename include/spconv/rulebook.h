@@ -81,11 +81,13 @@ spconv_status spconv_rulebook_build(spconv_context *ctx, const spconv_tensor *in
  * spconv_rulebook_build over the input sites (@p output_side = 0) or the output sites (1) of
  * @p source, on that side's spatial shape and @p source's batch size: what the next layer of a
  * network asks for. Those rows were checked by @p source's build (input) or made in range and
- * unique by it (output), so the row checks are skipped (on the CPU; a regular or transposed
- * build saves 15-20% of its time); every other argument is checked as spconv_rulebook_build
- * checks it, and the rulebook is the one spconv_rulebook_build gives on those rows. The caller
- * must not have written into that side's indices since @p source was built (a binding that
- * hands them out as its own tensors keeps track, as the PyTorch package does with versions).
+ * unique by it (output), so the check for repeated rows is skipped (on the CPU; a regular or
+ * transposed build saves 15-20% of its time); every other argument is checked as
+ * spconv_rulebook_build checks it, and the rulebook is the one spconv_rulebook_build gives on
+ * those rows. The caller must not have written into that side's indices since @p source was
+ * built (a binding that hands them out as its own tensors keeps track, as the PyTorch package
+ * does with versions); if it did anyway, a row outside the shape or the batch is still
+ * SPCONV_ERR_OUT_OF_RANGE (the range costs one pass), and a repeated row repeats pairs.
  * The rulebook keeps a reference to the sites. *out has one reference.
  */
 spconv_status spconv_rulebook_build_on(spconv_context *ctx, const spconv_rulebook *source,

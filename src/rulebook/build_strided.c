@@ -532,7 +532,18 @@ spconv_status spconv__build_strided(const spconv__build_input *in, spconv_rulebo
     int validated = in->rows_valid;
     plan.num_rows = in->num_in;
     if (validated) {
-        /* Known valid (the sites of a rulebook built before): nothing to check. */
+        /* Known valid (the sites of a rulebook built before, spconv_rulebook_build_on), so the
+         * index that finds repeats is skipped; the range is still checked, one pass over the
+         * rows: a caller that wrote into them anyway (a binding cannot see every write) gets the
+         * range error, not keys packed from coordinates outside the shape. A repeat left unseen
+         * repeats pairs, within the arrays. */
+        const int64_t bad = spconv__first_out_of_range(in->num_threads, in->rows, in->num_in,
+                                                       in->shape, in->batch_size);
+        if (bad < in->num_in) {
+            st = spconv__report_out_of_range(in->func, in->rows + 4 * bad, bad, in->shape,
+                                             in->batch_size);
+            goto done;
+        }
     } else if (plan.single && rb->kernel_volume <= SORTED_CHECK_MAX_OFFSETS) {
         plan.num_rows = spconv__first_out_of_range(in->num_threads, in->rows, in->num_in,
                                                    in->shape, in->batch_size);
