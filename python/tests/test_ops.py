@@ -310,6 +310,20 @@ def test_1x1_rows_must_match_sites():
         spconv.SubMConv3d(2, 3, 1).double()(x)
 
 
+def test_1x1_checks_dtypes_and_shapes():
+    """The 1x1 path needs no rulebook but refuses what the others refuse without one: integer
+    features (which used to truncate the weights to integers) and indices that are not int32
+    [N, 4]."""
+    _, feats, idx = small_input(12)
+    layer = spconv.SubMConv3d(2, 3, 1)
+    with pytest.raises(RuntimeError, match="features must be floating .*got torch.int64"):
+        layer(spconv.SparseConvTensor(feats.long(), idx, SHAPE, 2))
+    with pytest.raises(RuntimeError, match=r"indices must be int32 \[N, 4\].*torch.int64"):
+        layer(spconv.SparseConvTensor(feats.float(), idx.long(), SHAPE, 2))
+    with pytest.raises(RuntimeError, match=r"indices must be int32 \[N, 4\].*\[\d+, 3\]"):
+        layer(spconv.SparseConvTensor(feats.float(), idx[:, 1:].contiguous(), SHAPE, 2))
+
+
 def test_bad_layer_and_voxelizer_arguments():
     with pytest.raises(ValueError, match="kernel_size must be >= 1"):
         spconv.SubMConv3d(3, 3, 0)

@@ -269,7 +269,17 @@ class SparseConvolution(SparseModule):
         if bias is not None and bias.dtype != feats.dtype:
             bias = bias.to(feats.dtype)
         if self.conv1x1 and not self.inverse:
-            # No rulebook: every site maps to itself.
+            # No rulebook: every site maps to itself. The checks the engine makes on the other
+            # paths that do not need the sites' coordinates: the dtypes and shapes (int features
+            # would otherwise truncate the weights).
+            if not feats.is_floating_point():
+                raise RuntimeError(f"spconv_c: {type(self).__name__}: features must be floating "
+                                   f"(float16, bfloat16, float32, float64), got {feats.dtype}")
+            indices = input.indices
+            if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[1] != 4:
+                raise RuntimeError(f"spconv_c: {type(self).__name__}: indices must be int32 "
+                                   f"[N, 4] rows (b, z, y, x), got {indices.dtype} "
+                                   f"{list(indices.shape)}")
             if feats.shape[0] != input.indices.shape[0]:
                 raise ValueError(f"spconv_c: {type(self).__name__}: {feats.shape[0]} feature "
                                  f"rows for {input.indices.shape[0]} sites (indices rows)")
