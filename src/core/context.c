@@ -2,9 +2,15 @@
  * that the library's allocations for calls made with the context go through, and the TF32
  * setting; the CUDA backend fills in the stream and cuBLAS handle through its context_init slot
  * and switches streams through context_set_stream. */
+#define _GNU_SOURCE /* pthread_getattr_default_np */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
 
 #include "core/backend.h"
 #include "core/context_impl.h"
@@ -51,6 +57,42 @@ spconv_device spconv_context_device(const spconv_context *ctx) {
     return ctx == NULL ? spconv_cpu() : ctx->device;
 }
 
+/* The address space @p num_threads OpenMP threads' stacks take beyond what the process has now
+ * (*need) and what the address-space limit (ulimit -v) leaves (*left), in bytes; 0 when there is
+ * no limit to check against. A worker gets a stack of the threads' default size (RLIMIT_STACK
+ * at start), and when one cannot be created libgomp ends the process with its own message, so
+ * a count whose stacks cannot fit is refused before any thread starts. An OMP_STACKSIZE or
+ * GOMP_STACKSIZE setting, or a platform without these calls, skips the check. */
+static int stacks_to_check(int num_threads, double *need, double *left) {
+#if defined(__linux__) && SPCONV_HAVE_OPENMP
+    struct rlimit limit;
+    if (num_threads <= 1 || getenv("OMP_STACKSIZE") != NULL || getenv("GOMP_STACKSIZE") != NULL ||
+        getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY)
+        return 0;
+    pthread_attr_t attr;
+    size_t stack = 0;
+    if (pthread_getattr_default_np(&attr) != 0) return 0;
+    const int got = pthread_attr_getstacksize(&attr, &stack);
+    pthread_attr_destroy(&attr);
+    unsigned long pages = 0;
+    FILE *statm = fopen("/proc/self/statm", "r");
+    if (got != 0 || statm == NULL) {
+        if (statm != NULL) fclose(statm);
+        return 0;
+    }
+    const int read = fscanf(statm, "%lu", &pages);
+    fclose(statm);
+    if (read != 1) return 0;
+    const double page = (double)sysconf(_SC_PAGESIZE);
+    *need = (double)(num_threads - 1) * ((double)stack + page); /* a guard page each */
+    *left = (double)limit.rlim_cur - (double)pages * page;
+    return 1;
+#else
+    (void)num_threads, (void)need, (void)left;
+    return 0;
+#endif
+}
+
 spconv_status spconv_context_set_num_threads(spconv_context *ctx, int num_threads) {
     SPCONV_CHECK_NOT_NULL("spconv_context_set_num_threads", ctx);
     SPCONV_RETURN_ERROR_IF(num_threads < 0 || num_threads > SPCONV_MAX_THREADS,
@@ -58,6 +100,12 @@ spconv_status spconv_context_set_num_threads(spconv_context *ctx, int num_thread
                            "spconv_context_set_num_threads: num_threads = %d is outside [0, %d] "
                            "(0 means all cores)",
                            num_threads, SPCONV_MAX_THREADS);
+    double need = 0.0, left = 0.0;
+    SPCONV_RETURN_ERROR_IF(stacks_to_check(num_threads, &need, &left) && need > left,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "spconv_context_set_num_threads: %d threads need %.1f MiB of stack, "
+                           "more than the %.1f MiB the address-space limit (ulimit -v) leaves",
+                           num_threads, need / 1048576.0, left > 0.0 ? left / 1048576.0 : 0.0);
     ctx->num_threads = num_threads;
     return SPCONV_OK;
 }

@@ -33,6 +33,9 @@ typedef struct hostile_case {
     /* a symlink planted at "<target>.<pid>.partial" and "<target>.<pid>.0.partial" (the child's
      * pid, planted between fork and exec) pointing at the corpus's victim file, or NULL */
     const char *plant_symlink_beside;
+    /* the case is about OpenMP threads under address_space_mib: skipped where that limit is not
+     * set (ASan builds) or there are no OpenMP threads (the no-OpenMP build) */
+    int needs_threads_and_limit;
 } hostile_case;
 
 /** Write every input of the corpus into @p dir (which must exist). Returns 0, or -1 after printing

@@ -24,6 +24,7 @@
 #include "common/test_files.h"
 #include "common/test_util.h"
 #include "hostile/corpus.h"
+#include "spconv/config.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -187,6 +188,11 @@ static void run_case(void **state) {
     const hostile_case *c = *state;
     if (corpus.tool == NULL || corpus.tool[0] == '\0') {
         print_message("skip: SPCONV_TOOL is not set (CTest sets it to the built `spconv`)\n");
+        skip();
+    }
+    if (c->needs_threads_and_limit && (UNDER_ASAN || !SPCONV_HAVE_OPENMP)) {
+        print_message("skip: the case needs OpenMP threads and an address-space limit (%s)\n",
+                      UNDER_ASAN ? "ASan builds cannot set one" : "built without OpenMP");
         skip();
     }
     char out_dir[HOSTILE_PATH_CAP], plant[HOSTILE_PATH_CAP] = "";
