@@ -6,8 +6,9 @@
  *     (rulebook/sites.h);
  *  2. the pairs as 64-bit sort keys (offset k << 32 | out_row) with the input row beside them:
  *     SUBM probes the table at the offsets below the centre and each hit also gives its mirror
- *     (k and KV-1-k are opposite displacements), the centre is the identity, or, with no more
- *     sites than probed offsets, tests every pair of sites (the CPU's rule); REGULAR and
+ *     (k and KV-1-k are opposite displacements), the centre is the identity, or, for large
+ *     kernels and few sites, sorts the sites by bin and tests those of neighbouring bins
+ *     (rulebook/site_bins.h, the CPU's rule); REGULAR and
  *     TRANSPOSED list every (input, offset) that reaches an output as a candidate (output key,
  *     input row << 32 | k), sort the candidates by output key, and number the distinct keys:
  *     those are the output sites, in (b, z, y, x) order (rulebook/axis_reach.h gives each axis's
@@ -26,8 +27,9 @@
  * row on the device; the kernels queued before that read are safe on any rows), and at the end
  * for the offsets' counts, with a strided build's number of outputs (their sites are written for
  * as many rows as candidates, then copied to their exact size). A kernel over
- * DENSE_OFFSET_COUNTS waits once more, for its offset lists; only an error path waits more, to
- * name the row. */
+ * DENSE_OFFSET_COUNTS waits once more, for its offset lists, and a subm build through bins
+ * once more, for the validation before its work; only an error path waits more, to name the
+ * row. */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +38,7 @@
 #include "maps_common.h"
 #include "rulebook/axis_reach.h"
 #include "rulebook/internal.h"
-#include "rulebook/site_pairs.h"
+#include "rulebook/site_bins.h"
 #include "rulebook/sites.h"
 #include "spconv/tensor.h"
 
@@ -242,31 +244,43 @@ __global__ void subm_write_kernel(subm_geometry g, spconv__hash_table table,
     }
 }
 
-/* Few sites (no more than the probed offsets, the CPU's rule: build_subm.c): every pair of sites
- * is tested instead, N^2 tests rather than N x KV/2 probes, and every hit is written directly
- * (the mirror and the centre are hits of their own). The rows need not be valid yet. */
-__global__ void site_pairs_count_kernel(subm_geometry g, const int32_t *rows, int64_t n,
-                                        int64_t *hits) {
+/* Large kernels, and few sites (the CPU's rule, spconv__subm_by_bins): the sites sorted by bin
+ * (rulebook/site_bins.h), each testing the sites of the bins its reach meets, work bounded by the
+ * pairs rather than N x KV/2 probes; every hit is written directly (the mirror and the centre are
+ * hits of their own). The rows are valid by then (build_subm waits for the validation first). */
+__global__ void bin_keys_kernel(spconv__bin_geometry g, const int32_t *rows, int64_t n,
+                                uint64_t *keys, int32_t *order) {
+    SPCONV_CUDA_GRID_LOOP(r, n) {
+        keys[r] = spconv__bin_key(&g, rows + 4 * r);
+        order[r] = (int32_t)r;
+    }
+}
+
+__global__ void bin_pairs_count_kernel(spconv__bin_geometry g, const uint64_t *keys,
+                                       const int32_t *order, const int32_t *rows, int64_t n,
+                                       int64_t *hits) {
     SPCONV_CUDA_GRID_LOOP(o, n) {
-        int64_t count = 0;
-        for (int64_t i = 0; i < n; ++i)
-            count +=
-                spconv__site_pair_offset(g.kernel, g.dilation, rows + 4 * o, rows + 4 * i) >= 0;
+        spconv__bin_walk walk;
+        spconv__bin_walk_start(&g, rows + 4 * o, &walk);
+        int64_t count = 0, k;
+        int32_t i;
+        while (spconv__bin_walk_next(&g, keys, order, rows, n, &walk, &k, &i)) ++count;
         hits[o] = count;
     }
 }
 
-__global__ void site_pairs_write_kernel(subm_geometry g, const int32_t *rows, int64_t n,
-                                        const int64_t *starts, uint64_t *pair_keys,
-                                        int32_t *pair_in) {
+__global__ void bin_pairs_write_kernel(spconv__bin_geometry g, const uint64_t *keys,
+                                       const int32_t *order, const int32_t *rows, int64_t n,
+                                       const int64_t *starts, uint64_t *pair_keys,
+                                       int32_t *pair_in) {
     SPCONV_CUDA_GRID_LOOP(o, n) {
-        int64_t at = starts[o];
-        for (int64_t i = 0; i < n; ++i) {
-            const int64_t k =
-                spconv__site_pair_offset(g.kernel, g.dilation, rows + 4 * o, rows + 4 * i);
-            if (k < 0) continue;
+        spconv__bin_walk walk;
+        spconv__bin_walk_start(&g, rows + 4 * o, &walk);
+        int64_t at = starts[o], k;
+        int32_t i;
+        while (spconv__bin_walk_next(&g, keys, order, rows, n, &walk, &k, &i)) {
             pair_keys[at] = (uint64_t)k << 32 | (uint64_t)o;
-            pair_in[at] = (int32_t)i;
+            pair_in[at] = i;
             ++at;
         }
     }
@@ -620,6 +634,17 @@ static spconv_status exclusive_sums(build_state *s, const int64_t *counts, int64
     return SPCONV_OK;
 }
 
+/* The site table's marks read back and checked (check_sites) on their own: a wait that only the
+ * builds through bins take, since their work must see valid, unique rows (a repeated row would
+ * share its bin with its copies, and the tests would grow as the square of the copies). */
+static spconv_status wait_for_sites(build_state *s) {
+    if (s->num_in == 0) return SPCONV_OK;
+    unsigned long long marks[NUM_MARKS];
+    const spconv__host_read read = {marks, s->marks.get(), sizeof marks};
+    CUDA_TRY(spconv__cuda_read_back(s->stream, &read, 1));
+    return check_sites(s, marks);
+}
+
 static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     const char *func = s->func;
     const int64_t n = s->num_in;
@@ -628,35 +653,52 @@ static spconv_status build_subm(build_state *s, spconv_rulebook *rb) {
     rb->num_out = n;
     rb->center_is_identity = 1;
     subm_geometry g;
+    spconv__bin_geometry bins;
     for (int a = 0; a < 3; ++a) {
-        g.kernel[a] = rb->params.kernel[a];
-        g.dilation[a] = rb->params.dilation[a];
-        g.shape[a] = rb->in_shape[a];
+        g.kernel[a] = bins.kernel[a] = rb->params.kernel[a];
+        g.dilation[a] = bins.dilation[a] = rb->params.dilation[a];
+        g.shape[a] = bins.shape[a] = rb->in_shape[a];
     }
+    bins.layout = s->in_layout;
     g.kernel_volume = rb->kernel_volume;
     g.half = rb->kernel_volume / 2;
-    /* Few sites test every pair of sites, as the CPU does (build_subm.c); the others probe half
-     * the kernel's offsets and get the mirrors and the centre from symmetry. */
-    const bool site_pairs = n <= g.half;
+    /* Large kernels and few sites go through bins, as on the CPU (build_subm.c); the others probe
+     * half the kernel's offsets and get the mirrors and the centre from symmetry. */
+    const bool by_bins = spconv__subm_by_bins(n, rb->kernel_volume) != 0;
     spconv__device_array<int64_t> hits, starts;
+    spconv__device_array<uint64_t> bin_keys;
+    spconv__device_array<int32_t> bin_order;
     SPCONV_FORWARD_IF_ERROR(hits.alloc(s->ctx, func, n, "neighbour counts"));
     SPCONV_FORWARD_IF_ERROR(starts.alloc(s->ctx, func, n, "neighbour starts"));
-    if (n > 0 && site_pairs)
-        LAUNCH_MAP(s->stream, n, site_pairs_count_kernel, g, s->rows, n, hits.get());
-    else if (n > 0)
+    if (by_bins) {
+        SPCONV_FORWARD_IF_ERROR(wait_for_sites(s));
+        SPCONV_FORWARD_IF_ERROR(bin_keys.alloc(s->ctx, func, n, "bin keys"));
+        SPCONV_FORWARD_IF_ERROR(bin_order.alloc(s->ctx, func, n, "sites by bin"));
+        if (n > 0) {
+            LAUNCH_MAP(s->stream, n, bin_keys_kernel, bins, s->rows, n, bin_keys.get(),
+                       bin_order.get());
+            SPCONV_FORWARD_IF_ERROR(SPCONV_THRUST(s->ctx, func, s->stream,
+                                                  "sorting the sites by bin",
+                                                  thrust::sort_by_key, bin_keys.get(),
+                                                  bin_keys.get() + n, bin_order.get()));
+            LAUNCH_MAP(s->stream, n, bin_pairs_count_kernel, bins, bin_keys.get(),
+                       bin_order.get(), s->rows, n, hits.get());
+        }
+    } else if (n > 0) {
         LAUNCH_MAP(s->stream, n, subm_count_kernel, g, s->table, s->in_layout, s->rows, n,
                    hits.get());
+    }
     int64_t total_hits;
     SPCONV_FORWARD_IF_ERROR(exclusive_sums(s, hits.get(), n, starts.get(), &total_hits));
-    const int64_t num_pairs = site_pairs ? total_hits : 2 * total_hits + n;
+    const int64_t num_pairs = by_bins ? total_hits : 2 * total_hits + n;
     SPCONV_FORWARD_IF_ERROR(
         spconv__tensor_empty_in(func, s->ctx, s->device, SPCONV_I32, 1, &num_pairs, &rb->pairs_in));
     spconv__device_array<uint64_t> pair_keys;
     SPCONV_FORWARD_IF_ERROR(pair_keys.alloc(s->ctx, func, num_pairs, "pair keys"));
     int32_t *pair_in = (int32_t *)spconv_tensor_data(rb->pairs_in);
-    if (n > 0 && site_pairs)
-        LAUNCH_MAP(s->stream, n, site_pairs_write_kernel, g, s->rows, n, starts.get(),
-                   pair_keys.get(), pair_in);
+    if (n > 0 && by_bins)
+        LAUNCH_MAP(s->stream, n, bin_pairs_write_kernel, bins, bin_keys.get(), bin_order.get(),
+                   s->rows, n, starts.get(), pair_keys.get(), pair_in);
     else if (n > 0)
         LAUNCH_MAP(s->stream, n, subm_write_kernel, g, s->table, s->in_layout, s->rows, n,
                    starts.get(), total_hits, pair_keys.get(), pair_in);

@@ -538,6 +538,9 @@ static void test_bad_coordinates_on_device(void **state) {
     int32_t *rows = spconv_test_random_sites(2, shape, 40);
     const spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
     const spconv_conv_params regular = spconv_conv_params_default(SPCONV_CONV_REGULAR);
+    spconv_conv_params binned = subm; /* through bins, which wait for the validation first */
+    for (int a = 0; a < 3; ++a) binned.kernel[a] = 9;
+    const spconv_conv_params *kinds[3] = {&subm, &regular, &binned};
     spconv_context *ctx;
     SPCONV_ASSERT_OK(spconv_context_create(spconv_cuda(0), &ctx));
     /* 0: a duplicate; 1: out of the shape; 2: batch index too large; 3: a duplicate before a row
@@ -551,8 +554,8 @@ static void test_bad_coordinates_on_device(void **state) {
         if (variant == 2) bad[4 * 30] = 2;
         spconv_tensor *host = spconv_test_indices_tensor(bad, 80), *dev;
         SPCONV_ASSERT_OK(spconv_tensor_to_device(ctx, host, spconv_cuda(0), &dev));
-        for (int k = 0; k < 2; ++k) {
-            const spconv_conv_params *params = k == 0 ? &subm : &regular;
+        for (int k = 0; k < 3; ++k) {
+            const spconv_conv_params *params = kinds[k];
             spconv_rulebook *rb = NULL;
             const spconv_status want = spconv_rulebook_build(NULL, host, shape, 2, params, &rb);
             assert_int_not_equal(want, SPCONV_OK);
@@ -586,7 +589,7 @@ static void compare_on_random_sites(int64_t batch, const int64_t shape[3], int64
 }
 
 /* Kernels far larger than the input: a submanifold kernel with more offsets to probe than there are
- * sites (every pair of sites is tested instead, on the CPU and the device alike), and kernels of
+ * sites (it goes through bins instead, on the CPU and the device alike), and kernels of
  * more than 2^16 offsets, whose counts come back as the list of the offsets that occur rather
  * than a count per offset (cuda/rulebook.cu). Each is the CPU's rulebook, bit for bit. */
 static void test_huge_kernels(void **state) {
@@ -631,13 +634,25 @@ static void test_huge_kernels(void **state) {
     spconv_rulebook_release(rb);
     spconv_tensor_release(indices);
     free(rows);
-    /* Few sites under a kernel of fewer than 2^16 offsets take the pairs of sites too. */
+    /* Submanifold kernels of more than SPCONV_SUBM_BINS_ABOVE_PROBES probes over more sites than
+     * probes go through bins too (rulebook/site_bins.h): a dilated 9 x 11 x 7 kernel on a dense
+     * cube, where bins hold many sites, and a 1 x 1 x 40,001 kernel on long lines. */
+    const int64_t dense[3] = {14, 22, 16}, lines[3] = {40, 75, 50000};
+    spconv_conv_params blocky = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    blocky.kernel[0] = 9, blocky.kernel[1] = 11, blocky.kernel[2] = 7;
+    blocky.dilation[0] = 2, blocky.dilation[2] = 3;
+    spconv_conv_params long_x = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    long_x.kernel[2] = 40001;
+    const spconv_conv_params *on_dense[1] = {&blocky}, *on_lines[1] = {&long_x};
+    compare_on_random_sites(2, dense, 2000, on_dense, 1);
+    compare_on_random_sites(1, lines, 3000, on_lines, 1);
+    /* Few sites under a kernel of fewer than 2^16 offsets go through bins too. */
     const int64_t small_cube[3] = {12, 12, 12};
     spconv_conv_params small = spconv_conv_params_default(SPCONV_CONV_SUBM);
-    for (int a = 0; a < 3; ++a) small.kernel[a] = 7; /* 171 probed offsets, 80 sites */
+    for (int a = 0; a < 3; ++a) small.kernel[a] = 5; /* 62 probed offsets, 60 sites */
     small.dilation[1] = 2;
     const spconv_conv_params *on_small[1] = {&small};
-    compare_on_random_sites(2, small_cube, 40, on_small, 1);
+    compare_on_random_sites(2, small_cube, 30, on_small, 1);
 }
 
 /* A table with fewer slots than keys is an error, not a hang; one with room is not. */

@@ -23,6 +23,7 @@
 #include "rulebook/sites.h"
 #include "rulebook/rulebook_impl.h"
 #include "rulebook/rulebook_ref.h"
+#include "rulebook/site_bins.h"
 #include "rulebook/site_lines.h"
 
 /* spconv's own test grid. */
@@ -711,18 +712,157 @@ static void test_subm_matches_reference(void **state) {
                                 spconv_test_rand_int(0, 2), dilation);
                 random_case(ctx, batch, 400, &p);
             }
-    /* The builder's three ways, chosen by size: kernel 9 and 11 on 800 sites take several groups
-     * of probed offsets (2^19 column cells hold 327 offsets of 800 sites), kernel 9 on 300 sites
-     * checks every pair of sites (N <= KV/2), kernel 5 on 800 sites probes in one group. */
-    const int64_t sizes[4][2] = {{9, 800}, {11, 800}, {9, 300}, {5, 800}};
-    for (int c = 0; c < 4; ++c)
+    /* The builder's ways, chosen by size: a 5 x 5 x 9 kernel (112 probed offsets) on 2400 sites
+     * takes two groups of probed offsets (2^19 column cells hold 109 offsets of 2400 sites),
+     * kernel 5 on 800 sites probes in one group; kernels 7 and 9 probe more than
+     * SPCONV_SUBM_BINS_ABOVE_PROBES offsets and go through bins, as kernel 9 on 300 sites does
+     * with N <= KV/2 (test_subm_bins_* for more). Sizes: kernel (z, y, x), sites. */
+    const int64_t sizes[5][4] = {
+        {5, 5, 9, 2400}, {5, 5, 5, 800}, {7, 7, 7, 800}, {9, 9, 9, 800}, {9, 9, 9, 300}};
+    for (int c = 0; c < 5; ++c)
         for (int64_t dilation = 1; dilation <= 2; ++dilation) {
-            const spconv_conv_params p = make_params(SPCONV_CONV_SUBM, sizes[c][0], 1, 0, dilation);
-            int32_t *rows = spconv_test_random_sites(2, GRID, sizes[c][1] / 2);
-            check_against_reference(ctx, rows, sizes[c][1], GRID, 2, &p);
+            spconv_conv_params p = make_params(SPCONV_CONV_SUBM, 1, 1, 0, dilation);
+            for (int axis = 0; axis < 3; ++axis) p.kernel[axis] = sizes[c][axis];
+            int32_t *rows = spconv_test_random_sites(2, GRID, sizes[c][3] / 2);
+            check_against_reference(ctx, rows, sizes[c][3], GRID, 2, &p);
             free(rows);
         }
     spconv_context_destroy(ctx);
+}
+
+/* Submanifold builds through bins (rulebook/site_bins.h) against the reference: kernels of more
+ * than SPCONV_SUBM_BINS_ABOVE_PROBES probes, per axis up to 41 wide, dilations up to 4 (some past
+ * the shape, so every residue is its own bin), on grids from 1 to 40 wide per axis, sparse and
+ * dense (so bins hold many sites), 1 to 3 batches, at 1 and 3 threads. */
+static void test_subm_bins_match_reference(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        spconv_context *ctx = context_with_threads(threads);
+        for (int trial = 0; trial < 40; ++trial) {
+            spconv_conv_params p = spconv_conv_params_default(SPCONV_CONV_SUBM);
+            int64_t shape[3], volume = 1;
+            do {
+                for (int axis = 0; axis < 3; ++axis) {
+                    p.kernel[axis] = 2 * spconv_test_rand_int(0, 20) + 1;
+                    p.dilation[axis] = spconv_test_rand_int(1, 4);
+                }
+            } while (p.kernel[0] * p.kernel[1] * p.kernel[2] / 2 <= SPCONV_SUBM_BINS_ABOVE_PROBES);
+            for (int axis = 0; axis < 3; ++axis) {
+                shape[axis] = spconv_test_rand_int(1, 40);
+                volume *= shape[axis];
+            }
+            const int64_t batch = spconv_test_rand_int(1, 3);
+            /* up to every site of the grid (dense) or a few hundred of it */
+            const int64_t most = volume < 400 ? volume : 400;
+            const int64_t per_batch = spconv_test_rand_int(1, most);
+            int32_t *rows = spconv_test_random_sites(batch, shape, per_batch);
+            assert_true(spconv__subm_by_bins(batch * per_batch, spconv_conv_kernel_volume(&p)));
+            check_against_reference(ctx, rows, batch * per_batch, shape, batch, &p);
+            free(rows);
+        }
+        spconv_context_destroy(ctx);
+    }
+}
+
+/* The sites of @p rows sorted by bin (keys and rows in that order, for spconv__bin_walk_next). */
+typedef struct sorted_bins {
+    uint64_t key;
+    int32_t row;
+} sorted_bins;
+
+static int compare_bins(const void *a, const void *b) {
+    const sorted_bins *x = a, *y = b;
+    return x->key < y->key ? -1 : x->key > y->key;
+}
+
+/* Candidates tested by every site's walk over the bins of @p rows, and the pairs found. */
+static void walk_every_site(const spconv__bin_geometry *g, const int32_t *rows, int64_t n,
+                            int64_t *tested, int64_t *pairs) {
+    sorted_bins *sorted = malloc((size_t)n * sizeof *sorted);
+    uint64_t *keys = malloc((size_t)n * sizeof *keys);
+    int32_t *order = malloc((size_t)n * sizeof *order);
+    assert_true(sorted != NULL && keys != NULL && order != NULL);
+    for (int64_t r = 0; r < n; ++r) {
+        sorted[r].key = spconv__bin_key(g, rows + 4 * r);
+        sorted[r].row = (int32_t)r;
+    }
+    qsort(sorted, (size_t)n, sizeof *sorted, compare_bins);
+    for (int64_t r = 0; r < n; ++r) {
+        keys[r] = sorted[r].key;
+        order[r] = sorted[r].row;
+    }
+    *tested = *pairs = 0;
+    for (int64_t o = 0; o < n; ++o) {
+        spconv__bin_walk walk;
+        spconv__bin_walk_start(g, rows + 4 * o, &walk);
+        int64_t k;
+        int32_t i;
+        while (spconv__bin_walk_next(g, keys, order, rows, n, &walk, &k, &i)) ++*pairs;
+        *tested += walk.tested;
+    }
+    free(sorted);
+    free(keys);
+    free(order);
+}
+
+/* The bins' claim (site_bins.h): the candidates a build tests are at most 27 times its pairs,
+ * whatever the kernel. Checked on the inputs that cost the other ways N^2 or N x KV / 2: sites on
+ * separate lines under a 1x1xK kernel (one pair each), sites strung along one line at a spacing
+ * just past the reach, a dense block, and random sites under random kernels and dilations. */
+static void test_subm_bins_work_is_bounded_by_pairs(void **state) {
+    (void)state;
+    enum { SITES = 3000 };
+    int32_t *rows = malloc((size_t)SITES * 4 * sizeof *rows);
+    assert_non_null(rows);
+    for (int layout = 0; layout < 24; ++layout) {
+        spconv__bin_geometry g;
+        int64_t n = SITES;
+        const int64_t shapes[3][3] = {{60, 50, 100001}, {1, 1, 1 << 24}, {15, 15, 15}};
+        const int64_t *shape = shapes[layout < 3 ? layout : 2];
+        for (int axis = 0; axis < 3; ++axis) {
+            g.shape[axis] = shape[axis];
+            g.kernel[axis] = 1;
+            g.dilation[axis] = 1;
+        }
+        if (layout == 0) { /* separate lines, 1x1x100001 */
+            g.kernel[2] = 100001;
+            for (int64_t r = 0; r < n; ++r) {
+                const int32_t row[4] = {0, (int32_t)(r / 50), (int32_t)(r % 50),
+                                        (int32_t)spconv_test_rand_int(0, 100000)};
+                memcpy(rows + 4 * r, row, sizeof row);
+            }
+        } else if (layout == 1) { /* one line, sites just out of each other's reach */
+            g.kernel[2] = 4001;
+            for (int64_t r = 0; r < n; ++r) {
+                const int32_t row[4] = {0, 0, 0, (int32_t)(r * 2001)};
+                memcpy(rows + 4 * r, row, sizeof row);
+            }
+        } else {
+            if (layout == 2) { /* the whole block, 15^3 kernel */
+                n = 15 * 15 * 15 < SITES ? 15 * 15 * 15 : SITES;
+                for (int axis = 0; axis < 3; ++axis) g.kernel[axis] = 15;
+            } else {
+                for (int axis = 0; axis < 3; ++axis) {
+                    g.kernel[axis] = 2 * spconv_test_rand_int(0, 10) + 1;
+                    g.dilation[axis] = spconv_test_rand_int(1, 5);
+                }
+                n = spconv_test_rand_int(1, SITES);
+            }
+            int32_t *random = spconv_test_random_sites(1, shape, n);
+            memcpy(rows, random, (size_t)n * 4 * sizeof *rows);
+            free(random);
+        }
+        assert_true(spconv__key_layout_init(&g.layout, 1, shape));
+        int64_t tested, pairs;
+        walk_every_site(&g, rows, n, &tested, &pairs);
+        assert_true(pairs >= n); /* every site pairs with itself */
+        if (tested > 27 * pairs)
+            fail_msg("layout %d: %" PRId64 " sites tested %" PRId64 " candidates for %" PRId64
+                     " pairs",
+                     layout, n, tested, pairs);
+        if (layout < 2) assert_int_equal(pairs, n); /* only the centre pairs */
+    }
+    free(rows);
 }
 
 /* The subm builder finds neighbours through a line index (rulebook/site_lines.h) when the grid's
@@ -935,7 +1075,7 @@ static void test_axis_reach_matches_outputs(void **state) {
 
 /* Kernels with more offsets than the candidates they produce (few random sites, kernels up to
  * 15^3 on GRID, per-axis kernels, dilation, both strided kinds and subm): the strided builder
- * numbers the offsets that occur, subm takes the site-pair path; both against the reference,
+ * numbers the offsets that occur, subm goes through bins; both against the reference,
  * at 1 and 3 threads. */
 static void test_kernel_larger_than_its_pairs(void **state) {
     (void)state;
@@ -1571,6 +1711,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_dense_inputs_match_reference),
         cmocka_unit_test(test_transposed_grid_matches_reference),
         cmocka_unit_test(test_subm_matches_reference),
+        cmocka_unit_test(test_subm_bins_match_reference),
+        cmocka_unit_test(test_subm_bins_work_is_bounded_by_pairs),
         cmocka_unit_test(test_subm_line_index_and_table_agree),
         cmocka_unit_test(test_subm_line_walks_agree),
         cmocka_unit_test(test_anisotropic_matches_reference),

@@ -1,8 +1,10 @@
 /* Benchmark of the map ops on one device (tools/gpu-check.sh runs it with --device cuda and cpu):
- *   bench_maps [--device cpu|cuda[:N]] [--reps N] [DATA_DIR]
+ *   bench_maps [--device cpu|cuda[:N]] [--reps N] [--large-kernels] [DATA_DIR]
  * Cases: voxelizing spconv_benchmark_pc.bin (198,130 points; 0.1 m cells, 5 points, mean mode),
  * and the subm 3x3x3, the stride-2 3x3x3 and the 2x2x2 stride-2 (pool) rulebooks of the 125,562 sites of
- * spconv_test_indices.i32. Inputs are on the device before the clock starts; each repetition is
+ * spconv_test_indices.i32; with --large-kernels also its subm 5^3, 7^3 and 9^3 rulebooks and a
+ * 1 x 1 x 40,001 subm kernel over 20,001 sites on separate lines (bench_long_lines). Inputs are
+ * on the device before the clock starts; each repetition is
  * timed after 3 warm-ups, on a GPU with CUDA events queued before and after the call (the
  * device's clock, read once the context is synchronised), on the CPU from the call to its return
  * (monotonic host clock); prints the median as
@@ -109,6 +111,37 @@ static int bench_case(const map_case *c, int reps) {
     return 1;
 }
 
+/* 20,001 sites each alone on its line under a 1 x 1 x 40,001 subm kernel: one pair a site, but
+ * N x min(N, KV / 2) tests (4 x 10^8) for a build that tests every pair of sites or probes every
+ * offset; through bins (rulebook/site_bins.h), a few tests a site. */
+static int bench_long_lines(spconv_context *ctx, spconv_device device,
+                            spconv__device_clock *clock, int reps) {
+    enum { SITES = 20001 };
+    const int64_t shape[3] = {150, 150, 40001}, sizes[2] = {SITES, 4};
+    int32_t *rows = malloc((size_t)SITES * 4 * sizeof *rows);
+    if (rows == NULL) return 0;
+    for (int32_t r = 0; r < SITES; ++r) {
+        rows[4 * r] = 0;
+        rows[4 * r + 1] = r / 150;
+        rows[4 * r + 2] = r % 150;
+        rows[4 * r + 3] = (int32_t)((int64_t)r * 7919 % 40001);
+    }
+    spconv_tensor *sites = NULL;
+    int ok = spconv_tensor_from_host(ctx, device, SPCONV_I32, 2, sizes, rows, &sites) == SPCONV_OK;
+    free(rows);
+    if (!ok) {
+        fprintf(stderr, "bench_maps: %s\n", spconv_last_error());
+        return 0;
+    }
+    spconv_conv_params line = spconv_conv_params_default(SPCONV_CONV_SUBM);
+    line.kernel[0] = line.kernel[1] = 1, line.kernel[2] = 40001;
+    const map_case c = {"rulebook_subm_1x1x40001_lines", ctx, sites, NULL, &line,
+                        {shape[0], shape[1], shape[2]}, clock};
+    ok = bench_case(&c, reps);
+    spconv_tensor_release(sites);
+    return ok;
+}
+
 static spconv_device parse_device(const char *text) {
     if (strcmp(text, "cpu") == 0) return spconv_cpu();
     if (strcmp(text, "cuda") == 0) return spconv_cuda(0);
@@ -120,10 +153,12 @@ static spconv_device parse_device(const char *text) {
 int main(int argc, char **argv) {
     const char *dir = getenv("SPCONV_DATA_DIR") ? getenv("SPCONV_DATA_DIR") : "../shared/data";
     spconv_device device = spconv_cpu();
-    int reps = 20;
+    int reps = 20, large = 0;
     for (int i = 1; i < argc; ++i) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
             device = parse_device(argv[++i]);
+        } else if (strcmp(argv[i], "--large-kernels") == 0) {
+            large = 1;
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1 || reps > MAX_REPS) {
@@ -169,7 +204,19 @@ int main(int argc, char **argv) {
         ok &= bench_case(&c1, reps);
         ok &= bench_case(&c2, reps);
         ok &= bench_case(&c3, reps);
+        if (large) { /* subm kernels on either side of SPCONV_SUBM_BINS_ABOVE_PROBES */
+            static const char *names[3] = {"rulebook_subm5_spconv_test",
+                                           "rulebook_subm7_spconv_test",
+                                           "rulebook_subm9_spconv_test"};
+            for (int k = 0; k < 3; ++k) {
+                spconv_conv_params wide = subm;
+                for (int a = 0; a < 3; ++a) wide.kernel[a] = 5 + 2 * k;
+                const map_case c = {names[k], ctx, sites, NULL, &wide, {80, 1600, 1600}, clock};
+                ok &= bench_case(&c, reps);
+            }
+        }
     }
+    if (large) ok &= bench_long_lines(ctx, device, clock, reps);
     spconv_tensor_release(points);
     spconv_tensor_release(sites);
     spconv__device_clock_destroy(clock);

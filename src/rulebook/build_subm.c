@@ -15,9 +15,11 @@
  * rulebook; otherwise each group compacts into blocks of exactly its pairs, which are copied into
  * place once every count is known (twice the pairs at the peak, and no second probing pass).
  *
- * With fewer sites than probed offsets (N <= KV/2: a 255^3 kernel on a handful of sites) the
- * build checks every pair of sites instead: N^2 displacement tests rather than N x KV/2 lookups,
- * a stable radix sort of the hits by offset, the same rulebook. */
+ * Large kernels (more than SPCONV_SUBM_BINS_ABOVE_PROBES probes), and builds with no more sites
+ * than probes (a 255^3 kernel on a handful of sites), go through bins instead (site_bins.h): the
+ * sites sorted by bin, each testing those of its at most 27 neighbouring bins, work bounded by the
+ * pairs rather than N x KV/2 lookups; then a stable radix sort of the hits by offset, the same
+ * rulebook. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +28,7 @@
 #include "core/parallel.h"
 #include "rulebook/build.h"
 #include "rulebook/radix_sort.h"
-#include "rulebook/site_pairs.h"
+#include "rulebook/site_bins.h"
 #include "rulebook/site_lines.h"
 #include "spconv/tensor.h"
 
@@ -324,28 +326,124 @@ done:
     return st;
 }
 
-/* ---- few sites: every pair of sites -------------------------------------------------------- */
+/* ---- large kernels: the candidates of neighbouring bins ------------------------------------ */
+
+/* The sites sorted by bin (rulebook/site_bins.h). */
+typedef struct site_bins {
+    spconv__bin_geometry geometry;
+    const uint64_t *keys; /* [N] bin keys, increasing */
+    int32_t *rows;        /* [N] the sites in that order */
+} site_bins;
+
+/* Kernels of at most this many offsets place their pairs straight into the rulebook, through a
+ * counter per (chunk, offset); larger ones radix-sort the hits by offset instead, with no array
+ * of the kernel's size. */
+#define BINS_DENSE_OFFSETS (INT64_C(1) << 16)
+/* Most (chunk, offset) counters of a dense placement (32 MiB): fewer chunks for wider kernels. */
+#define BINS_MAX_COUNTERS (INT64_C(1) << 22)
+
+/* Pairs of outputs [begin, end) per offset into counts[KV], or, when @p pairs_in is set, written
+ * there and to @p pairs_out at @p counts (the chunk's cursor per offset, advanced): offset k's
+ * pairs in increasing output row. */
+static void bins_place_chunk(const spconv__build_input *in, const site_bins *bins, int64_t kv,
+                             int64_t begin, int64_t end, int64_t *counts, int32_t *pairs_in,
+                             int32_t *pairs_out) {
+    if (pairs_in == NULL)
+        for (int64_t k = 0; k < kv; ++k) counts[k] = 0;
+    for (int64_t o = begin; o < end; ++o) {
+        spconv__bin_walk walk;
+        spconv__bin_walk_start(&bins->geometry, in->rows + 4 * o, &walk);
+        int64_t k;
+        int32_t i;
+        while (spconv__bin_walk_next(&bins->geometry, bins->keys, bins->rows, in->rows,
+                                     in->num_in, &walk, &k, &i)) {
+            if (pairs_in == NULL) {
+                ++counts[k];
+            } else {
+                const int64_t at = counts[k]++;
+                pairs_in[at] = i;
+                pairs_out[at] = (int32_t)o;
+            }
+        }
+    }
+}
+
+/* Count, then place: memory is the rulebook's own and the counters, min(chunks, 2^22 / KV) x KV. */
+static spconv_status bins_place(const spconv__build_input *in, const site_bins *bins,
+                                spconv_rulebook *rb) {
+    const int num_threads = in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = rb->num_in, kv = rb->kernel_volume;
+    int64_t num_chunks = (int64_t)num_threads * CHUNKS_PER_THREAD;
+    if (num_chunks > BINS_MAX_COUNTERS / kv) num_chunks = BINS_MAX_COUNTERS / kv;
+    if (num_chunks > n) num_chunks = n;
+    int64_t *counts = malloc((size_t)(num_chunks * kv) * sizeof *counts);
+    int64_t *offsets = malloc((size_t)(kv + 1) * sizeof *offsets);
+    spconv_status st = SPCONV_OK;
+    if (counts == NULL || offsets == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for %" PRId64 " pair counters", in->func,
+                         num_chunks * kv);
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
+        bins_place_chunk(in, bins, kv, begin, end, counts + c * kv, NULL, NULL);
+    }
+    /* Offset k's pairs chunk after chunk, so in increasing output row. */
+    int64_t running = 0;
+    for (int64_t k = 0; k < kv; ++k) {
+        offsets[k] = running;
+        for (int64_t c = 0; c < num_chunks; ++c) {
+            const int64_t count = counts[c * kv + k];
+            counts[c * kv + k] = running;
+            running += count;
+        }
+    }
+    offsets[kv] = running;
+    SPCONV_TRY_GOTO(st, spconv__rulebook_set_offsets(in->func, rb, kv, NULL, offsets), done);
+    SPCONV_TRY_GOTO(st, spconv__rulebook_alloc_pairs(rb), done);
+    int32_t *pairs_in = spconv_tensor_data(rb->pairs_in);
+    int32_t *pairs_out = spconv_tensor_data(rb->pairs_out);
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(dynamic, 1))
+    for (int64_t c = 0; c < num_chunks; ++c) {
+        int64_t begin, end;
+        spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
+        bins_place_chunk(in, bins, kv, begin, end, counts + c * kv, pairs_in, pairs_out);
+    }
+done:
+    free(counts);
+    free(offsets);
+    return st;
+}
 
 /* Hits of outputs [begin, end): counted when keys is NULL, else written as (offset, out << 32 |
- * in) in increasing out, then in. */
-static int64_t site_pairs_chunk(const spconv__build_input *in, const spconv_conv_params *params,
-                                int64_t begin, int64_t end, uint64_t *keys, uint64_t *values) {
+ * in) in increasing out (an output meets an offset at most once, so no order within it matters). */
+static int64_t bins_sorted_chunk(const spconv__build_input *in, const site_bins *bins,
+                                 int64_t begin, int64_t end, uint64_t *keys, uint64_t *values) {
     int64_t hits = 0;
-    for (int64_t o = begin; o < end; ++o)
-        for (int64_t i = 0; i < in->num_in; ++i) {
-            const int64_t k = spconv__site_pair_offset(params->kernel, params->dilation,
-                                                       in->rows + 4 * o, in->rows + 4 * i);
-            if (k < 0) continue;
+    for (int64_t o = begin; o < end; ++o) {
+        spconv__bin_walk walk;
+        spconv__bin_walk_start(&bins->geometry, in->rows + 4 * o, &walk);
+        int64_t k;
+        int32_t i;
+        while (spconv__bin_walk_next(&bins->geometry, bins->keys, bins->rows, in->rows,
+                                     in->num_in, &walk, &k, &i)) {
             if (keys != NULL) {
                 keys[hits] = (uint64_t)k;
                 values[hits] = (uint64_t)o << 32 | (uint64_t)i;
             }
             ++hits;
         }
+    }
     return hits;
 }
 
-static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv_rulebook *rb) {
+/* Hits as (offset, out << 32 | in), radix-sorted by offset (stable, so increasing out within
+ * each), and only the offsets that occur listed: no array of the kernel's size, at 32 bytes a pair
+ * while it sorts. */
+static spconv_status bins_sorted(const spconv__build_input *in, const site_bins *bins,
+                                 spconv_rulebook *rb) {
     const int num_threads = in->num_threads;
     (void)num_threads; /* only the OpenMP pragmas read it */
     const int64_t n = rb->num_in, kv = rb->kernel_volume;
@@ -362,7 +460,7 @@ static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        starts[c] = site_pairs_chunk(in, &rb->params, begin, end, NULL, NULL);
+        starts[c] = bins_sorted_chunk(in, bins, begin, end, NULL, NULL);
     }
     int64_t total = 0;
     for (int64_t c = 0; c <= num_chunks; ++c) {
@@ -380,17 +478,14 @@ static spconv_status build_from_site_pairs(const spconv__build_input *in, spconv
     for (int64_t c = 0; c < num_chunks; ++c) {
         int64_t begin, end;
         spconv__chunk_bounds(n, num_chunks, c, &begin, &end);
-        site_pairs_chunk(in, &rb->params, begin, end, buffers[0] + starts[c],
-                         buffers[1] + starts[c]);
+        bins_sorted_chunk(in, bins, begin, end, buffers[0] + starts[c], buffers[1] + starts[c]);
     }
-    /* Stable by offset: within an offset the pairs keep their increasing output rows. */
     uint64_t *keys, *values;
     SPCONV_TRY_GOTO(st,
                     spconv__radix_sort(in->func, num_threads, total, spconv__key_bits_for(kv),
                                        buffers[0], buffers[1], buffers[2], buffers[3], &keys,
                                        &values),
                     done);
-    /* The offsets that occur, with where their pairs start: no array of the kernel's size. */
     int64_t distinct = 0;
     for (int64_t j = 0; j < total; ++j) distinct += j == 0 || keys[j] != keys[j - 1];
     slot_offsets = malloc((size_t)(distinct > 0 ? distinct : 1) * sizeof *slot_offsets);
@@ -423,7 +518,61 @@ done:
     return st;
 }
 
-/* The builds that probe the hash table (or check every pair of sites), over rows it validates. */
+/* The sites of in->sites (validated) sorted by bin into *bins, their keys in @p buffers[0..3]
+ * (scratch of N each; bins->keys points into one of them) and their rows in bins->rows. */
+static spconv_status sort_into_bins(const spconv__build_input *in, const spconv_rulebook *rb,
+                                    uint64_t *buffers[4], site_bins *bins) {
+    const int num_threads = in->num_threads;
+    (void)num_threads; /* only the OpenMP pragmas read it */
+    const int64_t n = rb->num_in;
+    spconv__bin_geometry *g = &bins->geometry;
+    for (int axis = 0; axis < 3; ++axis) {
+        g->kernel[axis] = rb->params.kernel[axis];
+        g->dilation[axis] = rb->params.dilation[axis];
+        g->shape[axis] = rb->in_shape[axis];
+    }
+    g->layout = in->sites->layout;
+    SPCONV_OMP(omp parallel for num_threads(num_threads) schedule(static))
+    for (int64_t r = 0; r < n; ++r) {
+        buffers[0][r] = spconv__bin_key(g, in->rows + 4 * r);
+        buffers[1][r] = (uint64_t)r;
+    }
+    uint64_t *keys, *rows;
+    SPCONV_FORWARD_IF_ERROR(spconv__radix_sort(in->func, num_threads, n, g->layout.total_bits,
+                                               buffers[0], buffers[1], buffers[2], buffers[3],
+                                               &keys, &rows));
+    bins->keys = keys;
+    for (int64_t r = 0; r < n; ++r) bins->rows[r] = (int32_t)rows[r];
+    return SPCONV_OK;
+}
+
+static spconv_status build_from_bins(const spconv__build_input *in, spconv_rulebook *rb) {
+    const int64_t n = rb->num_in;
+    uint64_t *buffers[4] = {NULL, NULL, NULL, NULL};
+    site_bins bins;
+    bins.rows = malloc((size_t)n * sizeof *bins.rows);
+    spconv_status st = SPCONV_OK;
+    for (int b = 0; b < 4; ++b) buffers[b] = malloc((size_t)n * sizeof **buffers);
+    if (bins.rows == NULL || buffers[0] == NULL || buffers[1] == NULL || buffers[2] == NULL ||
+        buffers[3] == NULL)
+        SPCONV_FAIL_GOTO(st, done, SPCONV_ERR_OUT_OF_MEMORY,
+                         "%s: out of host memory for the bins of %" PRId64 " sites", in->func, n);
+    SPCONV_TRY_GOTO(st, sort_into_bins(in, rb, buffers, &bins), done);
+    /* The sort's scratch pair is free again: only bins.keys' buffer is still read. */
+    for (int b = 0; b < 4; ++b)
+        if (buffers[b] != bins.keys) {
+            free(buffers[b]);
+            buffers[b] = NULL;
+        }
+    st = rb->kernel_volume <= BINS_DENSE_OFFSETS ? bins_place(in, &bins, rb)
+                                                 : bins_sorted(in, &bins, rb);
+done:
+    free(bins.rows);
+    for (int b = 0; b < 4; ++b) free(buffers[b]);
+    return st;
+}
+
+/* The builds that probe the hash table (or go through bins), over rows the table validates. */
 static spconv_status build_with_table(const spconv__build_input *in, spconv_rulebook *rb) {
     spconv__site_table sites;
     SPCONV_FORWARD_IF_ERROR(spconv__site_table_build(in->func, in->num_threads, in->rows,
@@ -432,8 +581,8 @@ static spconv_status build_with_table(const spconv__build_input *in, spconv_rule
     spconv__build_input with = *in;
     with.sites = &sites;
     spconv_status st = SPCONV_OK;
-    if (rb->num_in <= rb->kernel_volume / 2) {
-        st = build_from_site_pairs(&with, rb);
+    if (spconv__subm_by_bins(rb->num_in, rb->kernel_volume)) {
+        st = build_from_bins(&with, rb);
     } else if (rb->kernel_volume == 1) { /* the centre alone */
         const int64_t starts[2] = {0, rb->num_in};
         st = spconv__rulebook_set_offsets(in->func, rb, 1, NULL, starts);
@@ -868,7 +1017,7 @@ spconv_status spconv__build_subm(const spconv__build_input *in, spconv_rulebook 
     if (rb->num_in == 0) return spconv__rulebook_alloc_pairs(rb); /* no pairs */
     /* The line walk takes kernels of up to LINES_MAX_OFFSETS + 1 offsets (3x3x3 always) on grids
      * whose lines are few next to the sites; the index validates the rows as the table would. */
-    if (rb->num_in <= rb->kernel_volume / 2 || rb->kernel_volume == 1 ||
+    if (spconv__subm_by_bins(rb->num_in, rb->kernel_volume) || rb->kernel_volume == 1 ||
         rb->kernel_volume - 1 > LINES_MAX_OFFSETS ||
         !spconv__site_lines_fit(rb->num_in, rb->batch_size, rb->in_shape))
         return build_with_table(in, rb);

@@ -1,7 +1,7 @@
-/* Submanifold rulebooks of few sites (fewer than the offsets a site would probe) are built by
- * testing every pair of sites instead of probing the table: this is the test, shared by the CPU
- * builder (build_subm.c) and the CUDA one (cuda/rulebook.cu) so that both take the same offsets.
- * Must stay valid C11 and C++ (nvcc). */
+/* Submanifold rulebooks of large kernels, or of few sites, test candidate pairs of sites (those of
+ * neighbouring bins, site_bins.h) instead of probing the table: this is the test, shared by the
+ * CPU builder (build_subm.c) and the CUDA one (cuda/rulebook.cu) so that both take the same
+ * offsets. Must stay valid C11 and C++ (nvcc). */
 #ifndef SPCONV_RULEBOOK_SITE_PAIRS_H
 #define SPCONV_RULEBOOK_SITE_PAIRS_H
 

@@ -186,6 +186,28 @@ static int write_flood_inputs(const char *dir) {
     return rc;
 }
 
+/* 100,000 sites on a lattice 128 apart in z and y, 250 deep in x, for a 255 x 255 x 1 submanifold
+ * kernel (the CLI's widest): each site pairs only with itself, but probing the 32,512 offsets
+ * below the centre is 3.3 x 10^9 lookups (20.6 s at 2 threads); through bins, 0.24 s. */
+static int write_lattice_sites(const char *dir) {
+    enum { SITES = 100000 };
+    int32_t *sites = malloc((size_t)SITES * 4 * sizeof *sites);
+    if (sites == NULL) {
+        fprintf(stderr, "hostile corpus: out of memory for the lattice\n");
+        return -1;
+    }
+    for (int32_t r = 0; r < SITES; ++r) {
+        sites[4 * r] = 0;
+        sites[4 * r + 1] = 128 * (r / 5000);
+        sites[4 * r + 2] = 128 * (r / 250 % 20);
+        sites[4 * r + 3] = r % 250;
+    }
+    const int rc =
+        write_npy(dir, "lattice_sites.npy", SPCONV_I32, 2, (const int64_t[]){SITES, 4}, sites);
+    free(sites);
+    return rc;
+}
+
 int hostile_corpus_write(const char *dir) {
     char path[HOSTILE_PATH_CAP];
     int rc = write_text(dir, HOSTILE_VICTIM, "a file that no command may touch\n");
@@ -202,6 +224,7 @@ int hostile_corpus_write(const char *dir) {
     if (rc == 0) rc = write_existing_outputs(dir);
     if (rc == 0) rc = write_point_cloud_files(dir);
     if (rc == 0) rc = write_flood_inputs(dir);
+    if (rc == 0) rc = write_lattice_sites(dir);
     return rc;
 }
 
@@ -262,6 +285,13 @@ static const hostile_case cases[] = {
     {"kernel-255-subm", "a 255^3 submanifold kernel on 5 sites, 8 threads", HOSTILE_SUCCEEDS, NULL,
      {"rulebook", "--indices", "@/sites.npy", "--spatial-shape", "256,256,256", "--kernel", "255",
       "--subm", "--threads", "8", "--out", "@out"}, 20, 1536, NULL, 0},
+    /* 5b. work follows the pairs, not sites x min(sites, kernel): a submanifold build through bins
+     * (rulebook/site_bins.h) tests a few candidates a site (0.24 s in all) where probing every
+     * offset took 20.6 s */
+    {"subm-kernel-255-lattice", "100,000 sites 128 apart, 255x255x1 subm kernel", HOSTILE_SUCCEEDS,
+     NULL,
+     {"rulebook", "--indices", "@/lattice_sites.npy", "--spatial-shape", "2560,2560,250",
+      "--kernel", "255,255,1", "--subm", "--out", "@out"}, 10, 0, NULL, 0},
     /* 6. allocate only what is produced: the [M, max_points, F] array is not made without --out */
     {"voxelize-huge-max-points", "--max-points 1048576 without --out", HOSTILE_SUCCEEDS, NULL,
      {"voxelize", "@/scan.bin", SCAN_GRID, "--max-points", "1048576"}, 20, 1024, NULL, 0},
