@@ -1288,6 +1288,27 @@ static void test_copy_overlap(void **state) {
     spconv_tensor_release(tail);
     spconv_tensor_release(base);
 
+    /* Two storages wrapping one buffer (two wrapped views of one torch tensor) overlap too:
+     * every other element, one view two elements on (strided, so copied element by element). */
+    double buffer[20], want[20];
+    for (int i = 0; i < 20; ++i) buffer[i] = want[i] = i;
+    for (int i = 18; i >= 2; i -= 2) want[i] = want[i - 2];
+    const int64_t nine = 9, two = 2;
+    spconv_tensor *first = NULL, *second = NULL;
+    SPCONV_ASSERT_OK(
+        spconv_tensor_wrap(spconv_cpu(), SPCONV_F64, 1, &nine, &two, buffer, NULL, NULL, &first));
+    SPCONV_ASSERT_OK(spconv_tensor_wrap(spconv_cpu(), SPCONV_F64, 1, &nine, &two, buffer + 2, NULL,
+                                        NULL, &second));
+    SPCONV_ASSERT_OK(spconv_tensor_copy_(NULL, second, first));
+    assert_memory_equal(buffer, want, sizeof want);
+    spconv_tensor_release(second);
+    SPCONV_ASSERT_OK(
+        spconv_tensor_wrap(spconv_cpu(), SPCONV_F64, 1, &nine, &two, buffer, NULL, NULL, &second));
+    SPCONV_ASSERT_OK(spconv_tensor_copy_(NULL, second, first)); /* the same memory: nothing */
+    assert_memory_equal(buffer, want, sizeof want);
+    spconv_tensor_release(first);
+    spconv_tensor_release(second);
+
     const int64_t square[] = {3, 3};
     spconv_tensor *m = iota(2, square), *mt = NULL;
     SPCONV_ASSERT_OK(spconv_tensor_transpose(m, 0, 1, &mt));

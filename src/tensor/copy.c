@@ -94,19 +94,32 @@ static void byte_span(const spconv_tensor *t, int64_t *first, int64_t *last) {
     *last = (t->offset + reach) * element + element - 1;
 }
 
+/* Where a tensor's first element lies: storages are compared by address, not by identity, since
+ * two storages may wrap the same memory (two wrapped views of one torch tensor). */
+static uintptr_t start_address(const spconv_tensor *t) {
+    return (uintptr_t)t->storage->data +
+           (uintptr_t)(t->offset * (int64_t)spconv__tensor_element_size(t));
+}
+
 static int same_view(const spconv_tensor *a, const spconv_tensor *b) {
-    if (a->storage != b->storage || a->offset != b->offset || a->dtype != b->dtype) return 0;
+    if (!spconv_device_equal(a->storage->device, b->storage->device) ||
+        start_address(a) != start_address(b) || a->dtype != b->dtype)
+        return 0;
     for (int i = 0; i < a->ndim; ++i)
         if (a->strides[i] != b->strides[i]) return 0;
     return 1;
 }
 
+/* Whether the bytes the two (non-empty) tensors span meet, in one storage or in two that wrap
+ * overlapping memory of one device. */
 static int storage_overlaps(const spconv_tensor *a, const spconv_tensor *b) {
-    if (a->storage != b->storage) return 0;
+    if (!spconv_device_equal(a->storage->device, b->storage->device)) return 0;
     int64_t a_first, a_last, b_first, b_last;
     byte_span(a, &a_first, &a_last);
     byte_span(b, &b_first, &b_last);
-    return a_first <= b_last && b_first <= a_last;
+    const uintptr_t a_base = (uintptr_t)a->storage->data, b_base = (uintptr_t)b->storage->data;
+    return a_base + (uintptr_t)a_first <= b_base + (uintptr_t)b_last &&
+           b_base + (uintptr_t)b_first <= a_base + (uintptr_t)a_last;
 }
 
 static spconv_status check_copy_args(const char *func, const spconv_tensor *dst,
