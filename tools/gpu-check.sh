@@ -4,20 +4,26 @@
 #   2. configure for sm_90 without PCL against that prefix, build only what the checks need;
 #   3. print `nvidia-smi -L` and `spconv version` (the library's build and device report);
 #   4. run the CUDA tests (ctest -R 'cuda|backend_ops|test_context'), the test data coming from
-#      .gpu-deps/data, test_cuda_tensor once more under compute-sanitizer's memcheck, and
-#      test_backend_ops (the voxelizer and rulebook builders against the CPU) under memcheck and
-#      racecheck;
-#   4b. compile the PyTorch extension against this build and run python/tests/test_cuda_binding.py
+#      .gpu-deps/data;
+#   5. run `spconv bench` on whole networks (basic f16 / f32, forward and backward; SECOND) on
+#      both devices, then every benchmark tools/bench_* that accepts `--device cuda`, also with
+#      `--device cpu`;
+#   6. compile the PyTorch extension against this build and run python/tests/test_cuda_binding.py
 #      when python3 has a CUDA torch;
-#   5. run every benchmark tools/bench_* that accepts `--device cuda`, also with `--device cpu`;
-#   5b. run `spconv bench` on whole networks (basic f16 / f32, forward and backward; SECOND) on
-#      both devices;
-#   6. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
-#      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run.
-# Full logs go to $OUT (at most 8 files come back from the device machine; we write 8).
+#   7. with the time left, compute-sanitizer: memcheck of test_cuda_tensor, test_backend_ops (the
+#      voxelizer and rulebook builders against the CPU) and test_cuda_conv, racecheck of
+#      test_backend_ops (shared memory: Thrust's and CUB's sorts and scans; our kernels use none);
+#   8. print a short table last: per test, cases passed/failed/skipped; per benchmark case,
+#      median ms, GFLOP/s and GB/s on the GPU and the speed-up over the CPU run; each step's
+#      verdict (a step cut short by the budget says so, and is not counted as a failure).
+# The whole run keeps to GPU_CHECK_BUDGET_S seconds (default 420, under the device tool's 600 s a
+# command and leaving time for a rerun within a session's 15 minutes): every step runs under
+# `timeout` with at most its own cap and what is left of the budget, the most wanted first.
+# Full logs go to $OUT (at most 8 files come back from the device machine; we write 7:
+# configure.log, build.log, ctest.xml, ctest.log, bench.log, sanitizer.log, summary.txt).
 #
 # Prepare here with tools/gpu-deps.sh, then call the device tool's `run` with
-#   command: bash tools/gpu-check.sh      carry: [".gpu-deps"]      timeout_s: ~400
+#   command: bash tools/gpu-check.sh      carry: [".gpu-deps"]      timeout_s: 480
 # Without a GPU (as here) it still configures, builds and runs: the CUDA tests then skip.
 #
 # Benchmark contract: a program tools/bench_<name>.c whose source mentions `--device` is run as
@@ -35,8 +41,19 @@ root=$deps/root
 jobs=${JOBS:-$(nproc)}
 mkdir -p "$out"
 status=0
+budget=${GPU_CHECK_BUDGET_S:-420}
+started=$(date +%s)
+verdicts=() # one line per step, printed in the summary
 
 section() { printf '\n==== %s ====\n' "$*"; }
+verdict() { verdicts+=("$*"); echo "$*"; }
+# Seconds a step may take: its own cap, or what is left of the budget less 20 s for the summary;
+# 0 when under 10 s are left (the step is then skipped).
+allow() {
+  local left=$(( budget - ($(date +%s) - started) - 20 ))
+  [ "$left" -lt 10 ] && { echo 0; return; }
+  [ "$left" -lt "$1" ] && echo "$left" || echo "$1"
+}
 
 # ---- 1. carried packages ---------------------------------------------------------------------
 section "dependencies"
@@ -117,89 +134,25 @@ fi
 # ---- 4. CUDA tests ---------------------------------------------------------------------------
 section "CUDA tests"
 # Whole outputs in the JUnit file: the summary counts the cases of each program from them.
-ctest --test-dir "$build" -R 'cuda|backend_ops|test_context' --output-on-failure --output-junit "$out/ctest.xml" \
+limit=$(allow 180)
+if timeout "$limit" ctest --test-dir "$build" -R 'cuda|backend_ops|test_context' --output-on-failure \
+      --output-junit "$out/ctest.xml" --timeout "$limit" \
       --test-output-size-passed 1000000 --test-output-size-failed 1000000 \
-      >"$out/ctest.log" 2>&1 || status=1
+      >"$out/ctest.log" 2>&1; then
+  verdict "CUDA tests: passed"
+else
+  verdict "CUDA tests: FAILED (ctest.log)"
+  status=1
+fi
 tail -25 "$out/ctest.log"
-
-# Out-of-bounds or misaligned device accesses can go unnoticed when results still compare
-# equal; compute-sanitizer (shipped with the toolkit) reports them. Skipped where it is missing.
-# API errors are not reported: the test provokes a failing cudaMalloc on purpose.
-sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-if [ -x "$sanitizer" ] && [ -x "$build/tests/test_cuda_tensor" ]; then
-  if SPCONV_DATA_DIR=$data_dir timeout 300 "$sanitizer" --tool memcheck --report-api-errors no \
-       --error-exitcode 1 "$build/tests/test_cuda_tensor" >"$out/sanitizer.log" 2>&1; then
-    echo "compute-sanitizer memcheck of test_cuda_tensor: clean"
-  else
-    tail -20 "$out/sanitizer.log"
-    echo "compute-sanitizer memcheck of test_cuda_tensor: FAILED (sanitizer.log)"
-    status=1
-  fi
-else
-  echo "compute-sanitizer: not found, memcheck skipped"
-fi
-# The map builders (voxelizer, rulebooks; test_backend_ops) and the executors (conv, pool and the
-# network's layers; test_cuda_conv) under memcheck, and under racecheck for shared memory
-# (Thrust's sorts and scans): both compare with the CPU on random inputs and on the data scans.
-for test in test_backend_ops test_cuda_conv; do
-  [ -x "$sanitizer" ] && [ -x "$build/tests/$test" ] || continue
-  log="$out/sanitizer-$test.log"
-  : >"$log"
-  for tool in memcheck racecheck; do
-    echo "### $tool" >>"$log"
-    if SPCONV_DATA_DIR=$data_dir timeout 600 "$sanitizer" --tool "$tool" --error-exitcode 1 \
-         "$build/tests/$test" >>"$log" 2>&1; then
-      echo "compute-sanitizer $tool of $test: clean"
-    else
-      tail -20 "$log"
-      echo "compute-sanitizer $tool of $test: FAILED ($(basename "$log"))"
-      status=1
-    fi
-  done
-done
-
-# ---- 4b. the PyTorch binding on CUDA ---------------------------------------------------------
-# The extension compiled just in time against this build, then python/tests/test_cuda_binding.py
-# (as a script: the machine may have no pytest): CUDA conv against the CPU, memory from torch's
-# caching allocator, work on torch's current stream. Its output goes to stdout and ctest.log.
-section "PyTorch binding on CUDA"
-if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  if SPCONV_C_BUILD_DIR=$build PYTHONPATH=$repo/python:$repo/python/tests timeout 600 \
-       python3 "$repo/python/tests/test_cuda_binding.py" >"$out/binding.tmp" 2>&1; then
-    echo "binding on CUDA: passed"
-  else
-    echo "binding on CUDA: FAILED"
-    status=1
-  fi
-  tail -15 "$out/binding.tmp"
-  { echo "### PyTorch binding on CUDA"; cat "$out/binding.tmp"; } >>"$out/ctest.log"
-  rm -f "$out/binding.tmp"
-else
-  echo "binding on CUDA: skipped (python3 with a CUDA torch not found)"
+# A library that sees no GPU skips every CUDA test and still passes: not on a GPU machine.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU' &&
+   [ -x "$build/tools/spconv" ] && "$build/tools/spconv" version | grep -q 'devices: 0'; then
+  verdict "devices: nvidia-smi lists a GPU but spconv sees none: every CUDA test skipped, FAILED"
+  status=1
 fi
 
-# ---- 5. benchmarks ---------------------------------------------------------------------------
-section "benchmarks"
-: >"$out/bench.log"
-benches=0
-for bench in "$build"/tools/bench_*; do
-  [ -x "$bench" ] || continue
-  # Asked of the source, not of `--help`: a program that ignores --help would run in full.
-  grep -q -- '--device' "tools/$(basename "$bench").c" 2>/dev/null || continue
-  benches=$((benches + 1))
-  for device in cuda cpu; do
-    echo "### $(basename "$bench") --device $device ${BENCH_ARGS:-}" >>"$out/bench.log"
-    # BENCH_ARGS is split into words on purpose: it holds options.
-    # shellcheck disable=SC2086
-    timeout 300 "$bench" --device "$device" ${BENCH_ARGS:-} >>"$out/bench.log" 2>&1 || {
-      echo "### exit status $? for $(basename "$bench") --device $device" >>"$out/bench.log"
-      status=1
-    }
-  done
-done
-echo "$benches benchmark program(s) with --device"
-
-# ---- 5b. whole networks (issue 11's targets) --------------------------------------------------
+# ---- 5. whole networks (issue 11's targets) ---------------------------------------------------
 # `spconv bench` on the device, rulebooks in every forward as spconv's benchmark counts them:
 # basic on spconv's own voxels in f16 and f32, forward and training backward, and SECOND on a
 # KITTI scan; each case also on the CPU for the ratio. The JSON's medians (on the GPU the device's
@@ -209,14 +162,21 @@ echo "$benches benchmark program(s) with --device"
 # large product of the same dtype, gather and scatter against the device's copy bandwidth;
 # basic-f16-ws64mib reruns basic-f16 under a 64 MiB conv workspace budget (more, smaller groups).
 section "network benchmarks"
+: >"$out/bench.log"
 spconv_cli=$build/tools/spconv
 net_case() { # name device args...
   local name=$1 device=$2
   shift 2
   # Not under $out: only a few files come back from the device machine.
   local json="$build/net-$name-$device.json"
+  local limit
+  limit=$(allow 60)
+  if [ "$limit" -eq 0 ]; then
+    verdict "spconv bench $name --device $device: skipped (budget spent)"
+    return
+  fi
   echo "### spconv-bench --device $device $*" >>"$out/bench.log"
-  if timeout 300 "$spconv_cli" bench "$@" --device "$device" --json "$json" >>"$out/bench.log" 2>&1; then
+  if timeout "$limit" "$spconv_cli" bench "$@" --device "$device" --json "$json" >>"$out/bench.log" 2>&1; then
     python3 - "$json" "$name" >>"$out/bench.log" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -240,8 +200,14 @@ if d.get("device_clock") and d.get("sgemm_peak_gflops"):
     print(f"result case={name}-device-copy median_ms=0 gflops=0 gbps={d.get('copy_gbps') or 0:.1f}")
 PY
   else
-    echo "### exit status $? for spconv bench $* --device $device" >>"$out/bench.log"
-    status=1
+    local rc=$?
+    echo "### exit status $rc for spconv bench $* --device $device" >>"$out/bench.log"
+    if [ "$rc" -eq 124 ]; then
+      verdict "spconv bench $name --device $device: cut short after $limit s"
+    else
+      verdict "spconv bench $name --device $device: FAILED (exit status $rc, bench.log)"
+      status=1
+    fi
   fi
 }
 if [ -x "$spconv_cli" ] && [ -f "$data_dir/spconv_test_indices.i32" ]; then
@@ -266,7 +232,105 @@ else
   echo "network benchmarks: skipped (no spconv CLI or no spconv_test_* data in $data_dir)"
 fi
 
-# ---- 6. summary table ------------------------------------------------------------------------
+# ---- 5b. the other benchmarks ------------------------------------------------------------------
+section "benchmarks"
+benches=0
+for bench in "$build"/tools/bench_*; do
+  [ -x "$bench" ] || continue
+  # Asked of the source, not of `--help`: a program that ignores --help would run in full.
+  grep -q -- '--device' "tools/$(basename "$bench").c" 2>/dev/null || continue
+  benches=$((benches + 1))
+  for device in cuda cpu; do
+    echo "### $(basename "$bench") --device $device ${BENCH_ARGS:-}" >>"$out/bench.log"
+    # BENCH_ARGS is split into words on purpose: it holds options.
+    # shellcheck disable=SC2086
+    limit=$(allow 60)
+    if [ "$limit" -eq 0 ]; then
+      verdict "$(basename "$bench") --device $device: skipped (budget spent)"
+      continue
+    fi
+    timeout "$limit" "$bench" --device "$device" ${BENCH_ARGS:-} >>"$out/bench.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 124 ]; then
+      verdict "$(basename "$bench") --device $device: cut short after $limit s"
+    elif [ "$rc" -ne 0 ]; then
+      echo "### exit status $rc for $(basename "$bench") --device $device" >>"$out/bench.log"
+      verdict "$(basename "$bench") --device $device: FAILED (exit status $rc, bench.log)"
+      status=1
+    fi
+  done
+done
+echo "$benches benchmark program(s) with --device"
+
+# ---- 6. the PyTorch binding on CUDA ----------------------------------------------------------
+# The extension compiled just in time against this build, then python/tests/test_cuda_binding.py
+# (as a script: the machine may have no pytest): CUDA conv against the CPU, memory from torch's
+# caching allocator, work on torch's current stream. Its output goes to stdout and ctest.log.
+section "PyTorch binding on CUDA"
+limit=$(allow 150)
+if [ "$limit" -eq 0 ]; then
+  verdict "binding on CUDA: skipped (budget spent)"
+elif python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  SPCONV_C_BUILD_DIR=$build PYTHONPATH=$repo/python:$repo/python/tests timeout "$limit" \
+    python3 "$repo/python/tests/test_cuda_binding.py" >"$build/binding.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    verdict "binding on CUDA: passed"
+  elif [ "$rc" -eq 124 ]; then
+    verdict "binding on CUDA: cut short after $limit s"
+  else
+    verdict "binding on CUDA: FAILED (ctest.log)"
+    status=1
+  fi
+  tail -15 "$build/binding.log"
+  { echo "### PyTorch binding on CUDA"; cat "$build/binding.log"; } >>"$out/ctest.log"
+else
+  verdict "binding on CUDA: skipped (python3 with a CUDA torch not found)"
+fi
+
+# ---- 7. compute-sanitizer, with the time left ------------------------------------------------
+# Out-of-bounds or misaligned device accesses can go unnoticed when results still compare
+# equal; memcheck reports them. racecheck sees only shared memory, which our kernels do not use:
+# it checks Thrust's and CUB's sorts and scans under the map builders. Every run appends to
+# sanitizer.log. A device the sanitizer refuses (as on gVisor machines: "Device not supported")
+# is a skip, not a failure; a run the budget cuts short is reported as such.
+section "compute-sanitizer"
+: >"$out/sanitizer.log"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+sanitize() { # tool test cap [extra sanitizer options]
+  local tool=$1 test=$2 cap=$3 limit rc
+  shift 3
+  if [ ! -x "$sanitizer" ]; then verdict "compute-sanitizer $tool of $test: skipped (not found)"; return; fi
+  if [ ! -x "$build/tests/$test" ]; then verdict "compute-sanitizer $tool of $test: skipped (not built)"; return; fi
+  limit=$(allow "$cap")
+  if [ "$limit" -eq 0 ]; then verdict "compute-sanitizer $tool of $test: skipped (budget spent)"; return; fi
+  echo "### $tool $test (limit $limit s)" >>"$out/sanitizer.log"
+  local log="$build/sanitizer-$tool-$test.log"
+  SPCONV_DATA_DIR=$data_dir timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 "$@" \
+    "$build/tests/$test" >"$log" 2>&1
+  rc=$?
+  cat "$log" >>"$out/sanitizer.log"
+  if grep -q 'Device not supported' "$log"; then
+    verdict "compute-sanitizer $tool of $test: skipped (the sanitizer does not support this device)"
+  elif [ "$rc" -eq 0 ]; then
+    verdict "compute-sanitizer $tool of $test: clean"
+  elif [ "$rc" -eq 124 ]; then
+    verdict "compute-sanitizer $tool of $test: cut short after $limit s (no error reported before)"
+    grep -q 'ERROR SUMMARY: [1-9]\|Invalid\|Race reported' "$log" && {
+      verdict "compute-sanitizer $tool of $test: errors before the cut, FAILED"; status=1; }
+  else
+    tail -20 "$log"
+    verdict "compute-sanitizer $tool of $test: FAILED (sanitizer.log)"
+    status=1
+  fi
+}
+# API errors are not reported for test_cuda_tensor: it provokes a failing cudaMalloc on purpose.
+sanitize memcheck test_cuda_tensor 60 --report-api-errors no
+sanitize memcheck test_backend_ops 120
+sanitize racecheck test_backend_ops 90
+sanitize memcheck test_cuda_conv 120
+
+# ---- 8. summary table ------------------------------------------------------------------------
 section "summary"
 python3 - "$out/ctest.xml" "$out/bench.log" <<'PY' | tee "$out/summary.txt"
 import re, sys
@@ -308,5 +372,10 @@ if results:
         print(f"{prog + ':' + case:<40} {ms(gpu):>9.3f} {float(gpu.get('gflops', 'nan')):>9.1f} "
               f"{float(gpu.get('gbps', 'nan')):>8.1f} {ms(cpu):>9.3f} {ratio:>7.1f}x")
 PY
-echo "gpu-check: $([ $status -eq 0 ] && echo OK || echo FAILED) (logs in $out)"
+{
+  echo
+  echo "steps:"
+  for v in "${verdicts[@]}"; do echo "  $v"; done
+  echo "gpu-check: $([ $status -eq 0 ] && echo OK || echo FAILED) in $(( $(date +%s) - started )) s of a $budget s budget (logs in $out)"
+} | tee -a "$out/summary.txt"
 exit $status
