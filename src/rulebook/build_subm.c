@@ -18,8 +18,8 @@
  * Large kernels (more than SPCONV_SUBM_BINS_ABOVE_PROBES probes), and builds with no more sites
  * than probes (a 255^3 kernel on a handful of sites), go through bins instead (site_bins.h): the
  * sites sorted by bin, each testing those of its at most 27 neighbouring bins, work bounded by the
- * pairs rather than N x KV/2 lookups; then a stable radix sort of the hits by offset, the same
- * rulebook. */
+ * pairs rather than N x KV/2 lookups; the hits are then counted and placed per (chunk, offset)
+ * or, for kernels of more than 2^16 offsets, radix-sorted by offset: the same rulebook. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
