@@ -5,7 +5,8 @@
  *
  * Weights are [KV, C_in, C_out] ("RSCK"), so out_rows += in_rows @ W[k]. Forward sums the offsets
  * in increasing k after the bias; the same inputs, device and thread count give bitwise-identical
- * outputs. CPU dtypes: f32 and f64 (all operands of one call share a dtype). Tensors may have any
+ * outputs. Dtypes: f32 and f64, and f16 and bf16 (summed in f32, each result rounded once; see
+ * conv/half.h in the sources); all operands of one call share a dtype. Tensors may have any
  * layout; outputs are new contiguous tensors on the inputs' device. The CPU results do not depend
  * on the thread count at all: work is cut into pieces fixed by the sizes alone.
  *

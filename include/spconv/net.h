@@ -32,10 +32,11 @@
  * Thread rules: a network holds state (running statistics, what backward needs, statistics of
  * the last pass), so one network is used by one thread at a time.
  *
- * Backends: the layers run on the backend of the input's device, in the network's dtype; a forward first checks that this backend has every kernel the network needs and
- * otherwise fails naming the first layer it could not run. The parameters live on the CPU. On
- * CUDA, batch norm, ReLU, save / concat and to-dense run today; convs and pooling wait for rulebooks
- * built on the device.
+ * Backends: every layer runs on the backend of the input's device (the CPU or a CUDA device), in
+ * the network's dtype; a forward first checks that this backend has every kernel the network
+ * needs and otherwise fails naming the first layer it could not run. The parameters are kept on
+ * the CPU (and copied to the input's device for its passes). The CPU and CUDA backends have every
+ * layer's kernels (README, "Backends").
  */
 #ifndef SPCONV_NET_H
 #define SPCONV_NET_H
@@ -263,8 +264,8 @@ void spconv_net_set_timing(spconv_net *net, spconv_net_timing timing);
 void spconv_net_set_progress(spconv_net *net, spconv_net_progress_fn fn, void *user);
 
 /**
- * Run the network on @p input (features [N, C_in] of the network's dtype, on the CPU; N = 0 is
- * valid). *out is the output: features [N_out, C_out] for a sparse output, or the dense map
+ * Run the network on @p input (features [N, C_in] of the network's dtype, on the CPU or a CUDA
+ * device, where every layer then runs; N = 0 is valid). *out is the output: features [N_out, C_out] for a sparse output, or the dense map
  * [B, C*D, H, W] (zeros where no site is) for a network ending in TO_DENSE; the map's memory is
  * reused by a later forward once every reference to it is released. @p out_sparse
  * (may be NULL) receives the last sparse tensor (before densifying), whose indices and spatial

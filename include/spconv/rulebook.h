@@ -2,7 +2,7 @@
  * @file rulebook.h
  * @brief Rulebooks: for each kernel offset, which input row feeds which output row.
  *
- * Geometry (DESIGN.md; cross-correlation like PyTorch conv3d, no kernel flip), per axis with
+ * Geometry (docs/design.md; cross-correlation like PyTorch conv3d, no kernel flip), per axis with
  * kernel K, stride s, padding p, dilation d:
  *  - regular conv / pooling: output o receives input i through offset k iff i + p - k*d = o*s,
  *    out = (in + 2p - d(K-1) - 1) / s + 1;

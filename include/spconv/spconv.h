@@ -5,7 +5,7 @@
  * Pipeline: points -> voxels (voxelize.h) -> sparse tensor (sparse.h) -> rulebooks (rulebook.h)
  * -> indice_conv forward/backward (conv.h), on the CPU and on CUDA GPUs, over the strided tensor
  * core of tensor.h. Conventions (coordinates (b, z, y, x), weights [KV, C_in, C_out], output
- * order) are fixed in DESIGN.md.
+ * order) are fixed in docs/design.md.
  *
  * Stability: the status numbers, dtype numbers and the function names in these headers are the
  * public contract of the 0.x series; struct layouts behind opaque handles are not.

@@ -38,7 +38,8 @@ typedef void (*spconv_deleter)(void *data, void *user);
 
 /* ---- storage ------------------------------------------------------------------------------ */
 
-/** Allocate @p nbytes on @p device (64-byte aligned on the CPU; cudaMalloc on CUDA). Contents are
+/** Allocate @p nbytes on @p device (64-byte aligned on the CPU; on CUDA from the backend's
+ *  stream-ordered pool, on the legacy stream; see docs/cuda.md). Contents are
  *  uninitialised. SPCONV_ERR_OUT_OF_MEMORY when the allocation fails. */
 spconv_status spconv_storage_create(spconv_device device, size_t nbytes, spconv_storage **out);
 

@@ -1,4 +1,10 @@
-/* Submanifold rulebooks. Outputs are the input sites. Neighbour columns nbr[k][o] (input row
+/* Submanifold rulebooks. Outputs are the input sites. Three builds give the same rulebook: the
+ * line walk (build_by_lines, below; kernels of up to LINES_MAX_OFFSETS + 1 offsets on grids whose
+ * lines (b, z, y) are few next to the sites, spconv__site_lines_fit), bins (large kernels and
+ * tiny inputs, at the end of this comment), and the hash table, which the rest of this comment
+ * describes and every other build uses.
+ *
+ * The table: neighbour columns nbr[k][o] (input row
  * reaching output o through offset k, or -1) are filled by probing the hash table, then compacted
  * column by column in increasing o, so the result does not depend on the thread count.
  *

@@ -11,7 +11,7 @@
 
 static const spconv_command commands[] = {
     {"version", "print the version, the build and the CUDA devices", spconv_cmd_version},
-    {"conv", "one sparse conv layer (regular, subm or transposed), forward and backward",
+    {"conv", "one sparse conv layer (regular, subm, transposed or inverse), forward and backward",
      spconv_cmd_conv},
     {"maxpool", "one sparse max pooling layer, forward and backward", spconv_cmd_maxpool},
     {"rulebook", "the rulebook (pairs per kernel offset) of a sparse conv", spconv_cmd_rulebook},
