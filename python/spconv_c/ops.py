@@ -344,9 +344,28 @@ def _call(op, *args):
     return op(*args)
 
 
+@torch.compiler.disable
+def _call_outside_graph(op, *args):
+    return op(*args)
+
+
+def _call_rulebook_op(op, *args):
+    """_call for the differentiable ops that take a rulebook (conv, max pool). Under
+    torch.compile, a call that records a gradient runs outside the compiled graph (a graph break):
+    traced, such an op reaches AOTAutograd through Python dispatch (its rulebook is a fake
+    torchbind object there), which skips the op's autograd formula, so its output came back
+    without requires_grad and a compiled model trained nothing
+    (python/tests/test_training.py, test_torch_compile_trains_as_eager). Inference calls trace as
+    before."""
+    if (torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        return _call_outside_graph(op, *args)
+    return _call(op, *args)
+
+
 def indice_conv(rulebook, features, weight, bias=None):
     """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
-    return _call(_ops.conv_forward, rulebook, features, weight, bias)
+    return _call_rulebook_op(_ops.conv_forward, rulebook, features, weight, bias)
 
 
 def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
@@ -361,7 +380,7 @@ def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
 
 def indice_maxpool(rulebook, features):
     """Differentiable max pool over ``rulebook`` (starts from -inf; NaN propagates)."""
-    return _call(_ops.maxpool_forward, rulebook, features)[0]
+    return _call_rulebook_op(_ops.maxpool_forward, rulebook, features)[0]
 
 
 def sparse_to_dense(features, indices, spatial_shape, batch_size):
