@@ -6,21 +6,25 @@ import torch
 from torch import nn
 
 
-def make_net(spconv, cin=4):
+def make_net(spconv, cin=4, ndim=3):
+    """The network of ``ndim``-d layers (spconv's SubMConv{ndim}d, ...), the same for 1, 2, 3."""
+    def layer(kind):
+        return getattr(spconv, f"{kind}{ndim}d")
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.stem = spconv.SparseSequential(
-                spconv.SubMConv3d(cin, 16, 3, padding=1, bias=False, indice_key="subm1"),
+                layer("SubMConv")(cin, 16, 3, padding=1, bias=False, indice_key="subm1"),
                 nn.BatchNorm1d(16), nn.ReLU())
             self.down = spconv.SparseSequential(
-                spconv.SparseConv3d(16, 32, 3, 2, 1, bias=False, indice_key="down1"), nn.ReLU())
-            self.mid = spconv.SubMConv3d(32, 32, 3, indice_key="subm2")
-            self.pw = spconv.SubMConv3d(32, 32, 1, indice_key="pw")
-            self.up = spconv.SparseInverseConv3d(32, 16, 3, indice_key="down1")
-            self.pool = spconv.SparseMaxPool3d(2, 2)
+                layer("SparseConv")(16, 32, 3, 2, 1, bias=False, indice_key="down1"), nn.ReLU())
+            self.mid = layer("SubMConv")(32, 32, 3, indice_key="subm2")
+            self.pw = layer("SubMConv")(32, 32, 1, indice_key="pw")
+            self.up = layer("SparseInverseConv")(32, 16, 3, indice_key="down1")
+            self.pool = layer("SparseMaxPool")(2, 2)
             self.head = spconv.SparseSequential(
-                spconv.SparseConvTranspose3d(32, 8, 2, 2, bias=True), spconv.ToDense())
+                layer("SparseConvTranspose")(32, 8, 2, 2, bias=True), spconv.ToDense())
 
         def forward(self, x):
             a = self.stem(x)
@@ -44,3 +48,14 @@ def kitti_voxels(path, voxel=0.4):
     indices = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords], 1)
     shape = list(reversed(gen.grid_size))
     return feats, indices, shape
+
+
+def flattened(feats, indices, shape, ndim):
+    """The voxels seen from above (2-d: the sites (b, y, x), bird's-eye view, as pillar networks
+    see a scan) or along x alone (1-d: (b, x)): the voxels of one column as one site, their
+    features summed."""
+    keep = [0, *range(4 - ndim, 4)]
+    sites, which = torch.unique(indices[:, keep], dim=0, return_inverse=True)
+    summed = torch.zeros(sites.shape[0], feats.shape[1], dtype=feats.dtype)
+    summed.index_add_(0, which, feats)
+    return summed, sites.int(), shape[3 - ndim:]

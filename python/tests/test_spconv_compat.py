@@ -1,6 +1,7 @@
-"""Drop-in: the same network (nets.make_net) built with spconv 2.3.8 and with spconv_c.pytorch,
-the same state_dict, the same KITTI input: same outputs and gradients. spconv runs with one
-thread (its CPU scatter-add races with more). Its CPU max pool starts from 0, ours from -inf:
+"""Drop-in: the same network (nets.make_net, of 3-d, 2-d and 1-d layers) built with spconv 2.3.8
+and with spconv_c.pytorch, the same state_dict, the same KITTI input (seen from above for 2-d,
+along x for 1-d): same outputs and gradients. spconv runs with one thread (its CPU scatter-add
+races with more). Its CPU max pool starts from 0, ours from -inf:
 the pooled features here follow a ReLU, so no window is all negative and both agree."""
 
 import os
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import spconv_c.pytorch as ours
-from nets import kitti_voxels, make_net
+from nets import flattened, kitti_voxels, make_net
 
 spconv = pytest.importorskip("spconv.pytorch", reason="spconv 2.3.8 is not installed")
 
@@ -44,11 +45,14 @@ def run(net, feats, indices, shape, lib):
     return skip.detach(), dense.detach(), f.grad, {n: p.grad for n, p in net.named_parameters()}
 
 
-def test_same_state_dict_same_results(data_dir, one_thread, seed):
+@pytest.mark.parametrize("ndim", [3, 2, 1])
+def test_same_state_dict_same_results(data_dir, one_thread, seed, ndim):
     torch.manual_seed(seed)
     feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
-    theirs = make_net(spconv)
-    mine = make_net(ours)
+    if ndim != 3:  # the scan from above (2-d: pillars), or along x (1-d)
+        feats, indices, shape = flattened(feats, indices, shape, ndim)
+    theirs = make_net(spconv, ndim=ndim)
+    mine = make_net(ours, ndim=ndim)
     missing = mine.load_state_dict(theirs.state_dict())  # unchanged: KRSC weights
     assert not missing.missing_keys and not missing.unexpected_keys
     # The pointwise layer: spconv reads its KRSC weight as a [C_in, C_out] reshape (#450).

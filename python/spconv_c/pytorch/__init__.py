@@ -1,17 +1,22 @@
 """spconv 2.x-compatible modules on the spconv-c engine: ``import spconv_c.pytorch as spconv``."""
 
-from .conv import (SparseConv3d, SparseConvolution, SparseConvTranspose3d, SparseInverseConv3d,
-                   SubMConv3d)
+from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConvolution,
+                   SparseConvTranspose1d, SparseConvTranspose2d, SparseConvTranspose3d,
+                   SparseInverseConv1d, SparseInverseConv2d, SparseInverseConv3d, SubMConv1d,
+                   SubMConv2d, SubMConv3d)
 from .core import SparseConvTensor
 from .modules import (RemoveGrid, SparseBatchNorm, SparseIdentity, SparseModule, SparseReLU,
                       SparseSequential, SparseSyncBatchNorm, ToDense, is_spconv_module)
-from .pool import SparseMaxPool, SparseMaxPool3d
+from .pool import SparseMaxPool, SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d
 from .utils import PointToVoxel
 from . import conv, core, modules, pool, utils  # noqa: F401
 
 ConvAlgo = None  # spconv's algorithm choice has no meaning here; algo= arguments are ignored
 
 __all__ = ["SparseConvTensor", "SparseModule", "SparseSequential", "SparseConvolution",
-           "SparseConv3d", "SubMConv3d", "SparseConvTranspose3d", "SparseInverseConv3d",
-           "SparseMaxPool", "SparseMaxPool3d", "ToDense", "RemoveGrid", "PointToVoxel",
-           "SparseBatchNorm", "SparseSyncBatchNorm", "SparseReLU", "SparseIdentity"]
+           "SparseConv1d", "SparseConv2d", "SparseConv3d", "SubMConv1d", "SubMConv2d",
+           "SubMConv3d", "SparseConvTranspose1d", "SparseConvTranspose2d",
+           "SparseConvTranspose3d", "SparseInverseConv1d", "SparseInverseConv2d",
+           "SparseInverseConv3d", "SparseMaxPool", "SparseMaxPool1d", "SparseMaxPool2d",
+           "SparseMaxPool3d", "ToDense", "RemoveGrid", "PointToVoxel", "SparseBatchNorm",
+           "SparseSyncBatchNorm", "SparseReLU", "SparseIdentity"]

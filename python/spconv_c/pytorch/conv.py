@@ -22,7 +22,8 @@ from torch.nn import init
 from torch.nn.parameter import Parameter
 
 from .. import ops
-from .core import IndiceEntry, SparseConvTensor, version_of
+from .core import (MAX_NDIM, IndiceEntry, SparseConvTensor, axes_of, extents_of, lift_shape,
+                   version_of)
 from .modules import SparseModule
 
 LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "0") == "1"
@@ -145,6 +146,54 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     return entry, rb, out_indices, out_shape
 
 
+def check_ndim(module, input):
+    """That ``input`` is a SparseConvTensor with as many spatial axes as the layer's."""
+    if not isinstance(input, SparseConvTensor):
+        raise TypeError(f"spconv_c: {type(module).__name__} takes a SparseConvTensor, got "
+                        f"{type(input).__name__}")
+    if len(input.spatial_shape) != module.ndim:
+        raise ValueError(f"spconv_c: {type(module).__name__} is a {module.ndim}-d layer; its "
+                         f"input is {len(input.spatial_shape)}-d (spatial_shape "
+                         f"{list(input.spatial_shape)})")
+
+
+def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, indice_key):
+    """rulebook_for on ``input`` of any ndim: returns (rb, out_indices, out_spatial_shape, lifted)
+    with the output's sites as the layer gives them (nd), and ``lifted`` their engine rows for
+    _derive (None for a 3-d layer). A 1-d / 2-d layer works in the engine's 3-d space on the
+    lifted sites (core.py's docstring); the cache under its indice_key holds those. Its outputs:
+    a subm layer's are the input's own indices (the same tensor); an inverse conv's are the nd
+    indices its paired conv took; others an int32 [M, ndim + 1] copy of the engine's rows."""
+    ndim = len(input.spatial_shape)
+    if ndim == MAX_NDIM:
+        _, rb, out_indices, out_shape = rulebook_for(input, kind, ksize, stride, padding, dilation,
+                                                     output_padding, indice_key)
+        return rb, out_indices, out_shape, None
+    sites = input.shadow_copy()  # shares the indice_dict
+    sites.indices, sites.spatial_shape = input.lifted_sites()
+    try:
+        entry, rb, rows, shape = rulebook_for(
+            sites, kind, lift_shape(ksize, 1), lift_shape(stride, 1), lift_shape(padding, 0),
+            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key)
+    except RuntimeError as e:
+        lead = MAX_NDIM - ndim
+        axes = axes_of(ndim)
+        raise RuntimeError(f"{e} (a {ndim}-d layer runs in the engine as a 3-d one: sites (b, "
+                           f"{'0, ' * lead}{axes}) in [{'1, ' * lead}{extents_of(ndim)}], kernel "
+                           f"{[1] * lead + list(ksize)})") from e
+    if kind == ops.SUBM:
+        out = input.indices
+    elif kind == ops.INVERSE and entry.nd_indices is not None:
+        out = entry.nd_indices
+        if version_of(out) is None or version_of(out) != entry.nd_version:
+            rows = None  # written into since: the next layer lifts what they hold now
+    else:
+        out = rows[:, [0, *range(MAX_NDIM + 1 - ndim, MAX_NDIM + 1)]]  # a copy
+        if kind != ops.INVERSE:
+            entry.nd_indices, entry.nd_version = input.indices, version_of(input.indices)
+    return rb, out, shape[MAX_NDIM - ndim:], rows
+
+
 class SparseConvolution(SparseModule):
     """Base of every sparse conv (checkpoint loaders test isinstance against it)."""
 
@@ -156,8 +205,9 @@ class SparseConvolution(SparseModule):
                  record_voxel_count=False, act_type=None, act_alpha=0, act_beta=0,
                  large_kernel_fast_algo=False, name=None, device=None, dtype=None):
         super().__init__(name=name)
-        if ndim != 3:
-            raise NotImplementedError("spconv_c: only 3-d sparse convolutions exist")
+        if not 1 <= ndim <= MAX_NDIM:
+            raise NotImplementedError(f"spconv_c: {ndim}-d sparse convolutions do not exist "
+                                      f"here (1-d, 2-d and 3-d do)")
         if groups != 1:
             raise NotImplementedError("spconv_c: groups != 1 is not supported (nor by spconv)")
         self.ndim = ndim
@@ -247,9 +297,7 @@ class SparseConvolution(SparseModule):
         """The layer, and with @p bn (an nn.BatchNorm1d in eval mode, inference only; see
         modules._fold_length) that batch norm and, with @p relu, a ReLU applied to the output in
         the same op."""
-        if not isinstance(input, SparseConvTensor):
-            raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
-                            f"{type(input).__name__}")
+        check_ndim(self, input)
         feats = input.features
         shape = feats.shape
         if len(shape) != 2 or shape[1] != self.in_channels:
@@ -276,10 +324,11 @@ class SparseConvolution(SparseModule):
                 raise RuntimeError(f"spconv_c: {type(self).__name__}: features must be floating "
                                    f"(float16, bfloat16, float32, float64), got {feats.dtype}")
             indices = input.indices
-            if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[1] != 4:
+            if (indices.dtype != torch.int32 or indices.dim() != 2
+                    or indices.shape[1] != self.ndim + 1):
                 raise RuntimeError(f"spconv_c: {type(self).__name__}: indices must be int32 "
-                                   f"[N, 4] rows (b, z, y, x), got {indices.dtype} "
-                                   f"{list(indices.shape)}")
+                                   f"[N, {self.ndim + 1}] rows (b, {axes_of(self.ndim)}), got "
+                                   f"{indices.dtype} {list(indices.shape)}")
             if feats.shape[0] != input.indices.shape[0]:
                 raise ValueError(f"spconv_c: {type(self).__name__}: {feats.shape[0]} feature "
                                  f"rows for {input.indices.shape[0]} sites (indices rows)")
@@ -299,53 +348,117 @@ class SparseConvolution(SparseModule):
                     out = out + bias
             result = input.replace_feature(out)
         else:
-            _, rb, out_indices, out_shape = rulebook_for(
+            rb, out_indices, out_shape, lifted = layer_sites(
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
                 self.output_padding, self.indice_key)
-            w = weight.permute(1, 2, 3, 4, 0)
+            # KRSC [C_out, *K, C_in] -> the engine's [KD, KH, KW, C_in, C_out], views only.
+            w = weight.permute(*range(1, self.ndim + 2), 0)
+            for _ in range(MAX_NDIM - self.ndim):
+                w = w.unsqueeze(0)
             if bn is None:
                 out = ops.indice_conv(rb, feats, w, bias)
             else:
                 out = ops.indice_conv_bn(rb, feats, w, bias, bn, relu)
-            result = input._derive(out, out_indices, out_shape)
+            result = input._derive(out, out_indices, out_shape, lifted)
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)
         return result
 
 
-class SparseConv3d(SparseConvolution):
+# spconv 2.x's layer classes, one per kind and ndim, with its constructor arguments. Each kind's
+# constructor is written once, in a private base whose subclasses only set NDIM, so that a
+# SubMConv2d is not an instance of SubMConv3d (user code tells layers apart by class).
+
+
+class _SparseConv(SparseConvolution):
+    NDIM = 3
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
                  record_voxel_count=False, large_kernel_fast_algo=False, name=None):
-        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
-                         record_voxel_count=record_voxel_count,
-                         large_kernel_fast_algo=large_kernel_fast_algo, name=name)
-
-
-class SubMConv3d(SparseConvolution):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
-                 large_kernel_fast_algo=False, name=None):
-        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, True, indice_key=indice_key, algo=algo,
-                         fp32_accum=fp32_accum, large_kernel_fast_algo=large_kernel_fast_algo,
-                         name=name)
-
-
-class SparseConvTranspose3d(SparseConvolution):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
-                 record_voxel_count=False, large_kernel_fast_algo=False, name=None):
-        super().__init__(3, in_channels, out_channels, kernel_size, stride, padding, dilation,
-                         groups, bias, transposed=True, indice_key=indice_key, algo=algo,
+        super().__init__(self.NDIM, in_channels, out_channels, kernel_size, stride, padding,
+                         dilation, groups, bias, indice_key=indice_key, algo=algo,
                          fp32_accum=fp32_accum, record_voxel_count=record_voxel_count,
                          large_kernel_fast_algo=large_kernel_fast_algo, name=name)
 
 
-class SparseInverseConv3d(SparseConvolution):
+class _SubMConv(SparseConvolution):
+    NDIM = 3
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
+                 large_kernel_fast_algo=False, name=None):
+        super().__init__(self.NDIM, in_channels, out_channels, kernel_size, stride, padding,
+                         dilation, groups, bias, True, indice_key=indice_key, algo=algo,
+                         fp32_accum=fp32_accum, large_kernel_fast_algo=large_kernel_fast_algo,
+                         name=name)
+
+
+class _SparseConvTranspose(SparseConvolution):
+    NDIM = 3
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, indice_key=None, algo=None, fp32_accum=None,
+                 record_voxel_count=False, large_kernel_fast_algo=False, name=None):
+        super().__init__(self.NDIM, in_channels, out_channels, kernel_size, stride, padding,
+                         dilation, groups, bias, transposed=True, indice_key=indice_key,
+                         algo=algo, fp32_accum=fp32_accum, record_voxel_count=record_voxel_count,
+                         large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class _SparseInverseConv(SparseConvolution):
+    NDIM = 3
+
     def __init__(self, in_channels, out_channels, kernel_size, indice_key, bias=True, algo=None,
                  fp32_accum=None, large_kernel_fast_algo=False, name=None):
-        super().__init__(3, in_channels, out_channels, kernel_size, bias=bias, inverse=True,
-                         indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
+        super().__init__(self.NDIM, in_channels, out_channels, kernel_size, bias=bias,
+                         inverse=True, indice_key=indice_key, algo=algo, fp32_accum=fp32_accum,
                          large_kernel_fast_algo=large_kernel_fast_algo, name=name)
+
+
+class SparseConv1d(_SparseConv):
+    NDIM = 1
+
+
+class SparseConv2d(_SparseConv):
+    NDIM = 2
+
+
+class SparseConv3d(_SparseConv):
+    NDIM = 3
+
+
+class SubMConv1d(_SubMConv):
+    NDIM = 1
+
+
+class SubMConv2d(_SubMConv):
+    NDIM = 2
+
+
+class SubMConv3d(_SubMConv):
+    NDIM = 3
+
+
+class SparseConvTranspose1d(_SparseConvTranspose):
+    NDIM = 1
+
+
+class SparseConvTranspose2d(_SparseConvTranspose):
+    NDIM = 2
+
+
+class SparseConvTranspose3d(_SparseConvTranspose):
+    NDIM = 3
+
+
+class SparseInverseConv1d(_SparseInverseConv):
+    NDIM = 1
+
+
+class SparseInverseConv2d(_SparseInverseConv):
+    NDIM = 2
+
+
+class SparseInverseConv3d(_SparseInverseConv):
+    NDIM = 3

@@ -1,17 +1,37 @@
-"""SparseConvTensor: features [N, C] + indices int32 [N, 4] (b, z, y, x) + spatial shape + batch
-size, and the indice_key cache (``indice_dict``) that the layers of one network share."""
+"""SparseConvTensor: features [N, C] + indices int32 [N, 1 + ndim] (b, z, y, x for 3-d; b, y, x
+for 2-d; b, x for 1-d) + spatial shape + batch size, and the indice_key cache (``indice_dict``)
+that the layers of one network share.
+
+The engine is 3-d. A 1-d or 2-d tensor's sites are lifted to it with leading axes of extent 1:
+(b, y, x) in [H, W] is the engine's (b, 0, y, x) in [1, H, W], and (b, x) in [W] is
+(b, 0, 0, x) in [1, 1, W]; a layer's kernel, stride, padding and dilation get 1, 1, 0, 1 on those
+axes. Along an axis of extent 1 a kernel of 1 pairs a site only with itself, so the lifted
+rulebook has exactly the pairs of the nd conv, in the same order (the lifted sites sort as the
+nd ones do). See docs/pytorch.md, "1-d and 2-d layers"."""
+
+import math
 
 import torch
 
 from .. import ops
 
+MAX_NDIM = 3
 
-def _shape3(spatial_shape):
-    """A spatial shape as a list of 3 Python ints (accepts lists, tuples, NumPy arrays, tensors)."""
+
+def _spatial_shape(spatial_shape):
+    """A spatial shape as a list of 1 to 3 Python ints (accepts lists, tuples, NumPy arrays,
+    tensors)."""
     shape = [int(v) for v in spatial_shape]
-    if len(shape) != 3:
-        raise ValueError(f"spconv_c: spatial_shape must have 3 values (D, H, W), got {shape}")
+    if not 1 <= len(shape) <= MAX_NDIM:
+        raise ValueError(f"spconv_c: spatial_shape must have 1, 2 or 3 values ([W], [H, W] or "
+                         f"[D, H, W]; the engine has no 4-d convolution), got {shape}")
     return shape
+
+
+def lift_shape(shape, fill):
+    """An nd list (a spatial shape, or a kernel's sizes, strides, ...) as the engine's 3 values:
+    ``fill`` on the leading axes an nd tensor lacks."""
+    return [fill] * (MAX_NDIM - len(shape)) + list(shape)
 
 
 def version_of(tensor):
@@ -20,12 +40,24 @@ def version_of(tensor):
     return None if tensor.is_inference() else tensor._version
 
 
+def axes_of(ndim):
+    """The names of an nd tensor's spatial axes: "y, x" for 2-d."""
+    return ", ".join(["z", "y", "x"][MAX_NDIM - ndim:])
+
+
+def extents_of(ndim):
+    """The names of an nd spatial shape's extents: "H, W" for 2-d."""
+    return ", ".join(["D", "H", "W"][MAX_NDIM - ndim:])
+
+
 class IndiceEntry:
     """What ``indice_dict[key]`` holds: one layer's rulebook and the geometry it was built for.
 
     ``indices`` / ``spatial_shape`` are the layer's input, ``out_indices`` /
-    ``out_spatial_shape`` its output; ``kind`` is ops.REGULAR, ops.SUBM or ops.TRANSPOSED (a pool
-    stores a REGULAR rulebook). ``inverse()`` is the rulebook of the inverse conv (built once).
+    ``out_spatial_shape`` its output, in the engine's 3-d space (a 1-d / 2-d layer's sites
+    lifted, see the module's docstring); ``kind`` is ops.REGULAR, ops.SUBM or ops.TRANSPOSED
+    (a pool stores a REGULAR rulebook). ``inverse()`` is the rulebook of the inverse conv (built
+    once).
     """
 
     def __init__(self, rulebook, kind, indices, spatial_shape, out_indices, out_spatial_shape,
@@ -37,6 +69,9 @@ class IndiceEntry:
         self.out_indices, self.out_spatial_shape = out_indices, out_spatial_shape
         self.ksize, self.stride, self.padding, self.dilation = ksize, stride, padding, dilation
         self.batch_size = batch_size
+        # For a 1-d / 2-d layer (whose sites above are the engine's lifted 3-d ones): the nd
+        # input indices, which its inverse conv gives back (set by the layer; else None).
+        self.nd_indices = self.nd_version = None
         # The versions of both index tensors when the rulebook was built: while a tensor is the
         # same object at the same version, nothing has written into it, and the next rulebook
         # on those sites need not check them again (rulebook_for).
@@ -58,7 +93,7 @@ class SparseConvTensor:
                  enable_timer=False, force_algo=None):
         self._features = features
         self.indices = indices
-        self.spatial_shape = _shape3(spatial_shape)
+        self.spatial_shape = _spatial_shape(spatial_shape)
         self.batch_size = int(batch_size)
         self.indice_dict = {} if indice_dict is None else indice_dict
         self.grid = grid
@@ -92,17 +127,50 @@ class SparseConvTensor:
         new.__dict__.update(self.__dict__)
         return new
 
-    def _derive(self, features, indices, spatial_shape):
-        """A layer's output: this tensor's attributes with new sites (spatial_shape a list of 3
-        ints)."""
+    def _derive(self, features, indices, spatial_shape, lifted=None):
+        """A layer's output: this tensor's attributes with new sites (spatial_shape a list of
+        ints). ``lifted``: for a 1-d / 2-d output, its sites as the engine's [M, 4] rows, which
+        the next layer takes as they are (see lifted_sites)."""
         new = self.shadow_copy()
         new._features, new.indices, new.spatial_shape = features, indices, spatial_shape
+        if lifted is not None:
+            new._lift = (indices, version_of(indices), lifted)
         return new
+
+    @torch.compiler.disable
+    def lifted_sites(self):
+        """(indices [N, 4], spatial shape [3]): this tensor's sites in the engine's 3-d space.
+        A 3-d tensor's are its own. A 1-d / 2-d tensor's are an int32 [N, 4] copy with zeros on
+        the leading axes, made once: it is kept with the nd indices it came from and used again
+        while they are the same tensor at the same version (nothing has written into them, not
+        even through a view), so the rulebook cache, which knows sites by tensor identity, knows
+        them from layer to layer."""
+        shape = self.spatial_shape
+        indices = self.indices
+        ndim = len(shape)
+        if ndim == MAX_NDIM:
+            return indices, shape
+        lifted = lift_shape(shape, 1)
+        kept = self.__dict__.get("_lift")
+        version = version_of(indices)
+        if (kept is not None and kept[0] is indices and version is not None
+                and kept[1] == version):
+            return kept[2], lifted
+        if (not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32
+                or indices.dim() != 2 or indices.shape[1] != ndim + 1):
+            got = (f"{indices.dtype} {list(indices.shape)}" if isinstance(indices, torch.Tensor)
+                   else type(indices).__name__)
+            raise RuntimeError(f"spconv_c: the indices of a {ndim}-d SparseConvTensor must be "
+                               f"int32 [N, {ndim + 1}] rows (b, {axes_of(ndim)}), got {got}")
+        rows = indices.new_zeros((indices.shape[0], MAX_NDIM + 1))
+        rows[:, 0] = indices[:, 0]
+        rows[:, MAX_NDIM + 1 - ndim:] = indices[:, 1:]
+        self._lift = (indices, version, rows)
+        return rows, lifted
 
     @property
     def spatial_size(self):
-        d, h, w = self.spatial_shape
-        return d * h * w
+        return math.prod(self.spatial_shape)
 
     def find_indice_pair(self, key):
         if key is None:
@@ -111,18 +179,21 @@ class SparseConvTensor:
 
     @classmethod
     def from_dense(cls, x):
-        """From a channels-last dense [B, D, H, W, C]: the sites where any channel is non-zero."""
+        """From a channels-last dense [B, *spatial, C] (1 to 3 spatial axes): the sites where any
+        channel is non-zero."""
         spatial_shape = list(x.shape[1:-1])
         indices = torch.nonzero(x.abs().sum(-1)).int()
-        features = x[indices[:, 0].long(), indices[:, 1].long(), indices[:, 2].long(),
-                     indices[:, 3].long()]
+        features = x[tuple(indices.long().t())]
         return cls(features, indices, spatial_shape, x.shape[0])
 
     def dense(self, channels_first=True):
-        """Dense [B, C, D, H, W] (channels_first) or [B, D, H, W, C]; differentiable."""
-        out = ops.sparse_to_dense(self._features, self.indices, self.spatial_shape,
-                                  self.batch_size)
-        return out if channels_first else out.permute(0, 2, 3, 4, 1).contiguous()
+        """Dense [B, C, *spatial] (channels_first) or [B, *spatial, C]; differentiable."""
+        indices, shape = self.lifted_sites()
+        out = ops.sparse_to_dense(self._features, indices, shape, self.batch_size)
+        ndim = len(self.spatial_shape)
+        if ndim != MAX_NDIM:
+            out = out.reshape(out.shape[0], out.shape[1], *self.spatial_shape)
+        return out if channels_first else out.movedim(1, -1).contiguous()
 
     @property
     def sparity(self):

@@ -248,7 +248,7 @@ def _relu_in_place(previous, module):
 
 
 class ToDense(SparseModule):
-    """SparseConvTensor -> dense [B, C, D, H, W]."""
+    """SparseConvTensor -> dense [B, C, *spatial] ([B, C, D, H, W] for 3-d)."""
 
     def forward(self, x):
         return x.dense()

@@ -1,0 +1,328 @@
+"""1-d and 2-d layers (spconv 2.x's SubMConv2d, SparseConv1d, SparseMaxPool2d, ...) against dense
+PyTorch (conv1d / conv2d, conv_transpose1d / 2d, max_pool1d / 2d) in float64 on fresh random
+geometries with a different kernel, stride, padding and dilation on each axis: outputs at the
+active sites (and nothing elsewhere), input and weight gradients. The oracle works on nd dense
+tensors of its own; it shares nothing with the lifting to the engine's 3-d space that the layers
+do (core.py).
+
+Tolerance: every output is a float64 sum of at most 3 * 3 * 4 products of values below ~10 in
+magnitude, so the two orders of summation differ by far less than 1e-12; 1e-10 is the dense
+oracle's tolerance elsewhere (test_dense_oracle.py), and a wrong pair or weight moves an output
+by O(1)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import spconv_c.pytorch as spconv
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+CONV = {1: F.conv1d, 2: F.conv2d}
+CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
+POOL = {1: F.max_pool1d, 2: F.max_pool2d}
+LAYERS = {1: (spconv.SparseConv1d, spconv.SubMConv1d, spconv.SparseConvTranspose1d,
+              spconv.SparseInverseConv1d, spconv.SparseMaxPool1d),
+          2: (spconv.SparseConv2d, spconv.SubMConv2d, spconv.SparseConvTranspose2d,
+              spconv.SparseInverseConv2d, spconv.SparseMaxPool2d)}
+
+
+def draw(gen, lo, hi, n=None):
+    if n is None:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+    return [int(v) for v in torch.randint(lo, hi + 1, (n,), generator=gen)]
+
+
+def sparse_input(gen, ndim, least=3):
+    """(features [N, C] float64 leaf, indices int32 [N, 1 + ndim], shape, batch, C)."""
+    batch = draw(gen, 1, 2)
+    shape = draw(gen, least, 9, ndim)
+    cells = batch * torch.tensor(shape).prod().item()
+    count = max(1, int((0.1 + 0.5 * float(torch.rand(1, generator=gen))) * cells))
+    flat = torch.randperm(cells, generator=gen)[:count]
+    cols = []
+    for n in reversed([batch] + shape):
+        cols.append(flat % n)
+        flat = flat // n
+    indices = torch.stack(list(reversed(cols)), 1).int()
+    cin = draw(gen, 1, 4)
+    feats = torch.randn(indices.shape[0], cin, generator=gen, dtype=torch.float64)
+    return feats.requires_grad_(True), indices, shape, batch, cin
+
+
+def to_dense(feats, indices, shape, batch, fill=0.0):
+    """Differentiable dense [B, C, *shape] with ``fill`` at empty sites."""
+    dense = torch.full((batch, *shape, feats.shape[1]), fill, dtype=feats.dtype)
+    dense = dense.index_put(tuple(indices.long().t()), feats)
+    return dense.movedim(-1, 1)
+
+
+def at(dense, indices):
+    """Rows [N, C] of dense [B, C, *shape] at ``indices``."""
+    return dense.movedim(1, -1)[tuple(indices.long().t())]
+
+
+def dense_weight(weight, transposed):
+    """spconv's KRSC [C_out, *K, C_in] as torch's [C_out, C_in, *K] (or [C_in, C_out, *K] for a
+    transposed conv)."""
+    w = weight.movedim(-1, 1)
+    return w.transpose(0, 1) if transposed else w
+
+
+def leaf(t):
+    return t.detach().clone().requires_grad_(True)
+
+
+def same_grads(out, ref, pairs, gen):
+    proj = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    ours = torch.autograd.grad((out * proj).sum(), [a for a, _ in pairs])
+    theirs = torch.autograd.grad((ref * proj).sum(), [b for _, b in pairs])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def nothing_else(y, dense, background):
+    """No site outside y's holds anything but ``background`` in the dense result."""
+    mask = torch.zeros(dense.shape[0], *dense.shape[2:], dtype=torch.bool)
+    mask[tuple(y.indices.long().t())] = True
+    rest = dense.detach().movedim(1, -1)[~mask]
+    if isinstance(background, float):  # -inf: a pool's empty windows
+        assert torch.isneginf(rest).all()
+    else:
+        assert rest.numel() == 0 or (rest - background).abs().max().item() < 1e-12
+
+
+def out_size(n, k, s, p, d):
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("trial", range(4))
+def test_regular_conv(seed, ndim, trial):
+    gen = torch.Generator().manual_seed(seed + trial)
+    feats, idx, shape, batch, cin = sparse_input(gen, ndim)
+    while True:  # per-axis geometry, redrawn until the output grid is not empty
+        k, s, p, d = draw(gen, 1, 3, ndim), draw(gen, 1, 3, ndim), draw(gen, 0, 2, ndim), \
+            draw(gen, 1, 2, ndim)
+        if all(out_size(*a) > 0 for a in zip(shape, k, s, p, d)) and \
+                not (k == [1] * ndim and s == [1] * ndim):
+            break
+    cout = draw(gen, 1, 4)
+    conv = LAYERS[ndim][0](cin, cout, k, s, p, d, bias=True).double()
+    assert list(conv.weight.shape) == [cout, *k, cin]  # spconv's KRSC
+    y = conv(spconv.SparseConvTensor(feats, idx, shape, batch))
+    assert y.indices.dtype == torch.int32 and list(y.indices.shape[1:]) == [ndim + 1]
+    f2, w2 = leaf(feats), leaf(conv.weight)
+    dense = CONV[ndim](to_dense(f2, idx, shape, batch), dense_weight(w2, False),
+                       conv.bias.detach(), s, p, d)
+    assert list(dense.shape[2:]) == y.spatial_shape
+    ref = at(dense, y.indices)
+    torch.testing.assert_close(y.features, ref, **TOL)
+    nothing_else(y, dense, conv.bias.detach())
+    same_grads(y.features, ref, [(feats, f2), (conv.weight, w2)], gen)
+    # the layer's own dense output: its features at its sites, zero elsewhere
+    torch.testing.assert_close(
+        y.dense(), to_dense(y.features.detach(), y.indices, y.spatial_shape, batch), **TOL)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("trial", range(4))
+def test_subm_conv(seed, ndim, trial):
+    gen = torch.Generator().manual_seed(seed + trial)
+    feats, idx, shape, batch, cin = sparse_input(gen, ndim)
+    k = [[1, 3, 5][draw(gen, 0, 2)] for _ in range(ndim)]
+    d = draw(gen, 1, 2, ndim)
+    cout = draw(gen, 1, 4)
+    conv = LAYERS[ndim][1](cin, cout, k, dilation=d, bias=False, indice_key="s").double()
+    x = spconv.SparseConvTensor(feats, idx, shape, batch)
+    y = conv(x)
+    assert y.indices is idx  # outputs in the input's rows, the same tensor
+    f2, w2 = leaf(feats), leaf(conv.weight)
+    dense = CONV[ndim](to_dense(f2, idx, shape, batch), dense_weight(w2, False), None, 1,
+                       [(kk // 2) * dd for kk, dd in zip(k, d)], d)
+    ref = at(dense, idx)
+    torch.testing.assert_close(y.features, ref, **TOL)
+    same_grads(y.features, ref, [(feats, f2), (conv.weight, w2)], gen)
+    # A second layer under the same key reuses the rulebook; on the same sites it is the same.
+    again = LAYERS[ndim][1](cout, cout, k, dilation=d, bias=False, indice_key="s").double()
+    z = again(y)
+    dense2 = CONV[ndim](to_dense(y.features.detach(), idx, shape, batch),
+                        dense_weight(again.weight.detach(), False), None, 1,
+                        [(kk // 2) * dd for kk, dd in zip(k, d)], d)
+    torch.testing.assert_close(z.features, at(dense2, idx), **TOL)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("trial", range(4))
+def test_transposed_conv(seed, ndim, trial):
+    gen = torch.Generator().manual_seed(seed + trial)
+    feats, idx, shape, batch, cin = sparse_input(gen, ndim)
+    while True:
+        k, s, p = draw(gen, 1, 3, ndim), draw(gen, 1, 3, ndim), draw(gen, 0, 1, ndim)
+        if all((n - 1) * ss - 2 * pp + kk > 0 for n, kk, ss, pp in zip(shape, k, s, p)) and \
+                not (k == [1] * ndim and s == [1] * ndim):
+            break
+    cout = draw(gen, 1, 4)
+    conv = LAYERS[ndim][2](cin, cout, k, s, p, bias=True).double()
+    y = conv(spconv.SparseConvTensor(feats, idx, shape, batch))
+    f2, w2 = leaf(feats), leaf(conv.weight)
+    dense = CONV_T[ndim](to_dense(f2, idx, shape, batch), dense_weight(w2, True),
+                         conv.bias.detach(), s, p)
+    assert list(dense.shape[2:]) == y.spatial_shape
+    ref = at(dense, y.indices)
+    torch.testing.assert_close(y.features, ref, **TOL)
+    nothing_else(y, dense, conv.bias.detach())
+    same_grads(y.features, ref, [(feats, f2), (conv.weight, w2)], gen)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("trial", range(4))
+def test_inverse_conv(seed, ndim, trial):
+    gen = torch.Generator().manual_seed(seed + trial)
+    feats, idx, shape, batch, cin = sparse_input(gen, ndim)
+    k, s = draw(gen, 2, 3, ndim), draw(gen, 1, 2, ndim)
+    cout = draw(gen, 1, 4)
+    down = LAYERS[ndim][0](cin, cout, k, s, bias=False, indice_key="d").double()
+    up = LAYERS[ndim][3](cout, cin, k, indice_key="d").double()
+    mid = down(spconv.SparseConvTensor(feats, idx, shape, batch))
+    mid_feats = leaf(mid.features)
+    y = up(mid.replace_feature(mid_feats))
+    assert y.indices is idx and y.spatial_shape == shape  # the paired conv's input rows
+    # Oracle: the transposed conv of the down conv's geometry, read at the input sites (sites
+    # past the last stride step have no pairs: zero-padded).
+    f2, w2 = leaf(mid_feats), leaf(up.weight)
+    full = CONV_T[ndim](to_dense(f2, mid.indices, mid.spatial_shape, batch),
+                        dense_weight(w2, True), None, s)
+    pad = []
+    for n, m in reversed(list(zip(shape, full.shape[2:]))):
+        pad += [0, max(0, n - m)]
+    ref = at(F.pad(full, pad), idx) + up.bias.detach()
+    torch.testing.assert_close(y.features, ref, **TOL)
+    same_grads(y.features, ref, [(mid_feats, f2), (up.weight, w2)], gen)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("trial", range(4))
+def test_max_pool(seed, ndim, trial):
+    gen = torch.Generator().manual_seed(seed + trial)
+    feats, idx, shape, batch, _ = sparse_input(gen, ndim)
+    while True:
+        k, s = draw(gen, 1, 3, ndim), draw(gen, 1, 2, ndim)
+        p = [draw(gen, 0, kk // 2) for kk in k]
+        if all(out_size(n, kk, ss, pp, 1) > 0 for n, kk, ss, pp in zip(shape, k, s, p)):
+            break
+    feats = leaf(feats.detach() - 1.0)  # many all-negative windows: the pool starts from -inf
+    y = LAYERS[ndim][4](k, s, p)(spconv.SparseConvTensor(feats, idx, shape, batch))
+    f2 = leaf(feats)
+    dense = POOL[ndim](to_dense(f2, idx, shape, batch, fill=float("-inf")), k, s, p)
+    assert list(dense.shape[2:]) == y.spatial_shape
+    ref = at(dense, y.indices)
+    torch.testing.assert_close(y.features, ref, **TOL)
+    nothing_else(y, dense, float("-inf"))
+    same_grads(y.features, ref, [(feats, f2)], gen)
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_dense_and_from_dense(seed, ndim):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, _ = sparse_input(gen, ndim)
+    x = spconv.SparseConvTensor(feats, idx, shape, batch)
+    ref = to_dense(leaf(feats), idx, shape, batch)
+    torch.testing.assert_close(x.dense(), ref, **TOL)
+    torch.testing.assert_close(spconv.ToDense()(x), ref, **TOL)
+    torch.testing.assert_close(x.dense(channels_first=False), ref.movedim(1, -1), **TOL)
+    assert x.spatial_size == torch.tensor(shape).prod().item()
+    back = spconv.SparseConvTensor.from_dense(ref.detach().movedim(1, -1))
+    assert back.spatial_shape == shape and back.indices.shape[1] == ndim + 1
+    order = lambda t: torch.argsort(  # noqa: E731
+        sum(t[:, i].long() * 10 ** (2 * (ndim - i)) for i in range(ndim + 1)))
+    torch.testing.assert_close(back.indices[order(back.indices)], idx[order(idx)], rtol=0,
+                               atol=0)
+    (g,) = torch.autograd.grad((x.dense() * ref.detach()).sum(), [feats])
+    torch.testing.assert_close(g, feats.detach(), **TOL)
+
+
+def test_gradcheck_2d(seed):
+    gen = torch.Generator().manual_seed(seed)
+    _, idx, shape, batch, cin = sparse_input(gen, 2, least=5)  # 4 after the pool: room for down
+    pool = spconv.SparseMaxPool2d(2, 1)
+    sub = spconv.SubMConv2d(cin, 2, [3, 1], bias=True).double()
+    down = spconv.SparseConv2d(2, 3, [2, 3], [2, 1], bias=False).double()
+    call = torch.func.functional_call
+
+    def net(x, w1, w2):
+        t = pool(spconv.SparseConvTensor(x, idx, shape, batch))
+        t = call(sub, {"weight": w1, "bias": sub.bias}, (t,))
+        return call(down, {"weight": w2}, (t,)).features
+
+    # Distinct features 1/4 apart, so that gradcheck's steps (1e-6) never change a pool's
+    # choice; the pool comes first, on them.
+    x = leaf(torch.randperm(idx.shape[0] * cin, generator=gen).double().view(-1, cin) / 4)
+    assert torch.autograd.gradcheck(net, (x, leaf(sub.weight), leaf(down.weight)))
+
+
+def test_nd_errors():
+    idx = torch.tensor([[0, 1, 2], [0, 3, 3]], dtype=torch.int32)
+    x = spconv.SparseConvTensor(torch.randn(2, 2), idx, [5, 6], 1)
+    with pytest.raises(ValueError, match="SubMConv3d is a 3-d layer; its input is 2-d"):
+        spconv.SubMConv3d(2, 3, 3)(x)
+    with pytest.raises(ValueError, match="SparseMaxPool1d is a 1-d layer; its input is 2-d"):
+        spconv.SparseMaxPool1d(2)(x)
+    with pytest.raises(ValueError, match="spatial_shape must have 1, 2 or 3 values"):
+        spconv.SparseConvTensor(torch.randn(2, 2), idx, [2, 2, 2, 2], 1)
+    with pytest.raises(NotImplementedError, match="4-d sparse convolutions do not exist"):
+        spconv.SparseConvolution(4, 2, 3)
+    bad = spconv.SparseConvTensor(torch.randn(2, 2), idx[:, :2].contiguous(), [5, 6], 1)
+    with pytest.raises(RuntimeError, match=r"2-d SparseConvTensor must be int32 \[N, 3\]"):
+        spconv.SubMConv2d(2, 3, 3)(bad)
+    with pytest.raises(RuntimeError, match=r"int32 \[N, 3\] rows \(b, y, x\)"):
+        spconv.SubMConv2d(2, 3, 1)(bad)  # the 1x1 path, which builds no rulebook
+    far = spconv.SparseConvTensor(torch.randn(2, 2), idx + torch.tensor([0, 0, 9],
+                                                                         dtype=torch.int32),
+                                  [5, 6], 1)
+    with pytest.raises(RuntimeError, match=r"outside spatial shape .*a 2-d layer runs in the "
+                       r"engine as a 3-d one: sites \(b, 0, y, x\) in \[1, H, W\], kernel "
+                       r"\[1, 3, 3\]"):
+        spconv.SparseConv2d(2, 3, 3)(far)
+
+
+def test_written_indices_are_lifted_again(seed):
+    # The lifted rows are kept with the nd indices they came from while nothing writes into
+    # them; after an in-place write the next layer must see the new sites, not the kept rows.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, 2)
+    conv = spconv.SparseConv2d(cin, 2, 3, 1, 1, bias=False).double()
+    x = spconv.SparseConvTensor(feats.detach(), idx.clone(), shape, batch)
+    conv(x)
+    kept = x._lift[2]
+    assert conv(x) is not None and x._lift[2] is kept  # unchanged indices: the same rows
+    free = [(b, i, j) for b in range(batch) for i in range(shape[0]) for j in range(shape[1])
+            if not ((idx[:, 0] == b) & (idx[:, 1] == i) & (idx[:, 2] == j)).any()]
+    if not free:
+        pytest.skip("every site is active: no free site to move a row to")
+    x.indices[0] = torch.tensor(free[0], dtype=torch.int32)  # in place
+    y = conv(x)
+    fresh = conv(spconv.SparseConvTensor(feats.detach(), x.indices.clone(), shape, batch))
+    assert torch.equal(y.indices, fresh.indices)
+    torch.testing.assert_close(y.features, fresh.features, rtol=0, atol=0)
+
+
+def test_torch_compile_2d_matches_eager(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, 2, least=6)
+    torch.manual_seed(seed)
+    net = spconv.SparseSequential(
+        spconv.SubMConv2d(cin, 8, 3, indice_key="s1"), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+        spconv.SparseConv2d(8, 8, 3, 2, 1, indice_key="d1"), spconv.SubMConv2d(8, 8, 3),
+        spconv.SparseInverseConv2d(8, 4, 3, indice_key="d1"), spconv.SparseMaxPool2d(2, 2),
+        spconv.ToDense()).double().eval()
+
+    def run(model):
+        x = feats.detach().clone().requires_grad_(True)
+        out = model(spconv.SparseConvTensor(x, idx, shape, batch))
+        (g,) = torch.autograd.grad(out.square().sum(), [x])
+        return out, g
+
+    eager = run(net)
+    compiled = run(torch.compile(net, backend="aot_eager"))
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, **TOL)
