@@ -34,6 +34,16 @@ def gather_dense(dense, indices):
     return dense.permute(0, 2, 3, 4, 1)[i[:, 0], i[:, 1], i[:, 2], i[:, 3]]
 
 
+def check_grads(out_sparse, out_dense_at_sites, params, gen, **tolerance):
+    """The same random projection of both outputs as a loss; the gradients with respect to
+    ``params`` (pairs: ours, the oracle's) must agree within ``tolerance``."""
+    proj = torch.randn(out_sparse.shape, generator=gen, dtype=out_sparse.dtype)
+    ours = torch.autograd.grad((out_sparse * proj).sum(), [p for p, _ in params])
+    theirs = torch.autograd.grad((out_dense_at_sites * proj).sum(), [q for _, q in params])
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **tolerance)
+
+
 def krsc_to_oidhw(weight):
     return weight.permute(0, 4, 1, 2, 3)
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import spconv_c.pytorch as spconv
+import helpers
 from helpers import gather_dense, krsc_to_iodhw, krsc_to_oidhw, random_sparse, scatter_dense
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -26,12 +27,7 @@ def make_input(gen, g):
 
 
 def check_grads(out_sparse, out_dense_at_sites, params, gen):
-    """Same loss on both, compare gradients with respect to ``params`` (pairs: ours, oracle)."""
-    proj = torch.randn(out_sparse.shape, generator=gen, dtype=out_sparse.dtype)
-    ours = torch.autograd.grad((out_sparse * proj).sum(), [p for p, _ in params])
-    theirs = torch.autograd.grad((out_dense_at_sites * proj).sum(), [q for _, q in params])
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, **TOL)
+    helpers.check_grads(out_sparse, out_dense_at_sites, params, gen, **TOL)
 
 
 def oracle_leaves(feats, weight):
