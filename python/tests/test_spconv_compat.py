@@ -86,3 +86,21 @@ def test_max_pool_starts_from_minus_infinity(one_thread):
     feats = torch.tensor([[-1.0], [-2.0]])
     y = ours.SparseMaxPool3d(2, 2)(ours.SparseConvTensor(feats, idx, [2, 2, 2], 1))
     assert y.features.item() == -1.0
+
+
+def test_sparse_add_same_as_spconv(data_dir, one_thread, seed):
+    # Two operands on partly shared sites of the KITTI scan: the same sites in the same (sorted)
+    # order, the same sums (each site adds at most one value to another: the same bits).
+    feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
+    gen = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(indices.shape[0], generator=gen)
+    a_rows, b_rows = pick[: 2 * len(pick) // 3], pick[len(pick) // 3:]
+    other = torch.randn(len(b_rows), feats.shape[1], generator=gen)
+    results = []
+    for lib in (spconv, ours):
+        a = lib.SparseConvTensor(feats[a_rows], indices[a_rows], shape, 1)
+        b = lib.SparseConvTensor(other, indices[b_rows], shape, 1)
+        s = lib.functional.sparse_add(a, b)
+        results.append((s.indices, s.features.detach()))
+    assert torch.equal(results[1][0], results[0][0])
+    assert torch.equal(results[1][1], results[0][1])

@@ -7,9 +7,12 @@ from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConvolution,
 from .core import SparseConvTensor
 from .modules import (RemoveGrid, SparseBatchNorm, SparseIdentity, SparseModule, SparseReLU,
                       SparseSequential, SparseSyncBatchNorm, ToDense, is_spconv_module)
-from .pool import SparseMaxPool, SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d
+from .pool import (SparseAvgPool, SparseAvgPool1d, SparseAvgPool2d, SparseAvgPool3d,
+                   SparseGlobalAvgPool, SparseGlobalMaxPool, SparseMaxPool, SparseMaxPool1d,
+                   SparseMaxPool2d, SparseMaxPool3d)
+from .tables import AddTable, AddTableMisaligned, ConcatTable, JoinTable
 from .utils import PointToVoxel
-from . import conv, core, modules, pool, utils  # noqa: F401
+from . import conv, core, functional, modules, pool, tables, utils  # noqa: F401
 
 ConvAlgo = None  # spconv's algorithm choice has no meaning here; algo= arguments are ignored
 
@@ -18,5 +21,8 @@ __all__ = ["SparseConvTensor", "SparseModule", "SparseSequential", "SparseConvol
            "SubMConv3d", "SparseConvTranspose1d", "SparseConvTranspose2d",
            "SparseConvTranspose3d", "SparseInverseConv1d", "SparseInverseConv2d",
            "SparseInverseConv3d", "SparseMaxPool", "SparseMaxPool1d", "SparseMaxPool2d",
-           "SparseMaxPool3d", "ToDense", "RemoveGrid", "PointToVoxel", "SparseBatchNorm",
-           "SparseSyncBatchNorm", "SparseReLU", "SparseIdentity"]
+           "SparseMaxPool3d", "SparseAvgPool", "SparseAvgPool1d", "SparseAvgPool2d",
+           "SparseAvgPool3d", "SparseGlobalMaxPool", "SparseGlobalAvgPool", "JoinTable",
+           "AddTable", "AddTableMisaligned", "ConcatTable", "ToDense", "RemoveGrid",
+           "PointToVoxel", "SparseBatchNorm", "SparseSyncBatchNorm", "SparseReLU",
+           "SparseIdentity"]

@@ -1,13 +1,20 @@
-"""Sparse max pooling (spconv 2.x's SparseMaxPool1d / 2d / 3d). Starts from -inf, not from 0 as
-spconv's CPU pool does, so all-negative windows give their maximum; ties go to the smallest
-offset."""
+"""Sparse pooling: spconv 2.x's SparseMaxPool1d / 2d / 3d, SparseAvgPool1d / 2d / 3d and the
+global pools. Max pooling starts from -inf, not from 0 as spconv's CPU pool does, so
+all-negative windows give their maximum; ties go to the smallest offset."""
+
+import torch
 
 from .. import ops
 from .conv import MAX_NDIM, check_ndim, expand_nd, layer_sites
+from .core import SparseConvTensor
 from .modules import SparseModule
 
 
-class SparseMaxPool(SparseModule):
+class _WindowPool(SparseModule):
+    """What the max and average pools share: spconv's constructor, the window's geometry."""
+
+    KIND = "max"
+
     def __init__(self, ndim, kernel_size=3, stride=None, padding=0, dilation=1, indice_key=None,
                  subm=False, algo=None, record_voxel_count=False, name=None):
         super().__init__(name=name)
@@ -15,7 +22,8 @@ class SparseMaxPool(SparseModule):
             raise NotImplementedError(f"spconv_c: {ndim}-d pooling does not exist here (1-d, "
                                       f"2-d and 3-d do)")
         if subm:
-            raise NotImplementedError("spconv_c: submanifold max pooling is not supported")
+            raise NotImplementedError(f"spconv_c: submanifold {self.KIND} pooling is not "
+                                      f"supported")
         self.ndim = ndim
         self.kernel_size = expand_nd(ndim, kernel_size)
         self.stride = list(self.kernel_size) if stride is None else expand_nd(ndim, stride)
@@ -30,11 +38,15 @@ class SparseMaxPool(SparseModule):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}")
 
-    def forward(self, input):
+    def _sites(self, input):
         check_ndim(self, input)
-        rb, out_indices, out_shape, lifted = layer_sites(
-            input, ops.REGULAR, self.kernel_size, self.stride, self.padding, self.dilation,
-            [0] * self.ndim, self.indice_key)
+        return layer_sites(input, ops.REGULAR, self.kernel_size, self.stride, self.padding,
+                           self.dilation, [0] * self.ndim, self.indice_key)
+
+
+class SparseMaxPool(_WindowPool):
+    def forward(self, input):
+        rb, out_indices, out_shape, lifted = self._sites(input)
         out = ops.indice_maxpool(rb, input.features)
         return input._derive(out, out_indices, out_shape, lifted)
 
@@ -58,3 +70,96 @@ class SparseMaxPool2d(_SparseMaxPoolNd):
 
 class SparseMaxPool3d(_SparseMaxPoolNd):
     NDIM = 3
+
+
+# ---- average pooling --------------------------------------------------------------------------
+
+@torch.compiler.disable
+def _window_means(rb, features):
+    """Each output's mean over the active inputs of its window (the pairs of ``rb``), summed
+    offset after offset in increasing k, each offset one index_add without repeated rows (so the
+    sums are the same bits on every device and run); 16-bit features are summed in float32 and
+    rounded once. Differentiable through PyTorch's own ops."""
+    if rb.num_out() == 0:
+        return features[:0]  # no windows: an empty output that autograd still reaches
+    offsets = rb.pair_offsets().tolist()
+    rows_in, rows_out = rb.pairs_in().long(), rb.pairs_out().long()
+    acc = torch.float32 if features.dtype in (torch.float16, torch.bfloat16) else features.dtype
+    total = features.new_zeros((rb.num_out(), features.shape[1]), dtype=acc)
+    for begin, end in zip(offsets[:-1], offsets[1:]):
+        if end > begin:
+            total.index_add_(0, rows_out[begin:end], features[rows_in[begin:end]].to(acc))
+    # Every output of a regular rulebook has a pair: the counts are >= 1.
+    count = torch.bincount(rows_out, minlength=rb.num_out()).to(acc)
+    return (total / count.unsqueeze(1)).to(features.dtype)
+
+
+class SparseAvgPool(_WindowPool):
+    """spconv 2.x's SparseAvgPool: each output site's features are the mean over the active input
+    sites of its window (not over the window's volume), as spconv's counts make them. spconv
+    2.3.8 runs it on CUDA only; here it runs on both devices, through the engine's rulebook."""
+
+    KIND = "average"
+
+    def forward(self, input):
+        rb, out_indices, out_shape, lifted = self._sites(input)
+        return input._derive(_window_means(rb, input.features), out_indices, out_shape, lifted)
+
+
+class _SparseAvgPoolNd(SparseAvgPool):
+    NDIM = 3
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, indice_key=None,
+                 algo=None, record_voxel_count=False, name=None):
+        super().__init__(self.NDIM, kernel_size, stride, padding, dilation, indice_key=indice_key,
+                         algo=algo, record_voxel_count=record_voxel_count, name=name)
+
+
+class SparseAvgPool1d(_SparseAvgPoolNd):
+    NDIM = 1
+
+
+class SparseAvgPool2d(_SparseAvgPoolNd):
+    NDIM = 2
+
+
+class SparseAvgPool3d(_SparseAvgPoolNd):
+    NDIM = 3
+
+
+# ---- global pooling ---------------------------------------------------------------------------
+
+class _GlobalPool(SparseModule):
+    """Dense [B, C]: per batch entry, the maximum (or mean) of its sites' features; a batch entry
+    without sites gives zeros. One reduction per entry, so the results do not depend on the
+    sites' order in memory beyond what the reduction itself does, and never on atomics."""
+
+    MEAN = False
+
+    def forward(self, input):
+        if not isinstance(input, SparseConvTensor):
+            raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
+                            f"{type(input).__name__}")
+        feats, batch = input.features, input.indices[:, 0]
+        rows = []
+        for b in range(input.batch_size):
+            f = feats[batch == b]
+            if f.shape[0] == 0:
+                rows.append(feats.new_zeros(feats.shape[1]))
+            elif self.MEAN:
+                acc = torch.float32 if f.dtype in (torch.float16, torch.bfloat16) else f.dtype
+                rows.append(f.to(acc).mean(0).to(f.dtype))
+            else:
+                rows.append(f.max(0).values)
+        return torch.stack(rows) if rows else feats.new_zeros((0, feats.shape[1]))
+
+
+class SparseGlobalMaxPool(_GlobalPool):
+    """spconv 2.x's SparseGlobalMaxPool: [B, C], each batch entry's maximum per channel."""
+
+
+class SparseGlobalAvgPool(_GlobalPool):
+    """spconv 2.x's SparseGlobalAvgPool, as meant: [B, C], each batch entry's mean per channel.
+    (spconv 2.3.8's takes element [0] of each mean and returns [B], the first channel's means.)"""
+
+    MEAN = True

@@ -1,0 +1,51 @@
+"""spconv 2.x's ``spconv.pytorch.functional`` helpers that work on whole sparse tensors."""
+
+import torch
+
+from .core import SparseConvTensor
+
+
+def _check_alike(tensors, what):
+    if not tensors:
+        raise ValueError(f"spconv_c: {what} takes at least one SparseConvTensor")
+    first = tensors[0]
+    for i, t in enumerate(tensors):
+        if not isinstance(t, SparseConvTensor):
+            raise TypeError(f"spconv_c: {what}: operand {i} is a {type(t).__name__}, not a "
+                            f"SparseConvTensor")
+        if (list(t.spatial_shape) != list(first.spatial_shape)
+                or t.batch_size != first.batch_size
+                or t.features.shape[1:] != first.features.shape[1:]):
+            raise ValueError(f"spconv_c: {what}: operand {i} (spatial shape "
+                             f"{list(t.spatial_shape)}, batch size {t.batch_size}, features "
+                             f"{list(t.features.shape)}) does not match operand 0 (spatial shape "
+                             f"{list(first.spatial_shape)}, batch size {first.batch_size}, "
+                             f"features {list(first.features.shape)})")
+        if t.features.shape[0] != t.indices.shape[0]:
+            raise ValueError(f"spconv_c: {what}: operand {i} has {t.features.shape[0]} feature "
+                             f"rows for {t.indices.shape[0]} sites")
+
+
+def sparse_add(*tensors):
+    """The sum of sparse tensors of one shape whose sites may differ: a site of several operands
+    gets the sum of their features. The sites are the union, sorted by (b, z, y, x) as spconv's
+    sparse_add (sort + unique) sorts them. Each operand is added by one index_add without
+    repeated rows, in the operands' order, so the sums are the same bits on every device and run.
+    As in spconv, the result keeps the indice_key cache of the largest operand only when the
+    union is no larger than it (its sites are then the union); otherwise it starts a new one."""
+    _check_alike(tensors, "sparse_add")
+    first = tensors[0]
+    everything = torch.cat([t.indices for t in tensors])
+    sites, where = torch.unique(everything, dim=0, return_inverse=True)
+    feats = first.features.new_zeros((sites.shape[0], first.features.shape[1]))
+    begin = 0
+    for t in tensors:
+        end = begin + t.indices.shape[0]
+        feats = feats.index_add(0, where[begin:end], t.features.to(feats.dtype))
+        begin = end
+    largest = max(tensors, key=lambda t: t.indices.shape[0])
+    out = SparseConvTensor(feats, sites.to(first.indices.dtype).contiguous(), first.spatial_shape,
+                           first.batch_size)
+    if sites.shape[0] == largest.indices.shape[0]:
+        out.indice_dict = largest.indice_dict
+    return out
