@@ -1,7 +1,6 @@
 """One network written once against spconv 2.x's API; built with spconv itself or with
 spconv_c.pytorch (the drop-in test changes only the module namespace)."""
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,6 +39,8 @@ def make_net(spconv, cin=4, ndim=3):
 
 def kitti_voxels(path, voxel=0.4):
     """A KITTI scan in a 40 m x 40 m x 4 m box as (features [N, 4] f32, indices [N, 4], shape)."""
+    import numpy as np  # imported here: the GPU check runs make_net where NumPy may be missing
+
     pts = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
     import spconv_c.pytorch as ours
     gen = ours.PointToVoxel([voxel] * 3, [0, -20, -3, 40, 20, 1], 4, 40000, 5)
