@@ -323,3 +323,24 @@ def test_torch_compile_2d_matches_eager(seed):
     compiled = run(torch.compile(net, backend="aot_eager"))
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, **TOL)
+
+
+def test_key_of_another_ndim_is_refused(seed):
+    # Lifted, a 1-d tensor and a 2-d one of height 1 (or a 3-d one of depth 1) have alike
+    # sites; a key holds the ndim of the layer that stored it, and one of another ndim refuses it.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, 1)
+    x1 = spconv.SparseConvTensor(feats, idx, shape, batch)
+    down = spconv.SparseConv1d(cin, 2, 3, 2, 1, indice_key="k").double()
+    mid = down(x1)
+    flat = mid.indices
+    as_2d = spconv.SparseConvTensor(
+        mid.features, torch.stack([flat[:, 0], torch.zeros_like(flat[:, 0]), flat[:, 1]], 1),
+        [1, *mid.spatial_shape], batch, indice_dict=mid.indice_dict)
+    with pytest.raises(ValueError, match="indice_key 'k' holds the rulebook of a 1-d layer; "
+                                         "this layer is 2-d"):
+        spconv.SparseInverseConv2d(2, cin, [1, 3], indice_key="k").double()(as_2d)
+    with pytest.raises(ValueError, match="holds the rulebook of a 1-d layer; this layer is 3-d"):
+        spconv.SubMConv3d(2, 2, 3, indice_key="k").double()(spconv.SparseConvTensor(
+            mid.features, torch.cat([flat[:, :1], torch.zeros_like(flat), flat[:, 1:]], 1),
+            [1, 1, *mid.spatial_shape], batch, indice_dict=mid.indice_dict))

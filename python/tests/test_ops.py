@@ -280,9 +280,32 @@ def test_subm_key_reused_on_other_sites():
     perm = torch.randperm(idx.shape[0], generator=torch.Generator().manual_seed(9))
     moved = spconv.SparseConvTensor(feats[perm], idx[perm].contiguous(), SHAPE, 2,
                                     indice_dict=y.indice_dict)
-    with pytest.raises(ValueError, match="indice_key 's' holds a rulebook of another geometry "
-                                         "or other sites"):
+    with pytest.raises(ValueError, match="indice_key 's' holds a subm rulebook of other sites"):
         layer(moved)
+
+
+def test_subm_key_after_indices_written_in_place(seed):
+    """The same indices tensor written into since the key's rulebook was built holds other
+    sites: the key is refused (it was reused, and the stale pairs gave wrong outputs); a
+    spatial shape set to a NumPy array is compared as its values."""
+    import numpy as np
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 1, SHAPE, 20, 2)
+    layer = spconv.SubMConv3d(2, 3, 3, indice_key="s").double()
+    x = spconv.SparseConvTensor(feats, idx, SHAPE, 1)
+    y = layer(x)
+    x.spatial_shape = np.array(SHAPE)
+    again = layer(x)  # unchanged sites, the shape as an array: reused
+    assert again.features.data_ptr() != y.features.data_ptr()
+    assert torch.equal(again.features, y.features)
+    taken = {tuple(r) for r in idx.tolist()}
+    free = [(0, z, 0, 0) for z in range(SHAPE[0]) if (0, z, 0, 0) not in taken]
+    if not free:
+        pytest.skip("no free site on the first column")
+    x.indices[0] = torch.tensor(free[0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="holds a subm rulebook of other sites .*written into "
+                                         "since"):
+        layer(x)
 
 
 def test_inverse_on_other_sites():

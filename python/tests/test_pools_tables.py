@@ -149,3 +149,32 @@ def test_pool_errors():
     idx = torch.tensor([[0, 1]], dtype=torch.int32)
     with pytest.raises(ValueError, match="SparseAvgPool2d is a 2-d layer; its input is 1-d"):
         spconv.SparseAvgPool2d(2)(spconv.SparseConvTensor(torch.zeros(1, 1), idx, [4], 1))
+
+
+def test_pool_inputs_checked(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, _ = sparse_input(gen, 2)
+    pool = spconv.SparseAvgPool2d(2)
+    with pytest.raises(RuntimeError, match=r"SparseAvgPool2d: features must be \[.*\] \(a row "
+                                           r"per site\), got"):
+        pool(spconv.SparseConvTensor(torch.cat([feats, feats[:1]]), idx, shape, batch))
+    with pytest.raises(RuntimeError, match="SparseAvgPool2d: features must be floating"):
+        pool(spconv.SparseConvTensor(feats.detach().long(), idx, shape, batch))
+    # global pools: a site of a batch entry past batch_size is an error, not left out
+    bad = idx.clone()
+    bad[-1, 0] = batch
+    with pytest.raises(ValueError, match=f"SparseGlobalMaxPool: indices row {idx.shape[0] - 1} "
+                                         f"has batch index {batch} outside batch size {batch}"):
+        spconv.SparseGlobalMaxPool()(spconv.SparseConvTensor(feats, bad, shape, batch))
+    with pytest.raises(ValueError, match="sparse_add: operand 1's indices row 0 = .* is outside"):
+        neg = idx.clone()
+        neg[0, 1] = -1
+        spconv.functional.sparse_add(spconv.SparseConvTensor(feats, idx, shape, batch),
+                                     spconv.SparseConvTensor(feats, neg, shape, batch))
+    with pytest.raises(ValueError, match="sparse_add: operand 1 has torch.float32 features, "
+                                         "operand 0 torch.float64"):
+        spconv.functional.sparse_add(spconv.SparseConvTensor(feats, idx, shape, batch),
+                                     spconv.SparseConvTensor(feats.float(), idx, shape, batch))
+    # spconv's base classes default to stride 1; the 1d / 2d / 3d classes to the kernel's size
+    assert spconv.SparseAvgPool(2, 3).stride == [1, 1] == spconv.SparseMaxPool(2, 3).stride
+    assert spconv.SparseAvgPool2d(3).stride == [3, 3] == spconv.SparseMaxPool2d(3).stride

@@ -44,12 +44,17 @@ class _KeyMismatch(ValueError):
     pass
 
 
-def _same_sites(cached, indices):
-    """Whether ``indices`` are the sites a cached rulebook was built on, row for row: the same
-    tensor (the layers of a sequence pass it on, so this is the usual answer), else equal
-    values (a pass over the rows)."""
-    return cached is indices or (cached.shape == indices.shape and cached.dtype == indices.dtype
-                                 and torch.equal(cached, indices))
+def _same_sites(cached, version, indices):
+    """Whether ``indices`` are the sites a cached rulebook was built on (``cached``, whose version
+    was ``version`` then), row for row: the same tensor at the same version (the layers of a
+    sequence pass it on, so this is the usual answer), else equal values (a pass over the rows).
+    The same tensor written into since (in place, or through a view) is not: its values then
+    say nothing about what it held. An inference tensor has no version; the same one is taken
+    as unchanged (writes to it cannot be seen, as writes through ``.data`` cannot)."""
+    if cached is indices:
+        return version is None or version_of(indices) == version
+    return (cached.shape == indices.shape and cached.dtype == indices.dtype
+            and torch.equal(cached, indices))
 
 
 def _same_shape(stored, shape):
@@ -91,15 +96,22 @@ def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding)
                               stride, padding, dilation, output_padding)
 
 
-def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key):
+def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
+                 ndim=MAX_NDIM):
     """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
     out_indices, out_spatial_shape).
 
     subm: reused when the key holds a subm rulebook of the same kernel/dilation on the same
     sites, else built and stored; regular / transposed / pool: built and stored under the key
     (the inverse conv finds it); inverse: the inverse of the rulebook stored under the key.
+    ``ndim``: the layer's own (a 1-d / 2-d layer's ``input`` is lifted); a key stored by a layer
+    of another ndim is refused, since lifted sites of several ndims can look alike.
     """
     cache = input.indice_dict
+    entry = cache.get(indice_key) if indice_key is not None else None
+    if entry is not None and kind in (ops.INVERSE, ops.SUBM) and entry.ndim != ndim:
+        raise ValueError(f"spconv_c: indice_key {indice_key!r} holds the rulebook of a "
+                         f"{entry.ndim}-d layer; this layer is {ndim}-d")
     if kind == ops.INVERSE:
         if indice_key is None or indice_key not in cache:
             raise KeyError(f"spconv_c: inverse conv: unknown indice_key {indice_key!r} (known: "
@@ -116,7 +128,7 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                              f"sites, the conv under indice_key {indice_key!r} produced "
                              f"{entry.out_indices.shape[0]}")
         if (list(entry.out_spatial_shape) != list(input.spatial_shape)
-                or not _same_sites(entry.out_indices, input.indices)):
+                or not _same_sites(entry.out_indices, entry.out_version, input.indices)):
             raise ValueError(f"spconv_c: inverse conv: the input's sites (spatial shape "
                              f"{list(input.spatial_shape)}) are not the output sites of the conv "
                              f"under indice_key {indice_key!r} (spatial shape "
@@ -124,23 +136,31 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
         return entry, entry.inverse(), entry.indices, entry.spatial_shape
     if kind == ops.SUBM and indice_key is not None and indice_key in cache:
         entry = cache[indice_key]
-        same = (entry.is_subm and list(entry.ksize) == list(ksize)
-                and list(entry.dilation) == list(dilation)
-                and entry.spatial_shape == input.spatial_shape
-                and entry.indices.shape[0] == input.indices.shape[0]
-                and _same_sites(entry.indices, input.indices))
-        if not same:
+        if (not entry.is_subm or list(entry.ksize) != list(ksize)
+                or list(entry.dilation) != list(dilation)):
             raise _KeyMismatch(f"spconv_c: indice_key {indice_key!r} holds a rulebook of another "
-                               f"geometry or other sites (kernel {entry.ksize}, dilation "
-                               f"{entry.dilation}, subm={entry.is_subm}); this layer has kernel "
-                               f"{ksize}, dilation {dilation}, subm=True")
+                               f"geometry (kernel {entry.ksize}, dilation {entry.dilation}, "
+                               f"subm={entry.is_subm}); this layer has kernel {ksize}, dilation "
+                               f"{dilation}, subm=True")
+        if not _same_shape(entry.spatial_shape, input.spatial_shape):
+            raise _KeyMismatch(f"spconv_c: indice_key {indice_key!r} holds a subm rulebook of "
+                               f"spatial shape {entry.spatial_shape}; this layer's input has "
+                               f"{[int(v) for v in input.spatial_shape]}")
+        if (entry.indices.shape[0] != input.indices.shape[0]
+                or not _same_sites(entry.indices, entry.in_version, input.indices)):
+            written = entry.indices is input.indices
+            raise _KeyMismatch(f"spconv_c: indice_key {indice_key!r} holds a subm rulebook of "
+                               f"other sites ({entry.indices.shape[0]} sites; this layer's "
+                               f"input has {input.indices.shape[0]}"
+                               + (", its indices written into since" if written else "")
+                               + "); a key's subm layers must share their sites")
         return entry, entry.rulebook, entry.out_indices, entry.out_spatial_shape
     rb = _build(cache, input, kind, ksize, stride, padding, dilation, output_padding)
     out_indices = input.indices if kind == ops.SUBM else rb.out_indices()
     out_shape = list(input.spatial_shape) if kind == ops.SUBM else list(rb.out_shape())
     entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
                         out_shape, list(ksize), list(stride), list(padding), list(dilation),
-                        input.batch_size)
+                        input.batch_size, ndim)
     if indice_key is not None:
         cache[indice_key] = entry
     return entry, rb, out_indices, out_shape
@@ -167,14 +187,14 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
     ndim = len(input.spatial_shape)
     if ndim == MAX_NDIM:
         _, rb, out_indices, out_shape = rulebook_for(input, kind, ksize, stride, padding, dilation,
-                                                     output_padding, indice_key)
+                                                     output_padding, indice_key, ndim)
         return rb, out_indices, out_shape, None
     sites = input.shadow_copy()  # shares the indice_dict
     sites.indices, sites.spatial_shape = input.lifted_sites()
     try:
         entry, rb, rows, shape = rulebook_for(
             sites, kind, lift_shape(ksize, 1), lift_shape(stride, 1), lift_shape(padding, 0),
-            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key)
+            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key, ndim)
     except RuntimeError as e:
         lead = MAX_NDIM - ndim
         axes = axes_of(ndim)

@@ -61,7 +61,7 @@ class IndiceEntry:
     """
 
     def __init__(self, rulebook, kind, indices, spatial_shape, out_indices, out_spatial_shape,
-                 ksize, stride, padding, dilation, batch_size=None):
+                 ksize, stride, padding, dilation, batch_size=None, ndim=MAX_NDIM):
         self.rulebook = rulebook
         self.kind = kind
         self.is_subm = kind == ops.SUBM
@@ -69,6 +69,7 @@ class IndiceEntry:
         self.out_indices, self.out_spatial_shape = out_indices, out_spatial_shape
         self.ksize, self.stride, self.padding, self.dilation = ksize, stride, padding, dilation
         self.batch_size = batch_size
+        self.ndim = ndim  # the layer's (its sites above are lifted when it is below 3)
         # For a 1-d / 2-d layer (whose sites above are the engine's lifted 3-d ones): the nd
         # input indices, which its inverse conv gives back (set by the layer; else None).
         self.nd_indices = self.nd_version = None

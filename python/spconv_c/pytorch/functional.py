@@ -21,9 +21,24 @@ def _check_alike(tensors, what):
                              f"{list(t.features.shape)}) does not match operand 0 (spatial shape "
                              f"{list(first.spatial_shape)}, batch size {first.batch_size}, "
                              f"features {list(first.features.shape)})")
-        if t.features.shape[0] != t.indices.shape[0]:
-            raise ValueError(f"spconv_c: {what}: operand {i} has {t.features.shape[0]} feature "
-                             f"rows for {t.indices.shape[0]} sites")
+        if t.features.dtype != first.features.dtype:
+            raise ValueError(f"spconv_c: {what}: operand {i} has {t.features.dtype} features, "
+                             f"operand 0 {first.features.dtype}")
+        ndim = len(first.spatial_shape)
+        idx = t.indices
+        if idx.dtype != torch.int32 or idx.dim() != 2 or idx.shape[1] != ndim + 1:
+            raise ValueError(f"spconv_c: {what}: operand {i}'s indices must be int32 "
+                             f"[N, {ndim + 1}], got {idx.dtype} {list(idx.shape)}")
+        if t.features.dim() != 2 or t.features.shape[0] != idx.shape[0]:
+            raise ValueError(f"spconv_c: {what}: operand {i} has features "
+                             f"{list(t.features.shape)} for {idx.shape[0]} sites")
+        limits = torch.tensor([first.batch_size, *first.spatial_shape], device=idx.device)
+        outside = ((idx < 0) | (idx >= limits)).any(1)
+        if outside.any():
+            row = int(outside.nonzero()[0, 0])
+            raise ValueError(f"spconv_c: {what}: operand {i}'s indices row {row} = "
+                             f"{tuple(idx[row].tolist())} is outside batch size "
+                             f"{first.batch_size} and spatial shape {list(first.spatial_shape)}")
 
 
 def sparse_add(*tensors):
@@ -41,7 +56,7 @@ def sparse_add(*tensors):
     begin = 0
     for t in tensors:
         end = begin + t.indices.shape[0]
-        feats = feats.index_add(0, where[begin:end], t.features.to(feats.dtype))
+        feats = feats.index_add(0, where[begin:end], t.features)
         begin = end
     largest = max(tensors, key=lambda t: t.indices.shape[0])
     out = SparseConvTensor(feats, sites.to(first.indices.dtype).contiguous(), first.spatial_shape,

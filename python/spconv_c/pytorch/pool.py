@@ -15,8 +15,10 @@ class _WindowPool(SparseModule):
 
     KIND = "max"
 
-    def __init__(self, ndim, kernel_size=3, stride=None, padding=0, dilation=1, indice_key=None,
+    def __init__(self, ndim, kernel_size=3, stride=1, padding=0, dilation=1, indice_key=None,
                  subm=False, algo=None, record_voxel_count=False, name=None):
+        # stride: 1 by default as in spconv's base class; None is the kernel's size (the
+        # default of the 1d / 2d / 3d classes).
         super().__init__(name=name)
         if not 1 <= ndim <= MAX_NDIM:
             raise NotImplementedError(f"spconv_c: {ndim}-d pooling does not exist here (1-d, "
@@ -74,6 +76,19 @@ class SparseMaxPool3d(_SparseMaxPoolNd):
 
 # ---- average pooling --------------------------------------------------------------------------
 
+def _check_features(module, features, rows):
+    """The checks the engine makes of a pool's features, for the pools written in PyTorch:
+    floating [rows, C]."""
+    name = type(module).__name__
+    if not isinstance(features, torch.Tensor) or not features.is_floating_point():
+        got = features.dtype if isinstance(features, torch.Tensor) else type(features).__name__
+        raise RuntimeError(f"spconv_c: {name}: features must be floating (float16, bfloat16, "
+                           f"float32, float64), got {got}")
+    if features.dim() != 2 or features.shape[0] != rows:
+        raise RuntimeError(f"spconv_c: {name}: features must be [{rows}, C] (a row per site), "
+                           f"got {list(features.shape)}")
+
+
 @torch.compiler.disable
 def _window_means(rb, features):
     """Each output's mean over the active inputs of its window (the pairs of ``rb``), summed
@@ -103,6 +118,7 @@ class SparseAvgPool(_WindowPool):
 
     def forward(self, input):
         rb, out_indices, out_shape, lifted = self._sites(input)
+        _check_features(self, input.features, rb.num_in())
         return input._derive(_window_means(rb, input.features), out_indices, out_shape, lifted)
 
 
@@ -140,7 +156,17 @@ class _GlobalPool(SparseModule):
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
                             f"{type(input).__name__}")
-        feats, batch = input.features, input.indices[:, 0]
+        feats, indices = input.features, input.indices
+        if indices.dim() != 2 or indices.shape[1] < 2:
+            raise RuntimeError(f"spconv_c: {type(self).__name__}: indices must be [N, 1 + ndim] "
+                               f"rows (b, ...), got {list(indices.shape)}")
+        _check_features(self, feats, indices.shape[0])
+        batch = indices[:, 0]
+        outside = (batch < 0) | (batch >= input.batch_size)
+        if outside.any():
+            row = int(outside.nonzero()[0, 0])
+            raise ValueError(f"spconv_c: {type(self).__name__}: indices row {row} has batch "
+                             f"index {int(batch[row])} outside batch size {input.batch_size}")
         rows = []
         for b in range(input.batch_size):
             f = feats[batch == b]
