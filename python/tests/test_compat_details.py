@@ -224,3 +224,21 @@ def test_known_sites_are_checked_again_once_written(seed, monkeypatch):
         got = net(tensor(seed, dtype=torch.float64)).features
     assert torch.equal(got, expected)
     assert calls["checked"] >= 2  # the strided outputs' indices are inference tensors
+
+
+def test_minus_and_select_by_index(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 1, [6, 6, 6], 30, 3)
+    x = spconv.SparseConvTensor(feats, idx, [6, 6, 6], 1)
+    y = spconv.SubMConv3d(3, 2, 3, indice_key="s").double()(x)
+    assert torch.equal(y.minus().features, -y.features) and y.minus().indices is idx
+    keep = torch.arange(idx.shape[0]) % 3 != 0
+    part = y.select_by_index(keep)
+    assert torch.equal(part.indices, idx[keep]) and torch.equal(part.features, y.features[keep])
+    assert part.indice_dict == {} and "s" in y.indice_dict  # the parent's cache is kept
+    # a subm layer under the same key on the selected sites builds its own rulebook
+    z = spconv.SubMConv3d(2, 2, 3, indice_key="s").double()(part)
+    assert z.features.shape == (int(keep.sum()), 2)
+    assert not x.is_quantized
+    with pytest.raises(ValueError, match="not quantized"):
+        x.q_scale()

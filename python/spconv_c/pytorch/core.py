@@ -119,6 +119,34 @@ class SparseConvTensor:
         new._features = feature
         return new
 
+    def minus(self):
+        """The same sites with negated features."""
+        return self.replace_feature(-self._features)
+
+    def select_by_index(self, valid_indices):
+        """The sites (and their features) picked by ``valid_indices`` (an index or a mask over
+        the rows), with a new, empty indice_dict: the cached rulebooks are of other sites.
+        (spconv clears the indice_dict it shares with this tensor, which empties this tensor's
+        cache too; this one is left as it is.)"""
+        new = self.shadow_copy()
+        new.indices = self.indices[valid_indices]
+        new._features = self._features[valid_indices]
+        new.indice_dict = {}
+        new.__dict__.pop("_lift", None)
+        return new
+
+    @property
+    def is_quantized(self):
+        return self._features.is_quantized
+
+    def q_scale(self):
+        if self.is_quantized:
+            return self._features.q_scale()
+        raise ValueError("spconv_c: the sparse tensor's features are not quantized")
+
+    def dequantize(self):
+        return self.replace_feature(self._features.dequantize())
+
     def shadow_copy(self):
         """A new tensor sharing every attribute (features, indices, the indice_dict cache, the
         benchmark record), as spconv's shadow copy does; the layers derive their outputs from
