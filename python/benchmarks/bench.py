@@ -1,6 +1,7 @@
 """Benchmark of the PyTorch binding, in the spirit of PyTorch's C++-extension tutorial (the same
 model as an extension and in plain Python): forward and forward+backward of spconv's
-``bench_basic`` network and of the SECOND backbone (OpenPCDet VoxelBackBone8x),
+``bench_basic`` network, of the SECOND backbone (OpenPCDet VoxelBackBone8x) and of a pillar
+detector's 2-d backbone (``pillar``: OpenPCDet's PillarBackBone8x on the KITTI scan's pillars),
 
   ours     spconv_c.pytorch modules (the C engine through torch.ops.spconv_c);
   plain    the same modules with the conv / pool products in plain PyTorch over our rulebooks
@@ -13,7 +14,8 @@ inference, as the C tool's forward is); with --backward it records the graph. --
 network and input and prints the binding's overhead over it. --in-process splits that overhead
 in one process, pass by pass (see in_process_overhead).
 
-  .venv/bin/python python/benchmarks/bench.py [--net basic|second|all] [--repeat 5] [--threads 1]
+  .venv/bin/python python/benchmarks/bench.py [--net basic|second|pillar|all] [--repeat 5]
+      [--threads 1]
       [--backward] [--max-voxels N] [--overhead] [--in-process]
 """
 
@@ -72,6 +74,28 @@ def second_net(sp):
         sp.ToDense())
 
 
+def pillar_net(sp):
+    """A 2-d backbone of pillar detectors (OpenPCDet's PillarBackBone8x, as PillarNet uses it):
+    submanifold 2-d blocks at strides 1, 2, 4, 8 joined by strided 2-d convs, then dense."""
+    def block(cin, cout, k=3, s=1, p=1, key=None, kind="subm"):
+        conv = {"subm": lambda: sp.SubMConv2d(cin, cout, k, bias=False, indice_key=key),
+                "spconv": lambda: sp.SparseConv2d(cin, cout, k, s, p, bias=False, indice_key=key)}
+        return sp.SparseSequential(conv[kind](), nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01),
+                                   nn.ReLU())
+    return sp.SparseSequential(
+        block(4, 32, key="subm1"), block(32, 32, key="subm1"),
+        block(32, 64, 3, 2, 1, "spconv2", "spconv"), block(64, 64, key="subm2"),
+        block(64, 64, key="subm2"),
+        block(64, 128, 3, 2, 1, "spconv3", "spconv"), block(128, 128, key="subm3"),
+        block(128, 128, key="subm3"),
+        block(128, 256, 3, 2, 1, "spconv4", "spconv"), block(256, 256, key="subm4"),
+        block(256, 256, key="subm4"),
+        sp.ToDense())
+
+
+NETS = {"basic": basic_net, "second": second_net, "pillar": pillar_net}
+
+
 # ---- inputs -----------------------------------------------------------------------------------
 
 def basic_input(max_voxels):
@@ -90,6 +114,22 @@ def second_input(max_voxels):
     feats = voxels.sum(1) / num.view(-1, 1).float()
     idx = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords], 1)
     return feats, idx, [41, 1600, 1408]
+
+
+def pillar_input(max_voxels):
+    """The KITTI scan as PointPillars' pillars (0.16 m x 0.16 m columns over its 69.12 m x
+    79.36 m range): sites (b, y, x) on a 496 x 432 grid, features the mean of each pillar's
+    points (x, y, z, intensity)."""
+    pts = torch.from_numpy(np.fromfile(DATA / "kitti_000008.bin", dtype=np.float32).reshape(-1, 4))
+    gen = ours.PointToVoxel([0.16, 0.16, 4], [0, -39.68, -3, 69.12, 39.68, 1], 4,
+                            max_voxels or 16000, 32)
+    voxels, coords, num = gen(pts)
+    feats = voxels.sum(1) / num.view(-1, 1).float()
+    idx = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords[:, 1:]], 1)
+    return feats, idx.contiguous(), [496, 432]
+
+
+INPUTS = {"basic": basic_input, "second": second_input, "pillar": pillar_input}
 
 
 # ---- the plain-PyTorch products over our rulebooks ---------------------------------------------
@@ -312,7 +352,7 @@ def keep_freed_memory():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--net", default="all", choices=["basic", "second", "all"])
+    ap.add_argument("--net", default="all", choices=["basic", "second", "pillar", "all"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
@@ -343,20 +383,21 @@ def main():
             spconv_ops.get_current_stream = lambda: 0  # its CPU backward asks for a CUDA stream
     except ImportError:
         theirs = None
-    nets = ["basic", "second"] if args.net == "all" else [args.net]
+    nets = list(NETS) if args.net == "all" else [args.net]
     modes = [False, True] if args.backward else [False]
     print(f"threads {args.threads}, median [min, max] of {args.rounds} round(s) of {args.repeat} "
           "runs, variants in alternating order, ms")
     for name in nets:
-        feats, idx, shape = (basic_input if name == "basic" else second_input)(args.max_voxels)
-        build = basic_net if name == "basic" else second_net
+        feats, idx, shape = INPUTS[name](args.max_voxels)
+        build = NETS[name]
+        in_c_tool = name != "pillar"  # the C tool's zoo has basic and SECOND, no 2-d network
         torch.manual_seed(0)
         ref = build(ours).eval()
         variants = [v for v in args.variants.split(",")]
         if theirs is None and "spconv" in variants:
             print(f"{name:7s} spconv   (not installed)")
             variants.remove("spconv")
-        if args.in_process and not args.max_voxels:
+        if args.in_process and not args.max_voxels and in_c_tool:
             in_process_overhead(name, ref, feats, idx, shape, args.threads,
                                 args.repeat * args.rounds, args.warmup)
         for backward in modes:
@@ -368,7 +409,7 @@ def main():
                 nets_of[variant].load_state_dict(ref.state_dict())
             times = {v: [] for v in variants}
             tool = "C tool"
-            with_tool = args.overhead and not backward and not args.max_voxels
+            with_tool = args.overhead and not backward and not args.max_voxels and in_c_tool
             if with_tool:
                 times[tool] = []
             rounds = {v: [] for v in times}  # each round's median, per variant
