@@ -344,3 +344,22 @@ def test_key_of_another_ndim_is_refused(seed):
         spconv.SubMConv3d(2, 2, 3, indice_key="k").double()(spconv.SparseConvTensor(
             mid.features, torch.cat([flat[:, :1], torch.zeros_like(flat), flat[:, 1:]], 1),
             [1, 1, *mid.spatial_shape], batch, indice_dict=mid.indice_dict))
+
+
+def test_inference_mode_2d(seed):
+    # Under torch.inference_mode (a deployment's forward) the indices have no version counter:
+    # the lifted rows are kept by identity, as the indice_key cache keeps sites, and the
+    # outputs are the same bits as with grad mode off.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, 2, least=6)
+    net = spconv.SparseSequential(
+        spconv.SubMConv2d(cin, 4, 3, indice_key="s"), spconv.SubMConv2d(4, 4, 3, indice_key="s"),
+        spconv.SparseConv2d(4, 4, 3, 2, 1, indice_key="d"),
+        spconv.SparseInverseConv2d(4, 4, 3, indice_key="d")).double()
+    with torch.no_grad():
+        want = net(spconv.SparseConvTensor(feats.detach(), idx, shape, batch))
+    with torch.inference_mode():
+        x = spconv.SparseConvTensor(feats.detach().clone(), idx.clone(), shape, batch)
+        got = net(x)
+        assert x._lift[2] is got._lift[2]  # the inverse gave back the input's own rows
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.features, want.features)

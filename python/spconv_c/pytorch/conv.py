@@ -205,7 +205,7 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         out = input.indices
     elif kind == ops.INVERSE and entry.nd_indices is not None:
         out = entry.nd_indices
-        if version_of(out) is None or version_of(out) != entry.nd_version:
+        if version_of(out) != entry.nd_version:
             rows = None  # written into since: the next layer lifts what they hold now
     else:
         out = rows[:, [0, *range(MAX_NDIM + 1 - ndim, MAX_NDIM + 1)]]  # a copy

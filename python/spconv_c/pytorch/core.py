@@ -164,6 +164,8 @@ class SparseConvTensor:
         new._features, new.indices, new.spatial_shape = features, indices, spatial_shape
         if lifted is not None:
             new._lift = (indices, version_of(indices), lifted)
+        else:
+            new.__dict__.pop("_lift", None)  # another tensor's rows: of no use here
         return new
 
     @torch.compiler.disable
@@ -172,8 +174,9 @@ class SparseConvTensor:
         A 3-d tensor's are its own. A 1-d / 2-d tensor's are an int32 [N, 4] copy with zeros on
         the leading axes, made once: it is kept with the nd indices it came from and used again
         while they are the same tensor at the same version (nothing has written into them, not
-        even through a view), so the rulebook cache, which knows sites by tensor identity, knows
-        them from layer to layer."""
+        even through a view; an inference tensor, which has no version, while it is the same
+        tensor), so the rulebook cache, which knows sites by tensor identity, knows them from
+        layer to layer."""
         shape = self.spatial_shape
         indices = self.indices
         ndim = len(shape)
@@ -182,8 +185,9 @@ class SparseConvTensor:
         lifted = lift_shape(shape, 1)
         kept = self.__dict__.get("_lift")
         version = version_of(indices)
-        if (kept is not None and kept[0] is indices and version is not None
-                and kept[1] == version):
+        if kept is not None and kept[0] is indices and kept[1] == version:
+            # (An inference tensor has no version: the same one is taken as unchanged, as the
+            # indice_key cache takes it, conv._same_sites.)
             return kept[2], lifted
         if (not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32
                 or indices.dim() != 2 or indices.shape[1] != ndim + 1):
