@@ -268,6 +268,14 @@ def test_nd_errors():
         spconv.SparseConvTensor(torch.randn(2, 2), idx, [2, 2, 2, 2], 1)
     with pytest.raises(NotImplementedError, match="4-d sparse convolutions do not exist"):
         spconv.SparseConvolution(4, 2, 3)
+    for layer in (spconv.SubMConv4d, spconv.SparseConv4d, spconv.SparseConvTranspose4d):
+        with pytest.raises(NotImplementedError, match="4-d sparse convolutions do not exist "
+                                                      r"here \(1-d, 2-d and 3-d do\)"):
+            layer(2, 3, 3)
+    with pytest.raises(NotImplementedError, match="4-d sparse convolutions do not exist"):
+        spconv.SparseInverseConv4d(2, 3, 3, indice_key="k")
+    with pytest.raises(NotImplementedError, match="4-d pooling does not exist here"):
+        spconv.SparseMaxPool4d(2)
     bad = spconv.SparseConvTensor(torch.randn(2, 2), idx[:, :2].contiguous(), [5, 6], 1)
     with pytest.raises(RuntimeError, match=r"2-d SparseConvTensor must be int32 \[N, 3\]"):
         spconv.SubMConv2d(2, 3, 3)(bad)

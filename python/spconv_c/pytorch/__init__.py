@@ -1,15 +1,16 @@
 """spconv 2.x-compatible modules on the spconv-c engine: ``import spconv_c.pytorch as spconv``."""
 
-from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConvolution,
+from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConv4d, SparseConvolution,
                    SparseConvTranspose1d, SparseConvTranspose2d, SparseConvTranspose3d,
-                   SparseInverseConv1d, SparseInverseConv2d, SparseInverseConv3d, SubMConv1d,
-                   SubMConv2d, SubMConv3d)
+                   SparseConvTranspose4d, SparseInverseConv1d, SparseInverseConv2d,
+                   SparseInverseConv3d, SparseInverseConv4d, SubMConv1d, SubMConv2d,
+                   SubMConv3d, SubMConv4d)
 from .core import SparseConvTensor
 from .modules import (RemoveGrid, SparseBatchNorm, SparseIdentity, SparseModule, SparseReLU,
                       SparseSequential, SparseSyncBatchNorm, ToDense, is_spconv_module)
 from .pool import (SparseAvgPool, SparseAvgPool1d, SparseAvgPool2d, SparseAvgPool3d,
                    SparseGlobalAvgPool, SparseGlobalMaxPool, SparseMaxPool, SparseMaxPool1d,
-                   SparseMaxPool2d, SparseMaxPool3d)
+                   SparseMaxPool2d, SparseMaxPool3d, SparseMaxPool4d)
 from .tables import AddTable, AddTableMisaligned, ConcatTable, JoinTable
 from .utils import PointToVoxel
 from . import conv, core, functional, modules, pool, tables, utils  # noqa: F401

@@ -482,3 +482,23 @@ class SparseInverseConv2d(_SparseInverseConv):
 
 class SparseInverseConv3d(_SparseInverseConv):
     NDIM = 3
+
+
+# spconv's 4-d layers: named, so that a network written for them fails at construction with
+# the reason (the engine has three spatial axes) rather than with an AttributeError.
+
+
+class SparseConv4d(_SparseConv):
+    NDIM = 4
+
+
+class SubMConv4d(_SubMConv):
+    NDIM = 4
+
+
+class SparseConvTranspose4d(_SparseConvTranspose):
+    NDIM = 4
+
+
+class SparseInverseConv4d(_SparseInverseConv):
+    NDIM = 4

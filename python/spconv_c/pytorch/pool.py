@@ -74,6 +74,10 @@ class SparseMaxPool3d(_SparseMaxPoolNd):
     NDIM = 3
 
 
+class SparseMaxPool4d(_SparseMaxPoolNd):
+    NDIM = 4  # refused at construction: the engine has three spatial axes
+
+
 # ---- average pooling --------------------------------------------------------------------------
 
 def _check_features(module, features, rows):
