@@ -53,13 +53,20 @@ class SparseMaxPool(_WindowPool):
         return input._derive(out, out_indices, out_shape, lifted)
 
 
-class _SparseMaxPoolNd(SparseMaxPool):
+class _FixedNdim:
+    """spconv's constructor of the 1d / 2d / 3d pool classes (stride defaults to the kernel's
+    size), for a pool class after it in the bases; NDIM is set by each class."""
+
     NDIM = 3
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, indice_key=None,
                  algo=None, record_voxel_count=False, name=None):
         super().__init__(self.NDIM, kernel_size, stride, padding, dilation, indice_key=indice_key,
                          algo=algo, record_voxel_count=record_voxel_count, name=name)
+
+
+class _SparseMaxPoolNd(_FixedNdim, SparseMaxPool):
+    pass
 
 
 class SparseMaxPool1d(_SparseMaxPoolNd):
@@ -126,13 +133,8 @@ class SparseAvgPool(_WindowPool):
         return input._derive(_window_means(rb, input.features), out_indices, out_shape, lifted)
 
 
-class _SparseAvgPoolNd(SparseAvgPool):
-    NDIM = 3
-
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, indice_key=None,
-                 algo=None, record_voxel_count=False, name=None):
-        super().__init__(self.NDIM, kernel_size, stride, padding, dilation, indice_key=indice_key,
-                         algo=algo, record_voxel_count=record_voxel_count, name=name)
+class _SparseAvgPoolNd(_FixedNdim, SparseAvgPool):
+    pass
 
 
 class SparseAvgPool1d(_SparseAvgPoolNd):
