@@ -242,3 +242,28 @@ def test_minus_and_select_by_index(seed):
     assert not x.is_quantized
     with pytest.raises(ValueError, match="not quantized"):
         x.q_scale()
+
+
+def test_gather_features_by_pc_voxel_id(seed):
+    # Points back from their voxels: each point gets its voxel's row, a dropped point (-1) the
+    # invalid value; gradients reach the voxel rows of the points that have one.
+    from spconv_c.pytorch.utils import gather_features_by_pc_voxel_id
+    gen = torch.Generator().manual_seed(seed)
+    pts = torch.rand(500, 4, generator=gen) * torch.tensor([4.0, 4.0, 2.0, 1.0])
+    pts[:20, 0] = -1.0  # outside the range: no voxel
+    p2v = spconv.PointToVoxel([0.5, 0.5, 0.5], [0, 0, 0, 4, 4, 2], 4, 100, 3)
+    voxels, coords, num, ids = p2v.generate_voxel_with_id(pts)
+    seg = torch.randn(coords.shape[0], 3, generator=gen, dtype=torch.float64,
+                      requires_grad=True)
+    out = gather_features_by_pc_voxel_id(seg, ids, invalid_value=-7.0)
+    for p in range(pts.shape[0]):
+        want = seg[ids[p]] if ids[p] >= 0 else torch.full((3,), -7.0, dtype=torch.float64)
+        assert torch.equal(out[p], want)
+    assert (ids[:20] == -1).all() and (ids >= 0).sum() > 0
+    (g,) = torch.autograd.grad(out.sum(), [seg])
+    counts = torch.bincount(ids[ids >= 0].long(), minlength=seg.shape[0]).double()
+    assert torch.equal(g, counts.view(-1, 1).expand_as(g))
+    empty = gather_features_by_pc_voxel_id(seg[:0], torch.full((4,), -1))
+    assert empty.shape == (4, 3) and (empty == 0).all()
+    with pytest.raises(ValueError, match=r"ids outside \[-1, "):
+        gather_features_by_pc_voxel_id(seg, torch.tensor([0, seg.shape[0]]))

@@ -104,3 +104,13 @@ def test_sparse_add_same_as_spconv(data_dir, one_thread, seed):
         results.append((s.indices, s.features.detach()))
     assert torch.equal(results[1][0], results[0][0])
     assert torch.equal(results[1][1], results[0][1])
+
+
+def test_gather_features_by_pc_voxel_id_same_as_spconv(one_thread, seed):
+    from spconv.pytorch.utils import gather_features_by_pc_voxel_id as theirs_gather
+    from spconv_c.pytorch.utils import gather_features_by_pc_voxel_id as ours_gather
+    gen = torch.Generator().manual_seed(seed)
+    seg = torch.randn(50, 3, generator=gen)
+    ids = torch.randint(-1, 50, (400,), generator=gen)
+    for invalid in (0, -1.5):
+        assert torch.equal(ours_gather(seg, ids, invalid), theirs_gather(seg, ids, invalid))

@@ -12,7 +12,7 @@ from .pool import (SparseAvgPool, SparseAvgPool1d, SparseAvgPool2d, SparseAvgPoo
                    SparseGlobalAvgPool, SparseGlobalMaxPool, SparseMaxPool, SparseMaxPool1d,
                    SparseMaxPool2d, SparseMaxPool3d, SparseMaxPool4d)
 from .tables import AddTable, AddTableMisaligned, ConcatTable, JoinTable
-from .utils import PointToVoxel
+from .utils import PointToVoxel, gather_features_by_pc_voxel_id  # noqa: F401
 from . import conv, core, functional, modules, pool, tables, utils  # noqa: F401
 
 ConvAlgo = None  # spconv's algorithm choice has no meaning here; algo= arguments are ignored

@@ -59,3 +59,20 @@ class PointToVoxel:
 
     def generate_voxel_with_id(self, pc, clear_voxels=True, empty_mean=False):
         return self._run(pc, empty_mean)
+
+
+def gather_features_by_pc_voxel_id(seg_res_features, pc_voxel_id, invalid_value=0):
+    """Per point, the row of ``seg_res_features`` (a voxel-wise result, [M, ...]) of its voxel,
+    by the ids ``generate_voxel_with_id`` gives (``pc_voxel_id`` [P], -1 for a point no voxel
+    took, which gets ``invalid_value``): spconv 2.x's helper for mapping a segmentation back to
+    the points. Differentiable in ``seg_res_features``."""
+    if pc_voxel_id.dim() != 1 or pc_voxel_id.is_floating_point():
+        raise ValueError(f"spconv_c: pc_voxel_id must be an integer [P] tensor, got "
+                         f"{pc_voxel_id.dtype} {list(pc_voxel_id.shape)}")
+    ids = pc_voxel_id.to(seg_res_features.device).long()
+    rows = seg_res_features.shape[0]
+    if ids.numel() and (int(ids.min()) < -1 or int(ids.max()) >= rows):
+        raise ValueError(f"spconv_c: pc_voxel_id holds ids outside [-1, {rows}) (the voxel rows)")
+    at = (ids >= 0).nonzero().view(-1)
+    res = seg_res_features.new_full((ids.shape[0], *seg_res_features.shape[1:]), invalid_value)
+    return res.index_put((at,), seg_res_features[ids[at]])
