@@ -267,3 +267,17 @@ def test_gather_features_by_pc_voxel_id(seed):
     assert empty.shape == (4, 3) and (empty == 0).all()
     with pytest.raises(ValueError, match=r"ids outside \[-1, "):
         gather_features_by_pc_voxel_id(seg, torch.tensor([0, seg.shape[0]]))
+
+
+def test_identity_and_module_names(seed):
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 1, [6, 6, 6], 20, 3)
+    x = spconv.SparseConvTensor(feats, idx, [6, 6, 6], 1)
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 2, 3), spconv.Identity(),
+                                  inner=spconv.SparseSequential(spconv.SparseMaxPool3d(2)))
+    assert spconv.Identity()(x) is x
+    y = net(x)
+    assert y.features.shape[1] == 2
+    spconv.assign_name_for_sparse_modules(net)
+    assert net[0]._sparse_unique_name == "0"
+    assert net.inner[0]._sparse_unique_name == "inner.0"

@@ -6,8 +6,9 @@ from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConv4d, Spars
                    SparseInverseConv3d, SparseInverseConv4d, SubMConv1d, SubMConv2d,
                    SubMConv3d, SubMConv4d)
 from .core import SparseConvTensor
-from .modules import (RemoveGrid, SparseBatchNorm, SparseIdentity, SparseModule, SparseReLU,
-                      SparseSequential, SparseSyncBatchNorm, ToDense, is_spconv_module)
+from .modules import (Identity, RemoveGrid, SparseBatchNorm, SparseIdentity, SparseModule,
+                      SparseReLU, SparseSequential, SparseSyncBatchNorm, ToDense,
+                      assign_name_for_sparse_modules, is_spconv_module)
 from .pool import (SparseAvgPool, SparseAvgPool1d, SparseAvgPool2d, SparseAvgPool3d,
                    SparseGlobalAvgPool, SparseGlobalMaxPool, SparseMaxPool, SparseMaxPool1d,
                    SparseMaxPool2d, SparseMaxPool3d, SparseMaxPool4d)

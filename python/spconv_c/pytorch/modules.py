@@ -27,6 +27,24 @@ def is_spconv_module(module):
     return isinstance(module, SparseModule)
 
 
+def assign_name_for_sparse_modules(module):
+    """Name every SparseModule inside ``module`` by its path in it (spconv's per-layer timer
+    names; kept here for code that calls it)."""
+    for name, m in module.named_modules():
+        if isinstance(m, SparseModule):
+            m._sparse_unique_name = name
+
+
+class Identity(nn.Module):
+    """spconv's Identity: returns its input as it is (a SparseConvTensor included)."""
+
+    def forward(self, input):
+        return input
+
+    def input_spatial_size(self, out_size):
+        return out_size
+
+
 class SparseSequential(SparseModule):
     """nn.Sequential for sparse tensors: SparseModules get the SparseConvTensor; any other module
     (nn.BatchNorm1d, nn.ReLU, ...) is applied to its features."""
