@@ -114,3 +114,16 @@ def test_gather_features_by_pc_voxel_id_same_as_spconv(one_thread, seed):
     ids = torch.randint(-1, 50, (400,), generator=gen)
     for invalid in (0, -1.5):
         assert torch.equal(ours_gather(seg, ids, invalid), theirs_gather(seg, ids, invalid))
+
+
+def test_every_public_name_of_spconv_pytorch_exists():
+    # A network written for spconv 2.x changes only its import: every class and function that
+    # spconv.pytorch exports is here too, except its internals (C++ core, hash table, raw ops,
+    # constants) and what it re-exports from elsewhere (torch, numpy, typing, pathlib).
+    import inspect
+    internal = {"cppcore", "hash", "ops", "constants", "identity", "platform", "Path", "Union",
+                "np", "torch"}
+    names = {n for n, v in vars(spconv).items() if not n.startswith("_")
+             and not inspect.ismodule(v) and n not in internal}
+    missing = sorted(n for n in names if not hasattr(ours, n))
+    assert not missing, f"spconv.pytorch names missing in spconv_c.pytorch: {missing}"
