@@ -178,3 +178,23 @@ def test_pool_inputs_checked(seed):
     # spconv's base classes default to stride 1; the 1d / 2d / 3d classes to the kernel's size
     assert spconv.SparseAvgPool(2, 3).stride == [1, 1] == spconv.SparseMaxPool(2, 3).stride
     assert spconv.SparseAvgPool2d(3).stride == [3, 3] == spconv.SparseMaxPool2d(3).stride
+
+
+def test_sparse_add_keeps_a_cache_only_for_the_same_rows(seed):
+    # The union of a tensor and a subset of its sites is its sites: sorted, they are its rows
+    # only when it was sorted. The cache goes with them then, and a subm layer under a cached
+    # key reuses its rulebook; otherwise the result starts a new cache and the layer builds.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, c = sparse_input(gen, 3)
+    for order in ("sorted", "shuffled"):
+        rows = torch.unique(idx, dim=0) if order == "sorted" else idx
+        layer = spconv.SubMConv3d(c, 2, 3, indice_key="s").double()
+        a = layer(spconv.SparseConvTensor(feats[: rows.shape[0]], rows, shape, batch))
+        b = spconv.SparseConvTensor(a.features[:3].detach(), rows[:3], shape, batch)
+        s = spconv.functional.sparse_add(a, b)
+        if order == "sorted" or torch.equal(torch.unique(rows, dim=0), rows):
+            assert s.indice_dict is a.indice_dict
+        else:
+            assert s.indice_dict == {}
+        y = spconv.SubMConv3d(2, 2, 3, indice_key="s").double()(s)  # never refused
+        assert y.features.shape == (rows.shape[0], 2)

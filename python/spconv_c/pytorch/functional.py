@@ -46,8 +46,10 @@ def sparse_add(*tensors):
     gets the sum of their features. The sites are the union, sorted by (b, z, y, x) as spconv's
     sparse_add (sort + unique) sorts them. Each operand is added by one index_add without
     repeated rows, in the operands' order, so the sums are the same bits on every device and run.
-    As in spconv, the result keeps the indice_key cache of the largest operand only when the
-    union is no larger than it (its sites are then the union); otherwise it starts a new one."""
+    The result keeps the indice_key cache of the largest operand when the union is its sites row
+    for row (the rulebooks cached there then fit); otherwise it starts a new one. (spconv keeps
+    it whenever the union has as many sites, even in another order: its subm layers would then
+    reuse pairs of the old order; ours would refuse the key, so it is not kept.)"""
     _check_alike(tensors, "sparse_add")
     first = tensors[0]
     everything = torch.cat([t.indices for t in tensors])
@@ -61,6 +63,6 @@ def sparse_add(*tensors):
     largest = max(tensors, key=lambda t: t.indices.shape[0])
     out = SparseConvTensor(feats, sites.to(first.indices.dtype).contiguous(), first.spatial_shape,
                            first.batch_size)
-    if sites.shape[0] == largest.indices.shape[0]:
+    if sites.shape[0] == largest.indices.shape[0] and torch.equal(out.indices, largest.indices):
         out.indice_dict = largest.indice_dict
     return out
