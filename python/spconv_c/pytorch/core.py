@@ -221,10 +221,12 @@ class SparseConvTensor:
 
     def dense(self, channels_first=True):
         """Dense [B, C, *spatial] (channels_first) or [B, *spatial, C]; differentiable."""
-        indices, shape = self.lifted_sites()
-        out = ops.sparse_to_dense(self._features, indices, shape, self.batch_size)
-        ndim = len(self.spatial_shape)
-        if ndim != MAX_NDIM:
+        if len(self.spatial_shape) == MAX_NDIM:  # (no call to lifted_sites: a graph break)
+            out = ops.sparse_to_dense(self._features, self.indices, self.spatial_shape,
+                                      self.batch_size)
+        else:
+            indices, shape = self.lifted_sites()
+            out = ops.sparse_to_dense(self._features, indices, shape, self.batch_size)
             out = out.reshape(out.shape[0], out.shape[1], *self.spatial_shape)
         return out if channels_first else out.movedim(1, -1).contiguous()
 
