@@ -18,6 +18,8 @@ conv_forward_bn     conv_forward, then an inference batch norm (running statisti
 conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
 maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
 maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
+conv_forward_token, conv_backward_token, maxpool_forward_token, maxpool_backward_token
+                    the same with the rulebook given by its token (below) instead of the handle
 sparse_to_dense     (features [N, C], indices [N, 4], spatial_shape, batch_size) -> [B, C, D, H, W]
 voxelize            points [P, F] -> (voxels, mean features, coords (z, y, x), num_points,
                     point_voxel, grid_size (x, y, z))
@@ -26,7 +28,13 @@ voxelize            points [P, F] -> (voxels, mean features, coords (z, y, x), n
 A Rulebook is an opaque handle (``torch.classes.spconv_c.Rulebook``): its methods give
 ``num_in()``, ``num_out()``, ``kernel_volume()``, ``pair_offsets()`` (int64 [KV + 1]),
 ``in_indices()``, ``out_indices()`` (views, no copies), and ``pairs_in()``, ``pairs_out()``
-(copies: the engine relies on what it recorded about its pair lists when it built them).
+(copies: the engine relies on what it recorded about its pair lists when it built them), and
+``token()``: a tensor, uint8 [num_in, num_out, 0], whose empty storage holds the rulebook. The
+*_token ops take it; under torch.compile the modules hand them tokens, which trace as ordinary
+tensor inputs (sizes guarded or symbolic, saved for a backward like any tensor), where a handle
+is a fake object of fixed sizes that AOTAutograd cannot save (docs/pytorch.md, "Rulebook
+tokens"). A view of a token stands for the same rulebook; a copy stands for nothing and is
+refused.
 """
 
 import torch
@@ -113,6 +121,39 @@ def _(rulebook, argmax, grad_out):
     return grad_out.new_empty(rulebook.num_in(), grad_out.shape[1])
 
 
+# The same with the rulebook given by its token, uint8 [num_in, num_out, 0] (Rulebook.token()):
+# the sizes are the token's, symbolic where tracing made them so.
+
+@torch.library.register_fake("spconv_c::conv_forward_token")
+def _(token, features, weight, bias):
+    _one_device("conv_forward_token", token, features, weight, bias)
+    return features.new_empty(token.shape[1], weight.shape[-1])
+
+
+@torch.library.register_fake("spconv_c::conv_backward_token")
+def _(token, features, weight, grad_out, output_mask):
+    _one_device("conv_backward_token", token, features, weight, grad_out)
+
+    def maybe(flag, like, shape):
+        return like.new_empty(shape) if flag else like.new_empty(0)
+    return (maybe(output_mask[0], features, features.shape),
+            maybe(output_mask[1], weight, weight.shape),
+            maybe(output_mask[2], weight, (weight.shape[-1],)))
+
+
+@torch.library.register_fake("spconv_c::maxpool_forward_token")
+def _(token, features):
+    _one_device("maxpool_forward_token", token, features)
+    shape = (token.shape[1], features.shape[1])
+    return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.register_fake("spconv_c::maxpool_backward_token")
+def _(token, argmax, grad_out):
+    _one_device("maxpool_backward_token", token, argmax, grad_out)
+    return grad_out.new_empty(token.shape[0], grad_out.shape[1])
+
+
 @torch.library.register_fake("spconv_c::sparse_to_dense")
 def _(features, indices, spatial_shape, batch_size):
     _one_device("sparse_to_dense", features, indices)
@@ -132,106 +173,111 @@ def _(points, voxel_size, coors_range, max_points, max_voxels):
 
 
 # ---- autograd -----------------------------------------------------------------------------------
+# The formulas are registered twice, for the ops that take the rulebook handle and for those that
+# take its token (conv_forward_token, ...): the same formulas over the matching pair of ops.
 
-def _conv_setup(ctx, inputs, output):
-    rulebook, features, weight, bias = inputs
-    ctx.rulebook = rulebook
-    ctx.has_bias = bias is not None
-    ctx.save_for_backward(features, weight)
+def _register_conv_autograd(forward, backward):
+    """conv ``forward``'s gradient through ``backward``, and ``backward``'s own (double backward)
+    through both (``forward`` and ``backward`` are OpOverloadPackets of torch.ops.spconv_c)."""
 
+    def setup(ctx, inputs, output):
+        rulebook, features, weight, bias = inputs
+        ctx.rulebook = rulebook
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(features, weight)
 
-def _conv_backward(ctx, grad_out):
-    features, weight = ctx.saved_tensors
-    mask = [ctx.needs_input_grad[1], ctx.needs_input_grad[2], ctx.has_bias and ctx.needs_input_grad[3]]
-    gf, gw, gb = _ops.conv_backward(ctx.rulebook, features, weight, grad_out.contiguous(), mask)
-    return None, gf if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None
+    def grad(ctx, grad_out):
+        features, weight = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[1], ctx.needs_input_grad[2],
+                ctx.has_bias and ctx.needs_input_grad[3]]
+        gf, gw, gb = backward(ctx.rulebook, features, weight, grad_out.contiguous(), mask)
+        return None, gf if mask[0] else None, gw if mask[1] else None, gb if mask[2] else None
 
+    torch.library.register_autograd(forward._qualified_op_name, grad, setup_context=setup)
 
-torch.library.register_autograd("spconv_c::conv_forward", _conv_backward, setup_context=_conv_setup)
+    # Double backward. conv_backward is linear in grad_out and in each of (features, weight):
+    #   gf[i]  = sum over pairs (i, o, k) of g[o] W_k^T      (features' values unused)
+    #   gw_k   = sum over pairs (i, o, k) of f[i]^T g[o]
+    #   gb     = sum over o of g[o]
+    # so the gradients of <ggf, gf> + <ggw, gw> + <ggb, gb> are again convolutions over the same
+    # rulebook:
+    #   wrt g: conv_forward(ggf, W) + conv_forward(f, ggw) + ggb
+    #   wrt f: the data gradient of the conv with weight ggw, conv_backward(f, ggw, g)[0]
+    #   wrt W: the weight gradient with features ggf, conv_backward(ggf, W, g)[1]
+    # Each is computed with the differentiable operators, so every further order works too.
 
+    def backward_setup(ctx, inputs, output):
+        rulebook, features, weight, grad_out, output_mask = inputs
+        ctx.rulebook = rulebook
+        ctx.mask = list(output_mask)
+        ctx.save_for_backward(features, weight, grad_out)
 
-# Double backward. conv_backward is linear in grad_out and in each of (features, weight):
-#   gf[i]  = sum over pairs (i, o, k) of g[o] W_k^T      (features' values unused)
-#   gw_k   = sum over pairs (i, o, k) of f[i]^T g[o]
-#   gb     = sum over o of g[o]
-# so the gradients of <ggf, gf> + <ggw, gw> + <ggb, gb> are again convolutions over the same
-# rulebook:
-#   wrt g: conv_forward(ggf, W) + conv_forward(f, ggw) + ggb
-#   wrt f: the data gradient of the conv with weight ggw, conv_backward(f, ggw, g)[0]
-#   wrt W: the weight gradient with features ggf, conv_backward(ggf, W, g)[1]
-# Each is computed with the differentiable operators, so every further order works too.
+    def double_grad(ctx, ggf, ggw, ggb):
+        features, weight, grad_out = ctx.saved_tensors
+        rb = ctx.rulebook
+        # Outputs not asked for are empty tensors: their gradients are nothing to propagate.
+        ggf = ggf if ctx.mask[0] and ggf is not None else None
+        ggw = ggw if ctx.mask[1] and ggw is not None else None
+        ggb = ggb if ctx.mask[2] and ggb is not None else None
+        want_f, want_w, want_g = ctx.needs_input_grad[1:4]
+        d_f = d_w = d_g = None
+        if want_g:
+            d_g = grad_out.new_zeros(grad_out.shape)
+            if ggf is not None:
+                d_g = d_g + forward(rb, ggf.contiguous(), weight, None)
+            if ggw is not None:
+                d_g = d_g + forward(rb, features, ggw.contiguous(), None)
+            if ggb is not None:
+                d_g = d_g + ggb
+        if want_f and ggw is not None:
+            d_f = backward(rb, features, ggw.contiguous(), grad_out, [True, False, False])[0]
+        if want_w and ggf is not None:
+            d_w = backward(rb, ggf.contiguous(), weight, grad_out, [False, True, False])[1]
+        return None, d_f, d_w, d_g, None
 
-def _conv_backward_setup(ctx, inputs, output):
-    rulebook, features, weight, grad_out, output_mask = inputs
-    ctx.rulebook = rulebook
-    ctx.mask = list(output_mask)
-    ctx.save_for_backward(features, weight, grad_out)
-
-
-def _conv_double_backward(ctx, ggf, ggw, ggb):
-    features, weight, grad_out = ctx.saved_tensors
-    rb = ctx.rulebook
-    # Outputs not asked for are empty tensors: their gradients are nothing to propagate.
-    ggf = ggf if ctx.mask[0] and ggf is not None else None
-    ggw = ggw if ctx.mask[1] and ggw is not None else None
-    ggb = ggb if ctx.mask[2] and ggb is not None else None
-    want_f, want_w, want_g = ctx.needs_input_grad[1:4]
-    d_f = d_w = d_g = None
-    if want_g:
-        d_g = grad_out.new_zeros(grad_out.shape)
-        if ggf is not None:
-            d_g = d_g + _ops.conv_forward(rb, ggf.contiguous(), weight, None)
-        if ggw is not None:
-            d_g = d_g + _ops.conv_forward(rb, features, ggw.contiguous(), None)
-        if ggb is not None:
-            d_g = d_g + ggb
-    if want_f and ggw is not None:
-        d_f = _ops.conv_backward(rb, features, ggw.contiguous(), grad_out, [True, False, False])[0]
-    if want_w and ggf is not None:
-        d_w = _ops.conv_backward(rb, ggf.contiguous(), weight, grad_out, [False, True, False])[1]
-    return None, d_f, d_w, d_g, None
-
-
-torch.library.register_autograd("spconv_c::conv_backward", _conv_double_backward,
-                                setup_context=_conv_backward_setup)
-
-
-def _pool_setup(ctx, inputs, output):
-    rulebook, features = inputs
-    ctx.rulebook = rulebook
-    ctx.save_for_backward(output[1])
-    ctx.mark_non_differentiable(output[1])
+    torch.library.register_autograd(backward._qualified_op_name, double_grad,
+                                    setup_context=backward_setup)
 
 
-def _pool_backward(ctx, grad_out, _grad_argmax):
-    (argmax,) = ctx.saved_tensors
-    return None, _ops.maxpool_backward(ctx.rulebook, argmax, grad_out.contiguous())
+def _register_pool_autograd(forward, backward):
+    """max pool ``forward``'s gradient through ``backward``, and ``backward``'s own."""
+
+    def setup(ctx, inputs, output):
+        rulebook, features = inputs
+        ctx.rulebook = rulebook
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    def grad(ctx, grad_out, _grad_argmax):
+        (argmax,) = ctx.saved_tensors
+        return None, backward(ctx.rulebook, argmax, grad_out.contiguous())
+
+    torch.library.register_autograd(forward._qualified_op_name, grad, setup_context=setup)
+
+    # maxpool_backward puts grad_out[o, c] at input row argmax[o, c]: linear in grad_out, and its
+    # gradient reads the incoming gradient back at the same rows (outputs without pairs, argmax
+    # -1, get 0). torch.gather keeps every further order differentiable.
+
+    def backward_setup(ctx, inputs, output):
+        rulebook, argmax, grad_out = inputs
+        ctx.save_for_backward(argmax)
+
+    def double_grad(ctx, gg):
+        (argmax,) = ctx.saved_tensors
+        if not ctx.needs_input_grad[2]:
+            return None, None, None
+        valid = argmax >= 0
+        picked = torch.gather(gg, 0, argmax.long().clamp(min=0))
+        return None, None, torch.where(valid, picked, picked.new_zeros(()))
+
+    torch.library.register_autograd(backward._qualified_op_name, double_grad,
+                                    setup_context=backward_setup)
 
 
-torch.library.register_autograd("spconv_c::maxpool_forward", _pool_backward,
-                                setup_context=_pool_setup)
-
-
-# maxpool_backward puts grad_out[o, c] at input row argmax[o, c]: linear in grad_out, and its
-# gradient reads the incoming gradient back at the same rows (outputs without pairs, argmax -1,
-# get 0). torch.gather keeps every further order differentiable.
-
-def _pool_backward_setup(ctx, inputs, output):
-    rulebook, argmax, grad_out = inputs
-    ctx.save_for_backward(argmax)
-
-
-def _pool_double_backward(ctx, gg):
-    (argmax,) = ctx.saved_tensors
-    if not ctx.needs_input_grad[2]:
-        return None, None, None
-    valid = argmax >= 0
-    picked = torch.gather(gg, 0, argmax.long().clamp(min=0))
-    return None, None, torch.where(valid, picked, picked.new_zeros(()))
-
-
-torch.library.register_autograd("spconv_c::maxpool_backward", _pool_double_backward,
-                                setup_context=_pool_backward_setup)
+_register_conv_autograd(_ops.conv_forward, _ops.conv_backward)
+_register_conv_autograd(_ops.conv_forward_token, _ops.conv_backward_token)
+_register_pool_autograd(_ops.maxpool_forward, _ops.maxpool_backward)
+_register_pool_autograd(_ops.maxpool_forward_token, _ops.maxpool_backward_token)
 
 
 def _dense_setup(ctx, inputs, output):
@@ -345,27 +391,32 @@ def _call(op, *args):
 
 
 @torch.compiler.disable
-def _call_outside_graph(op, *args):
-    return op(*args)
+def rulebook_token(rulebook):
+    """``rulebook.token()``, outside any compiled graph (where the handle would be a fake one)."""
+    return rulebook.token()
 
 
-def _call_rulebook_op(op, *args):
-    """_call for the differentiable ops that take a rulebook (conv, max pool). Under
-    torch.compile, a call that records a gradient runs outside the compiled graph (a graph break):
-    traced, such an op reaches AOTAutograd through Python dispatch (its rulebook is a fake
-    torchbind object there), which skips the op's autograd formula, so its output came back
-    without requires_grad and a compiled model trained nothing
-    (python/tests/test_training.py, test_torch_compile_trains_as_eager). Inference calls trace as
-    before."""
-    if (torch.compiler.is_compiling() and torch.is_grad_enabled()
-            and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
-        return _call_outside_graph(op, *args)
-    return _call(op, *args)
+def _call_rulebook_op(op, token_op, rulebook, *args):
+    """_call for the differentiable ops that take a rulebook (conv, max pool): ``op`` with a
+    rulebook handle, ``token_op`` with a token (Rulebook.token()). Under torch.compile a handle
+    is swapped for its token first (made outside the graph: a graph break; the modules hand the
+    ops tokens there, made where the rulebook is built, so theirs do not break). Traced, a
+    handle is a fake object with the sizes of the first rulebook traced, which nothing guards:
+    a graph compiled for one scan gave the next one outputs of the wrong size (inductor refused
+    them; with a gradient AOTAutograd could not save it for the backward either). A token is a
+    tensor, whose sizes the graph guards or makes symbolic like any other input's."""
+    if isinstance(rulebook, torch.Tensor):
+        return _call(token_op, rulebook, *args)
+    if torch.compiler.is_compiling():
+        return token_op(rulebook_token(rulebook), *args)
+    return _call(op, rulebook, *args)
 
 
 def indice_conv(rulebook, features, weight, bias=None):
-    """Differentiable sparse conv over ``rulebook``; weight [KV, C_in, C_out] or 5-d RSCK."""
-    return _call_rulebook_op(_ops.conv_forward, rulebook, features, weight, bias)
+    """Differentiable sparse conv over ``rulebook`` (a handle, or its token); weight
+    [KV, C_in, C_out] or 5-d RSCK."""
+    return _call_rulebook_op(_ops.conv_forward, _ops.conv_forward_token, rulebook, features,
+                             weight, bias)
 
 
 def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
@@ -379,8 +430,10 @@ def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
 
 
 def indice_maxpool(rulebook, features):
-    """Differentiable max pool over ``rulebook`` (starts from -inf; NaN propagates)."""
-    return _call_rulebook_op(_ops.maxpool_forward, rulebook, features)[0]
+    """Differentiable max pool over ``rulebook`` (a handle, or its token; starts from -inf, NaN
+    propagates)."""
+    return _call_rulebook_op(_ops.maxpool_forward, _ops.maxpool_forward_token, rulebook,
+                             features)[0]
 
 
 def sparse_to_dense(features, indices, spatial_shape, batch_size):

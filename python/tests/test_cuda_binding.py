@@ -186,6 +186,29 @@ def test_average_pool_on_cuda_is_the_cpu_bits(seed):
     assert torch.equal(got.features.cpu(), want.features)
 
 
+def test_token_on_cuda(seed):
+    # A rulebook built on the GPU gives a token on the GPU (what torch.compile's graphs take);
+    # the token ops run the same kernels as the handle ops: the same bits. A copy is refused.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 60, 3)
+    rb = ops.build_rulebook(idx.cuda(), SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    token = rb.token()
+    assert token.device.type == "cuda" and list(token.shape) == [rb.num_in(), rb.num_out(), 0]
+    f = feats.cuda()
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64).cuda()
+    want = torch.ops.spconv_c.conv_forward(rb, f, w, None)
+    assert torch.equal(torch.ops.spconv_c.conv_forward_token(token, f, w, None), want)
+    pooled = torch.ops.spconv_c.maxpool_forward(rb, f)
+    pooled_t = torch.ops.spconv_c.maxpool_forward_token(token, f)
+    assert all(torch.equal(a, b) for a, b in zip(pooled, pooled_t))
+    try:
+        torch.ops.spconv_c.conv_forward_token(token.clone(), f, w, None)
+    except RuntimeError as e:
+        assert "not a rulebook token" in str(e), str(e)
+    else:
+        raise AssertionError("a copy of a token was taken for a rulebook")
+
+
 if __name__ == "__main__":
     # Without pytest (the GPU machine of tools/gpu-check.sh may lack it): every test of this
     # file once, each parametrization too, with a printed seed; a failure raises.

@@ -35,9 +35,19 @@ def rulebooks(idx):
 CHECKS = {1: gradcheck, 2: gradgradcheck}
 
 
+# The conv and pool ops take a rulebook as a handle (conv_forward, ...) or as its token, a tensor
+# (conv_forward_token, ...: what the modules hand them under torch.compile); both are checked.
+FORMS = ["handle", "token"]
+
+
+def as_form(rb, form):
+    return rb.token() if form == "token" else rb
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("order", [1, 2])
 @pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
-def test_conv_gradcheck(seed, kind, order):
+def test_conv_gradcheck(seed, kind, order, form):
     gen, feats, idx = small_input(seed, count=30 if order == 1 else 20)
     rb = rulebooks(idx)[kind]
     cin, cout = 2, 3
@@ -47,7 +57,8 @@ def test_conv_gradcheck(seed, kind, order):
     w = torch.randn(kv, cin, cout, generator=gen, dtype=torch.float64, requires_grad=True)
     b = torch.randn(cout, generator=gen, dtype=torch.float64, requires_grad=True)
     f = feats.detach().requires_grad_(True)
-    assert CHECKS[order](lambda f, w, b: ops.indice_conv(rb, f, w, b), (f, w, b))
+    arg = as_form(rb, form)
+    assert CHECKS[order](lambda f, w, b: ops.indice_conv(arg, f, w, b), (f, w, b))
 
 
 def test_conv_double_backward_of_one_input(seed):
@@ -61,14 +72,62 @@ def test_conv_double_backward_of_one_input(seed):
     assert gradgradcheck(lambda f: ops.indice_conv(rb, f, w.detach()), (f,))
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("order", [1, 2])
-def test_maxpool_gradcheck(seed, order):
+def test_maxpool_gradcheck(seed, order, form):
     _, feats, idx = small_input(seed, count=40)
-    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
+    rb = as_form(ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0), form)
     # Distinct values keep every maximum away from ties, where max is not differentiable.
     f = (torch.randperm(feats.numel(), dtype=torch.float64).view(feats.shape) / 7.0 - 3.0)
     f.requires_grad_(True)
     assert CHECKS[order](lambda f: ops.indice_maxpool(rb, f), (f,))
+
+
+def test_token_stands_for_its_rulebook(seed):
+    """A token gives the handle's bits, keeps its rulebook alive, and is refused with a message
+    wherever it does not stand for one: a copy, a view of another shape, any other tensor."""
+    gen, feats, idx = small_input(seed, channels=3)
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    token = rb.token()
+    assert token.dtype == torch.uint8 and list(token.shape) == [rb.num_in(), rb.num_out(), 0]
+    want = torch.ops.spconv_c.conv_forward(rb, feats, w, None)
+    assert torch.equal(torch.ops.spconv_c.conv_forward_token(token, feats, w, None), want)
+    alias = token.detach()[:]  # a view shares the storage, which is what identifies a token
+    del rb
+    assert torch.equal(torch.ops.spconv_c.conv_forward_token(alias, feats, w, None), want)
+    for bad, says in [(token.clone(), "not a rulebook token"),
+                      (torch.empty(token.shape, dtype=torch.uint8), "not a rulebook token"),
+                      (feats, "not a rulebook token"),
+                      (token[1:], "a rulebook token is ["),
+                      (token.reshape(token.shape[1], token.shape[0], 0), "a rulebook token is [")]:
+        if list(bad.shape) == list(token.shape) and bad is not feats and "is [" in says:
+            continue  # (a transposed shape equal to the token's when num_in == num_out)
+        with pytest.raises(RuntimeError, match=says.replace("[", r"\[")):
+            torch.ops.spconv_c.conv_forward_token(bad, feats, w, None)
+    with pytest.raises(RuntimeError, match="not a rulebook token"):
+        torch.ops.spconv_c.maxpool_forward_token(feats, feats)
+
+
+def test_copied_cache_entry_makes_its_own_tokens(seed):
+    # The indice_key cache keeps tokens beside the handles; a copied entry (a deepcopied
+    # SparseConvTensor's indice_dict) drops them and makes tokens of its own copies.
+    import copy
+    from spconv_c.pytorch.core import IndiceEntry
+    gen, feats, idx = small_input(seed, channels=3)
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    entry = IndiceEntry(rb, ops.REGULAR, idx, SHAPE, rb.out_indices(), rb.out_shape(), [3] * 3,
+                        [2] * 3, [1] * 3, [1] * 3, 2, 3, rb.token())
+    entry.inverse(token=True)
+    twin = copy.deepcopy(entry)
+    assert twin.token is None and twin._inverse[1] is None
+    want = ops.indice_conv(rb, feats, w)
+    assert torch.equal(ops.indice_conv(twin.rulebook_arg(token=True), feats, w), want)
+    g = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+    back = torch.randn(27, 4, 3, generator=gen, dtype=torch.float64)
+    assert torch.equal(ops.indice_conv(twin.inverse(token=True), g, back),
+                       ops.indice_conv(entry.inverse(), g, back))
 
 
 @pytest.mark.parametrize("order", [1, 2])
@@ -118,6 +177,35 @@ def test_opcheck_every_op(seed):
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
+    tk, pool_tk = rb.token(), pool_rb.token()
+    token_cases = [
+        (torch.ops.spconv_c.conv_forward_token.default, (tk, f, w, b)),
+        (torch.ops.spconv_c.conv_forward_token.default, (rbs["subm"].token(), f, w, None)),
+        (torch.ops.spconv_c.conv_backward_token.default,
+         (tk, feats, w.detach(), g, [True, True, True])),
+        (torch.ops.spconv_c.conv_backward_token.default,
+         (tk, f, w, g.clone().requires_grad_(True), [True, True, True])),
+        (torch.ops.spconv_c.maxpool_forward_token.default, (pool_tk, f)),
+        (torch.ops.spconv_c.maxpool_backward_token.default,
+         (pool_tk, argmax, torch.ones_like(pooled).requires_grad_(True))),
+    ]
+    for op, args in token_cases:
+        opcheck_uncopied(op, args)
+
+
+def opcheck_uncopied(op, args):
+    """torch.library.opcheck's default checks (schema, autograd registration, fake kernel,
+    AOTAutograd with dynamic shapes) on the inputs as given. opcheck runs each on copies of the
+    tensor inputs, and a copy of a token stands for nothing (a token is known by its storage;
+    test_token_stands_for_its_rulebook), so the token ops take these from PyTorch's optests
+    module, where each check can be told not to copy. Their outputs are compared with eager's
+    as opcheck compares them."""
+    from torch.testing._internal.optests import aot_autograd, generate_tests
+    generate_tests.safe_schema_check(op, args, {}, copy_inputs=False)
+    generate_tests.safe_autograd_registration_check(op, args, {}, copy_inputs=False)
+    generate_tests.safe_fake_check(op, args, {}, copy_inputs=False)
+    aot_autograd.aot_autograd_check(lambda *a: op(*a), args, {}, True, check_gradients="auto",
+                                    copy_inputs=False)
 
 
 def test_inference_path_gives_the_same_bits(seed):

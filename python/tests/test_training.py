@@ -106,6 +106,16 @@ def test_ddp_two_processes_match_single_process(seed, tmp_path):
 
 # ---- torch.compile ------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Dynamo keeps what it compiled per code object for the process, and past a few
+    recompilations of a frame (8) it runs that frame eagerly for good: without a reset, a test
+    would see what earlier tests compiled, or no compilation at all."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def test_torch_compile_matches_eager(seed):
     torch.manual_seed(seed)
     net = small_net().eval()
@@ -120,23 +130,43 @@ def test_torch_compile_matches_eager(seed):
     torch.testing.assert_close(run(compiled), eager, rtol=1e-6, atol=1e-6)
 
 
+def recording(backend, graphs):
+    """torch.compile backend ``backend`` that keeps every graph Dynamo hands it in ``graphs``."""
+    inner = torch._dynamo.lookup_backend(backend)
+
+    def compile_graph(gm, example_inputs):
+        graphs.append(gm)
+        return inner(gm, example_inputs)
+    return compile_graph
+
+
+def rulebook_ops_in(graphs):
+    """The conv / pool operators the graphs call (by name)."""
+    return [str(node.target).split("spconv_c.")[1].split(".")[0] for gm in graphs
+            for node in gm.graph.nodes
+            if node.op == "call_function" and "spconv_c." in str(node.target)]
+
+
 def test_torch_compile_trains_as_eager(seed):
     # Training through torch.compile: the compiled model's loss, parameter gradients and the
-    # parameters after a few optimiser steps equal eager's. (Traced, a conv took its rulebook as
-    # a fake torchbind object, which skipped its autograd formula: the compiled outputs had no
-    # gradient and backward() failed; ops._call_rulebook_op.) float64, so that the compiled
-    # graph's decompositions of the element-wise layers (batch norm), which may round in another
-    # order, cannot move the comparison: they differ by a few units of 2^-52 per step, far
-    # inside 1e-9.
+    # parameters after a few optimiser steps equal eager's, on samples of three sizes (so the
+    # graphs are compiled again with symbolic sizes), and every conv runs inside a compiled
+    # graph. (Traced, a conv took its rulebook as a fake torchbind object, which skipped its
+    # autograd formula: the compiled outputs had no gradient and backward() failed; the convs
+    # then ran outside the graphs, a break each, until they took the rulebook's token,
+    # ops._call_rulebook_op.) float64, so that the compiled graph's decompositions of the
+    # element-wise layers (batch norm), which may round in another order, cannot move the
+    # comparison: they differ by a few units of 2^-52 per step, far inside 1e-9.
     torch.manual_seed(seed)
     eager = small_net().double()
     compiled_net = small_net().double()
     compiled_net.load_state_dict(eager.state_dict())
-    compiled = torch.compile(compiled_net, backend="aot_eager")
-    feats, idx, target = sample(seed)
-    feats, target = feats.double(), target.double()
+    graphs = []
+    compiled = torch.compile(compiled_net, backend=recording("aot_eager", graphs))
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, compiled_net)]
-    for _ in range(3):
+    for step in range(3):
+        feats, idx, target = sample(seed + step, count=100 + 20 * step)
+        feats, target = feats.double(), target.double()
         losses = []
         for net, opt in zip((eager, compiled), opts):
             opt.zero_grad()
@@ -149,3 +179,21 @@ def test_torch_compile_trains_as_eager(seed):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
         for opt in opts:
             opt.step()
+        if step == 0:  # the first pass's graphs: the four convs of small_net, each in one
+            assert sorted(rulebook_ops_in(graphs)) == ["conv_forward_token"] * 4
+
+
+def test_torch_compile_inductor_follows_sizes(seed):
+    # Inductor checks every output's size against the graph's. A rulebook handle entered the
+    # graph as a fake object with the sizes of the first one traced, and nothing guarded them:
+    # the second sample failed ("expected size 121==113"). Its token is a tensor, whose sizes
+    # the graph follows.
+    torch.manual_seed(seed)
+    net = small_net().double().eval()
+    compiled = torch.compile(net, backend="inductor")
+    with torch.no_grad():
+        for step in range(3):
+            feats, idx, _ = sample(seed + step, count=100 + 20 * step)
+            x = [spconv.SparseConvTensor(feats.double(), idx, SHAPE, 2) for _ in range(2)]
+            torch.testing.assert_close(compiled(x[0]).features, net(x[1]).features, rtol=1e-9,
+                                       atol=1e-12)

@@ -353,7 +353,9 @@ struct Rulebook : torch::CustomClassHolder {
     at::Tensor in_indices() const { return borrowed_to_torch(spconv_rulebook_in_indices(rb)); }
     at::Tensor out_indices() const { return borrowed_to_torch(spconv_rulebook_out_indices(rb)); }
 
-    // What torch.compile's fake rulebook (python/spconv_c/_fake.py) is rebuilt from.
+    at::Tensor token(const c10::intrusive_ptr<Rulebook> &self) const;
+
+    // What torch.compile's fake rulebook (python/spconv_c/ops.py, FakeRulebook) is rebuilt from.
     std::tuple<std::tuple<std::string, int64_t>, std::tuple<std::string, int64_t>,
                std::tuple<std::string, int64_t>, std::tuple<std::string, int64_t>>
     obj_flatten() const {
@@ -361,6 +363,52 @@ struct Rulebook : torch::CustomClassHolder {
                 {"kernel_volume", kernel_volume()}};
     }
 };
+
+// ---- rulebook tokens ---------------------------------------------------------------------------
+
+// A rulebook's token is a tensor that stands for the rulebook: uint8 [num_in, num_out, 0] on the
+// rulebook's device, whose (empty) storage holds a reference to the rulebook. The *_token ops take
+// it where the others take the handle. It exists for torch.compile's training graphs: AOTAutograd
+// saves what a backward needs from the forward, and it saves tensors but refuses torchbind objects
+// (PyTorch 2.15: "expected all opaque_object_outs to be opaque types"), so a conv or pool whose
+// backward needs its rulebook could not be traced with the handle. A token is an ordinary graph
+// input; views and detached aliases share its storage and so stand for the same rulebook, while a
+// copy (a new storage) is refused by the ops with a message, never misread.
+namespace {
+
+struct TokenHold {
+    c10::intrusive_ptr<Rulebook> rulebook;
+};
+
+void release_token(void *hold) { delete static_cast<TokenHold *>(hold); }
+
+// The rulebook a token stands for; anything else is an error naming @p op.
+const c10::intrusive_ptr<Rulebook> &rulebook_of(const at::Tensor &token, const char *op) {
+    TORCH_CHECK(token.defined() && token.has_storage() &&
+                    token.storage().data_ptr().get_deleter() == &release_token,
+                "spconv_c.", op, ": the rulebook argument is not a rulebook token (a tensor from "
+                "Rulebook.token(), or a view of one); a copy of a token stands for nothing");
+    const auto *hold = static_cast<const TokenHold *>(token.storage().data_ptr().get_context());
+    const Rulebook &rb = *hold->rulebook;
+    TORCH_CHECK(token.dim() == 3 && token.size(0) == rb.num_in() && token.size(1) == rb.num_out() &&
+                    token.size(2) == 0,
+                "spconv_c.", op, ": a rulebook token is [num_in, num_out, 0] = [", rb.num_in(), ", ",
+                rb.num_out(), ", 0]; this one is ", token.sizes());
+    return hold->rulebook;
+}
+
+} // namespace
+
+at::Tensor Rulebook::token(const c10::intrusive_ptr<Rulebook> &self) const {
+    const at::Device device = to_torch_device(spconv_tensor_device(spconv_rulebook_pairs_in(rb)));
+    auto *hold = new TokenHold{self};
+    // No bytes: the data pointer is never read; the context is what identifies a token.
+    c10::DataPtr data(hold, hold, &release_token, device);
+    c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), nullptr, false);
+    at::Tensor token = at::empty({num_in(), num_out(), 0}, at::TensorOptions(at::kByte).device(device));
+    token.set_(storage, 0, token.sizes(), token.strides());
+    return token;
+}
 
 namespace {
 
@@ -539,6 +587,29 @@ at::Tensor maxpool_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Te
     return to_torch(std::move(ho));
 }
 
+// The conv and pool ops with the rulebook given by its token (Rulebook::token above).
+at::Tensor conv_forward_token(const at::Tensor &token, const at::Tensor &features,
+                              const at::Tensor &weight, const c10::optional<at::Tensor> &bias) {
+    return conv_forward(rulebook_of(token, "conv_forward_token"), features, weight, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+conv_backward_token(const at::Tensor &token, const at::Tensor &features, const at::Tensor &weight,
+                    const at::Tensor &grad_out, const c10::List<bool> &output_mask) {
+    return conv_backward(rulebook_of(token, "conv_backward_token"), features, weight, grad_out,
+                         output_mask);
+}
+
+std::tuple<at::Tensor, at::Tensor> maxpool_forward_token(const at::Tensor &token,
+                                                         const at::Tensor &features) {
+    return maxpool_forward(rulebook_of(token, "maxpool_forward_token"), features);
+}
+
+at::Tensor maxpool_backward_token(const at::Tensor &token, const at::Tensor &argmax,
+                                  const at::Tensor &grad_out) {
+    return maxpool_backward(rulebook_of(token, "maxpool_backward_token"), argmax, grad_out);
+}
+
 at::Tensor sparse_to_dense(const at::Tensor &features, const at::Tensor &indices,
                            std::vector<int64_t> spatial_shape, int64_t batch_size) {
     int64_t shape[3];
@@ -629,6 +700,7 @@ TORCH_LIBRARY(spconv_c, m) {
         .def("pairs_out", &Rulebook::pairs_out)
         .def("in_indices", &Rulebook::in_indices)
         .def("out_indices", &Rulebook::out_indices)
+        .def("token", [](const c10::intrusive_ptr<Rulebook> &self) { return self->token(self); })
         .def("__obj_flatten__", &Rulebook::obj_flatten)
         // A rulebook is not a container: PyTorch's schema checker asks for len() of every
         // argument to find lists of tensors, and 0 says "not one".
@@ -659,6 +731,12 @@ TORCH_LIBRARY(spconv_c, m) {
           "-> (Tensor, Tensor)");
     m.def("maxpool_backward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor argmax, "
           "Tensor grad_out) -> Tensor");
+    m.def("conv_forward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor? bias) "
+          "-> Tensor");
+    m.def("conv_backward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor grad_out, "
+          "bool[] output_mask) -> (Tensor, Tensor, Tensor)");
+    m.def("maxpool_forward_token(Tensor rulebook, Tensor features) -> (Tensor, Tensor)");
+    m.def("maxpool_backward_token(Tensor rulebook, Tensor argmax, Tensor grad_out) -> Tensor");
     m.def("sparse_to_dense(Tensor features, Tensor indices, int[] spatial_shape, int batch_size) "
           "-> Tensor");
     m.def("voxelize(Tensor points, float[] voxel_size, float[] coors_range, int max_points, "
@@ -675,6 +753,10 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("conv_backward", &conv_backward);
     m.impl("maxpool_forward", &maxpool_forward);
     m.impl("maxpool_backward", &maxpool_backward);
+    m.impl("conv_forward_token", &conv_forward_token);
+    m.impl("conv_backward_token", &conv_backward_token);
+    m.impl("maxpool_forward_token", &maxpool_forward_token);
+    m.impl("maxpool_backward_token", &maxpool_backward_token);
     m.impl("sparse_to_dense", &sparse_to_dense);
     m.impl("voxelize", &voxelize);
 }

@@ -23,7 +23,7 @@ from torch.nn.parameter import Parameter
 
 from .. import ops
 from .core import (MAX_NDIM, IndiceEntry, SparseConvTensor, axes_of, extents_of, lift_shape,
-                   version_of)
+                   unchanged_since, version_of)
 from .modules import SparseModule
 
 LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "0") == "1"
@@ -49,10 +49,11 @@ def _same_sites(cached, version, indices):
     was ``version`` then), row for row: the same tensor at the same version (the layers of a
     sequence pass it on, so this is the usual answer), else equal values (a pass over the rows).
     The same tensor written into since (in place, or through a view) is not: its values then
-    say nothing about what it held. An inference tensor has no version; the same one is taken
-    as unchanged (writes to it cannot be seen, as writes through ``.data`` cannot)."""
+    say nothing about what it held. An inference tensor has no version, nor has any tensor
+    under torch.compile (core.version_of); the same one is then taken as unchanged (writes to
+    it cannot be seen, as writes through ``.data`` cannot)."""
     if cached is indices:
-        return version is None or version_of(indices) == version
+        return unchanged_since(version, indices)
     return (cached.shape == indices.shape and cached.dtype == indices.dtype
             and torch.equal(cached, indices))
 
@@ -85,21 +86,32 @@ def _known_sites(cache, input):
 
 
 @torch.compiler.disable
-def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding):
+def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding, with_token):
     """A new rulebook on ``input``'s sites: on the sites of a stored rulebook where they are
-    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices."""
+    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices.
+    Returns (rulebook, its token when ``with_token`` else None, output indices, output spatial
+    shape), all read here, outside any compiled graph (traced, a handle is a fake one)."""
     known = _known_sites(cache, input)
     if known is not None:
-        return ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
-                                     output_padding)
-    return ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind, ksize,
-                              stride, padding, dilation, output_padding)
+        rb = ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
+                                   output_padding)
+    else:
+        rb = ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind,
+                                ksize, stride, padding, dilation, output_padding)
+    token = rb.token() if with_token else None
+    if kind == ops.SUBM:
+        return rb, token, input.indices, list(input.spatial_shape)
+    return rb, token, rb.out_indices(), list(rb.out_shape())
 
 
 def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
-                 ndim=MAX_NDIM):
+                 ndim=MAX_NDIM, token=None):
     """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
-    out_indices, out_spatial_shape).
+    out_indices, out_spatial_shape). ``rb`` is the handle, or its token (Rulebook.token()) with
+    ``token``, which defaults to "under torch.compile": there the ops take the token, which is a
+    tensor, so that its sizes are the graph's (a rulebook handle entered a graph with the sizes
+    of the first one traced, and nothing guarded them) and a training graph can keep it for the
+    backward (AOTAutograd saves tensors, not torchbind objects).
 
     subm: reused when the key holds a subm rulebook of the same kernel/dilation on the same
     sites, else built and stored; regular / transposed / pool: built and stored under the key
@@ -107,6 +119,8 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     ``ndim``: the layer's own (a 1-d / 2-d layer's ``input`` is lifted); a key stored by a layer
     of another ndim is refused, since lifted sites of several ndims can look alike.
     """
+    if token is None:
+        token = torch.compiler.is_compiling()
     cache = input.indice_dict
     entry = cache.get(indice_key) if indice_key is not None else None
     if entry is not None and kind in (ops.INVERSE, ops.SUBM) and entry.ndim != ndim:
@@ -133,7 +147,7 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                              f"{list(input.spatial_shape)}) are not the output sites of the conv "
                              f"under indice_key {indice_key!r} (spatial shape "
                              f"{list(entry.out_spatial_shape)}), row for row")
-        return entry, entry.inverse(), entry.indices, entry.spatial_shape
+        return entry, entry.inverse(token), entry.indices, entry.spatial_shape
     if kind == ops.SUBM and indice_key is not None and indice_key in cache:
         entry = cache[indice_key]
         if (not entry.is_subm or list(entry.ksize) != list(ksize)
@@ -154,16 +168,16 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                                f"input has {input.indices.shape[0]}"
                                + (", its indices written into since" if written else "")
                                + "); a key's subm layers must share their sites")
-        return entry, entry.rulebook, entry.out_indices, entry.out_spatial_shape
-    rb = _build(cache, input, kind, ksize, stride, padding, dilation, output_padding)
-    out_indices = input.indices if kind == ops.SUBM else rb.out_indices()
-    out_shape = list(input.spatial_shape) if kind == ops.SUBM else list(rb.out_shape())
+        return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
+    rb, tk, out_indices, out_shape = _build(cache, input, kind, ksize, stride, padding,
+                                            dilation, output_padding, token)
     entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
                         out_shape, list(ksize), list(stride), list(padding), list(dilation),
-                        input.batch_size, ndim)
+                        input.batch_size, ndim, tk)
     if indice_key is not None:
         cache[indice_key] = entry
-    return entry, rb, out_indices, out_shape
+    return entry, entry.rulebook_arg(token), out_indices, out_shape
+
 
 
 def check_ndim(module, input):
@@ -177,24 +191,26 @@ def check_ndim(module, input):
                          f"{list(input.spatial_shape)})")
 
 
-def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, indice_key):
+def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
+                token=None):
     """rulebook_for on ``input`` of any ndim: returns (rb, out_indices, out_spatial_shape, lifted)
     with the output's sites as the layer gives them (nd), and ``lifted`` their engine rows for
     _derive (None for a 3-d layer). A 1-d / 2-d layer works in the engine's 3-d space on the
     lifted sites (core.py's docstring); the cache under its indice_key holds those. Its outputs:
     a subm layer's are the input's own indices (the same tensor); an inverse conv's are the nd
-    indices its paired conv took; others an int32 [M, ndim + 1] copy of the engine's rows."""
+    indices its paired conv took; others an int32 [M, ndim + 1] copy of the engine's rows.
+    ``rb`` is the handle or the token, as rulebook_for's ``token`` says."""
     ndim = len(input.spatial_shape)
     if ndim == MAX_NDIM:
         _, rb, out_indices, out_shape = rulebook_for(input, kind, ksize, stride, padding, dilation,
-                                                     output_padding, indice_key, ndim)
+                                                     output_padding, indice_key, ndim, token)
         return rb, out_indices, out_shape, None
     sites = input.shadow_copy()  # shares the indice_dict
     sites.indices, sites.spatial_shape = input.lifted_sites()
     try:
         entry, rb, rows, shape = rulebook_for(
             sites, kind, lift_shape(ksize, 1), lift_shape(stride, 1), lift_shape(padding, 0),
-            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key, ndim)
+            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key, ndim, token)
     except RuntimeError as e:
         lead = MAX_NDIM - ndim
         axes = axes_of(ndim)
@@ -205,7 +221,7 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         out = input.indices
     elif kind == ops.INVERSE and entry.nd_indices is not None:
         out = entry.nd_indices
-        if version_of(out) != entry.nd_version:
+        if not unchanged_since(entry.nd_version, out):
             rows = None  # written into since: the next layer lifts what they hold now
     else:
         out = rows[:, [0, *range(MAX_NDIM + 1 - ndim, MAX_NDIM + 1)]]  # a copy

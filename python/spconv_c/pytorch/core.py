@@ -35,9 +35,35 @@ def lift_shape(shape, fill):
 
 
 def version_of(tensor):
-    """The tensor's version counter, or None for an inference tensor (torch.inference_mode),
-    which has none: such indices are never taken as unchanged."""
-    return None if tensor.is_inference() else tensor._version
+    """The tensor's version counter, or None where there is none to read: an inference tensor
+    (torch.inference_mode) has none, and under torch.compile a version is a data-dependent
+    value (reading it breaks the graph). A rulebook cached on sites whose version is None is
+    reused for the same tensor (identity), but no build skips its checks on them
+    (conv._known_sites)."""
+    if torch.compiler.is_compiling() or tensor.is_inference():
+        return None
+    return tensor._version
+
+
+def unchanged_since(version, tensor):
+    """Whether ``tensor``, which was at ``version`` (from version_of), has not been written
+    into since, as far as can be told: where either version is unknown (None, see version_of)
+    the same tensor is taken as unchanged."""
+    if version is None:
+        return True
+    now = version_of(tensor)
+    return now is None or now == version
+
+
+@torch.compiler.disable
+def _inverse_of(rulebook, with_token):
+    rb = ops.inverse_rulebook(rulebook)
+    return rb, (rb.token() if with_token else None)
+
+
+@torch.compiler.disable
+def _token_of(rulebook):
+    return rulebook.token()
 
 
 def axes_of(ndim):
@@ -57,12 +83,14 @@ class IndiceEntry:
     ``out_spatial_shape`` its output, in the engine's 3-d space (a 1-d / 2-d layer's sites
     lifted, see the module's docstring); ``kind`` is ops.REGULAR, ops.SUBM or ops.TRANSPOSED
     (a pool stores a REGULAR rulebook). ``inverse()`` is the rulebook of the inverse conv (built
-    once).
+    once). ``token``: the rulebook's token (Rulebook.token()) where one was made, else None;
+    ``rulebook_arg`` / ``inverse`` give the handle or the token as the ops take them.
     """
 
     def __init__(self, rulebook, kind, indices, spatial_shape, out_indices, out_spatial_shape,
-                 ksize, stride, padding, dilation, batch_size=None, ndim=MAX_NDIM):
+                 ksize, stride, padding, dilation, batch_size=None, ndim=MAX_NDIM, token=None):
         self.rulebook = rulebook
+        self.token = token
         self.kind = kind
         self.is_subm = kind == ops.SUBM
         self.indices, self.spatial_shape = indices, spatial_shape
@@ -78,12 +106,31 @@ class IndiceEntry:
         # on those sites need not check them again (rulebook_for).
         self.in_version = version_of(indices)
         self.out_version = version_of(out_indices)
-        self._inverse = None
+        self._inverse = None  # (handle, token or None)
 
-    def inverse(self):
-        if self._inverse is None:
-            self._inverse = ops.inverse_rulebook(self.rulebook)
-        return self._inverse
+    def __getstate__(self):
+        # A token is known by its storage, which a copy (deepcopy, pickle) does not share: a
+        # copied entry makes its own tokens when asked (the handles copy by rebuilding).
+        state = dict(self.__dict__)
+        state["token"] = None
+        if state["_inverse"] is not None:
+            state["_inverse"] = (state["_inverse"][0], None)
+        return state
+
+    def rulebook_arg(self, token=False):
+        """The rulebook as the conv / pool ops take it: the handle, or with ``token`` its token
+        (made here, outside any compiled graph, when the entry has none yet)."""
+        if not token:
+            return self.rulebook
+        if self.token is None:
+            self.token = _token_of(self.rulebook)
+        return self.token
+
+    def inverse(self, token=False):
+        """The inverse conv's rulebook (built once): its handle, or with ``token`` its token."""
+        if self._inverse is None or (token and self._inverse[1] is None):
+            self._inverse = _inverse_of(self.rulebook, token)
+        return self._inverse[1] if token else self._inverse[0]
 
 
 class SparseConvTensor:
@@ -168,7 +215,6 @@ class SparseConvTensor:
             new.__dict__.pop("_lift", None)  # another tensor's rows: of no use here
         return new
 
-    @torch.compiler.disable
     def lifted_sites(self):
         """(indices [N, 4], spatial shape [3]): this tensor's sites in the engine's 3-d space.
         A 3-d tensor's are its own. A 1-d / 2-d tensor's are an int32 [N, 4] copy with zeros on

@@ -40,10 +40,10 @@ class _WindowPool(SparseModule):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}")
 
-    def _sites(self, input):
+    def _sites(self, input, token=None):
         check_ndim(self, input)
         return layer_sites(input, ops.REGULAR, self.kernel_size, self.stride, self.padding,
-                           self.dilation, [0] * self.ndim, self.indice_key)
+                           self.dilation, [0] * self.ndim, self.indice_key, token)
 
 
 class SparseMaxPool(_WindowPool):
@@ -101,11 +101,13 @@ def _check_features(module, features, rows):
 
 
 @torch.compiler.disable
-def _window_means(rb, features):
-    """Each output's mean over the active inputs of its window (the pairs of ``rb``), summed
-    offset after offset in increasing k, each offset one index_add without repeated rows (so the
-    sums are the same bits on every device and run); 16-bit features are summed in float32 and
-    rounded once. Differentiable through PyTorch's own ops."""
+def _window_means(module, rb, features):
+    """Each output's mean over the active inputs of its window (the pairs of ``rb``, a handle),
+    summed offset after offset in increasing k, each offset one index_add without repeated rows
+    (so the sums are the same bits on every device and run); 16-bit features are summed in
+    float32 and rounded once. Differentiable through PyTorch's own ops. (Outside any compiled
+    graph: it reads the handle, which is a fake one there.)"""
+    _check_features(module, features, rb.num_in())
     if rb.num_out() == 0:
         return features[:0]  # no windows: an empty output that autograd still reaches
     offsets = rb.pair_offsets().tolist()
@@ -128,9 +130,9 @@ class SparseAvgPool(_WindowPool):
     KIND = "average"
 
     def forward(self, input):
-        rb, out_indices, out_shape, lifted = self._sites(input)
-        _check_features(self, input.features, rb.num_in())
-        return input._derive(_window_means(rb, input.features), out_indices, out_shape, lifted)
+        rb, out_indices, out_shape, lifted = self._sites(input, token=False)
+        return input._derive(_window_means(self, rb, input.features), out_indices, out_shape,
+                             lifted)
 
 
 class _SparseAvgPoolNd(_FixedNdim, SparseAvgPool):
