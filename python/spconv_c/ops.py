@@ -98,15 +98,19 @@ def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, runnin
     return features.new_empty(rulebook.num_out(), weight.shape[-1])
 
 
-@torch.library.register_fake("spconv_c::conv_backward")
-def _(rulebook, features, weight, grad_out, output_mask):
-    _one_device("conv_backward", features, weight, grad_out)
-
+def _conv_gradients_like(features, weight, output_mask):
+    """conv_backward's outputs: the gradients asked for, shaped as their inputs; empty others."""
     def maybe(flag, like, shape):
         return like.new_empty(shape) if flag else like.new_empty(0)
     return (maybe(output_mask[0], features, features.shape),
             maybe(output_mask[1], weight, weight.shape),
             maybe(output_mask[2], weight, (weight.shape[-1],)))
+
+
+@torch.library.register_fake("spconv_c::conv_backward")
+def _(rulebook, features, weight, grad_out, output_mask):
+    _one_device("conv_backward", features, weight, grad_out)
+    return _conv_gradients_like(features, weight, output_mask)
 
 
 @torch.library.register_fake("spconv_c::maxpool_forward")
@@ -133,12 +137,7 @@ def _(token, features, weight, bias):
 @torch.library.register_fake("spconv_c::conv_backward_token")
 def _(token, features, weight, grad_out, output_mask):
     _one_device("conv_backward_token", token, features, weight, grad_out)
-
-    def maybe(flag, like, shape):
-        return like.new_empty(shape) if flag else like.new_empty(0)
-    return (maybe(output_mask[0], features, features.shape),
-            maybe(output_mask[1], weight, weight.shape),
-            maybe(output_mask[2], weight, (weight.shape[-1],)))
+    return _conv_gradients_like(features, weight, output_mask)
 
 
 @torch.library.register_fake("spconv_c::maxpool_forward_token")
