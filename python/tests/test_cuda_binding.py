@@ -209,6 +209,38 @@ def test_token_on_cuda(seed):
         raise AssertionError("a copy of a token was taken for a rulebook")
 
 
+def test_compiled_training_on_cuda(seed):
+    # torch.compile (aot_eager) on the GPU: the modules hand the ops rulebook tokens on the
+    # device; outputs and gradients equal the eager network's on two inputs of different sizes
+    # (float64; the compiled batch norm may round in another order, far inside 1e-9).
+    import copy
+
+    import spconv_c.pytorch as ours
+    from nets import make_net
+
+    shape = [12, 12, 12]
+    torch.manual_seed(seed)
+    eager = make_net(ours, ndim=3).double().cuda()
+    compiled_net = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_net, backend="aot_eager")
+    gen = torch.Generator().manual_seed(seed)
+    for count in (300, 260):
+        feats, idx = random_sparse(gen, 2, shape, count, 4)
+        results = []
+        for net, model in ((eager, eager), (compiled_net, compiled)):
+            net.zero_grad()
+            f = feats.cuda().requires_grad_(True)
+            out = model(ours.SparseConvTensor(f, idx.cuda(), shape, 2))
+            (sum(t.square().sum() for t in out)).backward()
+            results.append((out, f.grad, [p.grad for p in net.parameters()]))
+        (out_e, gf_e, gp_e), (out_c, gf_c, gp_c) = results
+        for a, b in zip(out_c, out_e):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(gf_c, gf_e, rtol=1e-9, atol=1e-9)
+        for a, b in zip(gp_c, gp_e):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 if __name__ == "__main__":
     # Without pytest (the GPU machine of tools/gpu-check.sh may lack it): every test of this
     # file once, each parametrization too, with a printed seed; a failure raises.

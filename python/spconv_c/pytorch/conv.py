@@ -86,11 +86,13 @@ def _known_sites(cache, input):
 
 
 @torch.compiler.disable
-def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding, with_token):
-    """A new rulebook on ``input``'s sites: on the sites of a stored rulebook where they are
-    known (the rows' checks, 15-20% of a strided build, skipped), else from the indices.
-    Returns (rulebook, its token when ``with_token`` else None, output indices, output spatial
-    shape), all read here, outside any compiled graph (traced, a handle is a fake one)."""
+def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
+           ndim, with_token):
+    """A new rulebook on ``input``'s sites, as a new IndiceEntry, stored under ``indice_key``
+    (when not None): built on the sites of a stored rulebook where they are known (the rows'
+    checks, 15-20% of a strided build, skipped), else from the indices; with its token when
+    ``with_token``. Outside any compiled graph: it reads the handle (traced, a fake one), and
+    the compiled code that follows takes only the entry's tensors and token."""
     known = _known_sites(cache, input)
     if known is not None:
         rb = ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
@@ -98,10 +100,16 @@ def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
     else:
         rb = ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind,
                                 ksize, stride, padding, dilation, output_padding)
-    token = rb.token() if with_token else None
     if kind == ops.SUBM:
-        return rb, token, input.indices, list(input.spatial_shape)
-    return rb, token, rb.out_indices(), list(rb.out_shape())
+        out_indices, out_shape = input.indices, list(input.spatial_shape)
+    else:
+        out_indices, out_shape = rb.out_indices(), list(rb.out_shape())
+    entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
+                        out_shape, list(ksize), list(stride), list(padding), list(dilation),
+                        input.batch_size, ndim, rb.token() if with_token else None)
+    if indice_key is not None:
+        cache[indice_key] = entry
+    return entry
 
 
 def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
@@ -169,14 +177,9 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                                + (", its indices written into since" if written else "")
                                + "); a key's subm layers must share their sites")
         return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
-    rb, tk, out_indices, out_shape = _build(cache, input, kind, ksize, stride, padding,
-                                            dilation, output_padding, token)
-    entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
-                        out_shape, list(ksize), list(stride), list(padding), list(dilation),
-                        input.batch_size, ndim, tk)
-    if indice_key is not None:
-        cache[indice_key] = entry
-    return entry, entry.rulebook_arg(token), out_indices, out_shape
+    entry = _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
+                   indice_key, ndim, token)
+    return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
 
 
 

@@ -55,15 +55,17 @@ def unchanged_since(version, tensor):
     return now is None or now == version
 
 
+# Tokens are made outside any compiled graph, from the entry (a handle that enters a traced
+# frame becomes a fake object there, which Dynamo builds with a warning per method it lacks).
+
 @torch.compiler.disable
-def _inverse_of(rulebook, with_token):
-    rb = ops.inverse_rulebook(rulebook)
-    return rb, (rb.token() if with_token else None)
+def _token_of(entry):
+    return entry.rulebook.token()
 
 
 @torch.compiler.disable
-def _token_of(rulebook):
-    return rulebook.token()
+def _inverse_token_of(entry):
+    return entry.inverse().token()
 
 
 def axes_of(ndim):
@@ -106,31 +108,33 @@ class IndiceEntry:
         # on those sites need not check them again (rulebook_for).
         self.in_version = version_of(indices)
         self.out_version = version_of(out_indices)
-        self._inverse = None  # (handle, token or None)
+        self._inverse = self._inverse_token = None
 
     def __getstate__(self):
         # A token is known by its storage, which a copy (deepcopy, pickle) does not share: a
         # copied entry makes its own tokens when asked (the handles copy by rebuilding).
         state = dict(self.__dict__)
-        state["token"] = None
-        if state["_inverse"] is not None:
-            state["_inverse"] = (state["_inverse"][0], None)
+        state["token"] = state["_inverse_token"] = None
         return state
 
     def rulebook_arg(self, token=False):
         """The rulebook as the conv / pool ops take it: the handle, or with ``token`` its token
-        (made here, outside any compiled graph, when the entry has none yet)."""
+        (made outside any compiled graph when the entry has none yet)."""
         if not token:
             return self.rulebook
         if self.token is None:
-            self.token = _token_of(self.rulebook)
+            self.token = _token_of(self)
         return self.token
 
     def inverse(self, token=False):
         """The inverse conv's rulebook (built once): its handle, or with ``token`` its token."""
-        if self._inverse is None or (token and self._inverse[1] is None):
-            self._inverse = _inverse_of(self.rulebook, token)
-        return self._inverse[1] if token else self._inverse[0]
+        if token:
+            if self._inverse_token is None:
+                self._inverse_token = _inverse_token_of(self)
+            return self._inverse_token
+        if self._inverse is None:
+            self._inverse = ops.inverse_rulebook(self.rulebook)
+        return self._inverse
 
 
 class SparseConvTensor:
