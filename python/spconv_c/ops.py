@@ -48,7 +48,9 @@ _ops = torch.ops.spconv_c
 
 @torch._library.register_fake_class("spconv_c::Rulebook")
 class FakeRulebook:
-    """A rulebook under tracing: its sizes (the number of output sites may be symbolic)."""
+    """A rulebook handle under tracing: the sizes of the real one it was made from. They are
+    fixed (nothing guards them), so compiled code takes tokens instead (``_call_rulebook_op``);
+    this serves the handle ops' fake kernels, which opcheck and FakeTensorMode run."""
 
     def __init__(self, kind, num_in, num_out, kernel_volume):
         self._kind, self._num_in, self._num_out, self._kv = kind, num_in, num_out, kernel_volume
@@ -73,7 +75,7 @@ class FakeRulebook:
 # build_rulebook and inverse_rulebook have no fake kernels: they return a rulebook handle (a
 # torchbind object), which PyTorch's fake tensors cannot produce, and their output sizes depend
 # on the data anyway. Under torch.compile they run eagerly (build_rulebook below is a graph
-# break); the conv and pool ops that consume a rulebook trace through FakeRulebook.
+# break); the conv and pool ops then take the rulebook's token.
 
 
 def _one_device(op, *tensors):
