@@ -197,3 +197,36 @@ def test_torch_compile_inductor_follows_sizes(seed):
             x = [spconv.SparseConvTensor(feats.double(), idx, SHAPE, 2) for _ in range(2)]
             torch.testing.assert_close(compiled(x[0]).features, net(x[1]).features, rtol=1e-9,
                                        atol=1e-12)
+
+
+def test_sites_cached_under_compile_are_checked_in_eager(seed):
+    # Versions cannot be read while torch.compile traces (the cache trusts identity there), but
+    # what a compiled layer leaves in the cache must not vouch for its sites afterwards: written
+    # into in eager code, they are refused (3-d subm key) or lifted again (2-d inverse conv).
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 1, SHAPE, 40, 2, dtype=torch.float64)
+    first = spconv.SubMConv3d(2, 3, 3, indice_key="k").double()
+    second = spconv.SubMConv3d(3, 3, 3, indice_key="k").double()
+    free = [(0, z, y, x) for z in range(SHAPE[0]) for y in range(SHAPE[1]) for x in range(SHAPE[2])
+            if not (idx == torch.tensor([0, z, y, x], dtype=torch.int32)).all(1).any()]
+    for layer in (first, torch.compile(first, backend="aot_eager")):
+        y = layer(spconv.SparseConvTensor(feats, idx.clone(), SHAPE, 1))
+        y.indices[0] = torch.tensor(free[0], dtype=torch.int32)  # moved in place
+        with pytest.raises(ValueError, match="written into since"):
+            second(y)
+
+    plane = [SHAPE[1], SHAPE[2]]
+    idx2 = idx[:, [0, 2, 3]].unique(dim=0).contiguous()
+    feats2 = torch.randn(idx2.shape[0], 2, generator=gen, dtype=torch.float64)
+    down = spconv.SparseConv2d(2, 4, 3, 2, 1, indice_key="d").double()
+    inverse = spconv.SparseInverseConv2d(4, 3, 3, indice_key="d").double()
+    subm = spconv.SubMConv2d(3, 3, 3).double()
+    for layer in (down, torch.compile(down, backend="aot_eager")):
+        x = spconv.SparseConvTensor(feats2, idx2.clone(), plane, 1)
+        with torch.no_grad():
+            y = layer(x)
+            x.indices[:, 1:] = torch.tensor(plane, dtype=torch.int32) - 1 - x.indices[:, 1:]
+            z = inverse(y)  # its outputs are x's sites as they are now (mirrored)
+            got = subm(z).features
+            want = subm(spconv.SparseConvTensor(z.features, z.indices.clone(), plane, 1)).features
+        assert torch.equal(got, want)

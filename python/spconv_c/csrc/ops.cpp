@@ -382,12 +382,15 @@ struct TokenHold {
 
 void release_token(void *hold) { delete static_cast<TokenHold *>(hold); }
 
-// The rulebook a token stands for; anything else is an error naming @p op.
-const c10::intrusive_ptr<Rulebook> &rulebook_of(const at::Tensor &token, const char *op) {
+// The rulebook a token stands for (a new reference: the token may lose its storage to another
+// thread's set_() while the op runs); anything else is an error naming @p op.
+c10::intrusive_ptr<Rulebook> rulebook_of(const at::Tensor &token, const char *op) {
     TORCH_CHECK(token.defined() && token.has_storage() &&
                     token.storage().data_ptr().get_deleter() == &release_token,
                 "spconv_c.", op, ": the rulebook argument is not a rulebook token (a tensor from "
-                "Rulebook.token(), or a view of one); a copy of a token stands for nothing");
+                "Rulebook.token(), or a view of one); a copy of a token stands for nothing (under "
+                "torch.compile, saved-tensor hooks that copy, such as "
+                "torch.autograd.graph.save_on_cpu, and CUDA graphs' input copies make such copies)");
     const auto *hold = static_cast<const TokenHold *>(token.storage().data_ptr().get_context());
     const Rulebook &rb = *hold->rulebook;
     TORCH_CHECK(token.dim() == 3 && token.size(0) == rb.num_in() && token.size(1) == rb.num_out() &&
@@ -479,13 +482,15 @@ c10::intrusive_ptr<Rulebook> inverse_rulebook(const c10::intrusive_ptr<Rulebook>
     return c10::make_intrusive<Rulebook>(rb);
 }
 
-at::Tensor conv_forward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
-                        const at::Tensor &weight, const c10::optional<at::Tensor> &bias) {
+// The conv and pool ops on a rulebook, named @p op in their errors; each is registered twice,
+// with the rulebook's handle (conv_forward, ...) and with its token (conv_forward_token, ...).
+at::Tensor conv_forward_on(const Rulebook &rb, const at::Tensor &features, const at::Tensor &weight,
+                           const c10::optional<at::Tensor> &bias, const char *op) {
     Handle f = wrap(features, "features"), w = wrap(weight, "weight");
     Handle b = wrap_optional(bias, "bias");
     DeviceScope scope(features.device());
     spconv_tensor *out = nullptr;
-    SPCONV_TRY("conv_forward", spconv_conv_forward(scope.ctx, rb->rb, f.t, w.t, b.t, &out));
+    SPCONV_TRY(op, spconv_conv_forward(scope.ctx, rb.rb, f.t, w.t, b.t, &out));
     Handle result(out);
     scope.finish();
     return to_torch(std::move(result));
@@ -548,14 +553,14 @@ at::Tensor conv_forward_bn(const c10::intrusive_ptr<Rulebook> &rb, const at::Ten
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
-conv_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
-              const at::Tensor &weight, const at::Tensor &grad_out, const c10::List<bool> &output_mask) {
-    TORCH_CHECK(output_mask.size() == 3, "spconv_c.conv_backward: output_mask needs 3 values");
+conv_backward_on(const Rulebook &rb, const at::Tensor &features, const at::Tensor &weight,
+                 const at::Tensor &grad_out, const c10::List<bool> &output_mask, const char *op) {
+    TORCH_CHECK(output_mask.size() == 3, "spconv_c.", op, ": output_mask needs 3 values");
     Handle f = wrap(features, "features"), w = wrap(weight, "weight"), g = wrap(grad_out, "grad_out");
     DeviceScope scope(features.device());
     spconv_tensor *gf = nullptr, *gw = nullptr, *gb = nullptr;
-    SPCONV_TRY("conv_backward",
-               spconv_conv_backward(scope.ctx, rb->rb, f.t, w.t, g.t, output_mask.get(0) ? &gf : nullptr,
+    SPCONV_TRY(op,
+               spconv_conv_backward(scope.ctx, rb.rb, f.t, w.t, g.t, output_mask.get(0) ? &gf : nullptr,
                                     output_mask.get(1) ? &gw : nullptr, output_mask.get(2) ? &gb : nullptr));
     Handle hf(gf), hw(gw), hb(gb);
     scope.finish();
@@ -565,49 +570,77 @@ conv_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features
             gb ? to_torch(std::move(hb)) : empty(weight)};
 }
 
-std::tuple<at::Tensor, at::Tensor> maxpool_forward(const c10::intrusive_ptr<Rulebook> &rb,
-                                                   const at::Tensor &features) {
+std::tuple<at::Tensor, at::Tensor> maxpool_forward_on(const Rulebook &rb, const at::Tensor &features,
+                                                      const char *op) {
     Handle f = wrap(features, "features");
     DeviceScope scope(features.device());
     spconv_tensor *out = nullptr, *argmax = nullptr;
-    SPCONV_TRY("maxpool_forward", spconv_maxpool_forward(scope.ctx, rb->rb, f.t, &out, &argmax));
+    SPCONV_TRY(op, spconv_maxpool_forward(scope.ctx, rb.rb, f.t, &out, &argmax));
     Handle ho(out), ha(argmax);
     scope.finish();
     return {to_torch(std::move(ho)), to_torch(std::move(ha))};
 }
 
-at::Tensor maxpool_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &argmax,
-                            const at::Tensor &grad_out) {
+at::Tensor maxpool_backward_on(const Rulebook &rb, const at::Tensor &argmax, const at::Tensor &grad_out,
+                               const char *op) {
     Handle a = wrap(argmax, "argmax"), g = wrap(grad_out, "grad_out");
     DeviceScope scope(grad_out.device());
     spconv_tensor *out = nullptr;
-    SPCONV_TRY("maxpool_backward", spconv_maxpool_backward(scope.ctx, rb->rb, a.t, g.t, &out));
+    SPCONV_TRY(op, spconv_maxpool_backward(scope.ctx, rb.rb, a.t, g.t, &out));
     Handle ho(out);
     scope.finish();
     return to_torch(std::move(ho));
 }
 
-// The conv and pool ops with the rulebook given by its token (Rulebook::token above).
+at::Tensor conv_forward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
+                        const at::Tensor &weight, const c10::optional<at::Tensor> &bias) {
+    return conv_forward_on(*rb, features, weight, bias, "conv_forward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+conv_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
+              const at::Tensor &weight, const at::Tensor &grad_out, const c10::List<bool> &output_mask) {
+    return conv_backward_on(*rb, features, weight, grad_out, output_mask, "conv_backward");
+}
+
+std::tuple<at::Tensor, at::Tensor> maxpool_forward(const c10::intrusive_ptr<Rulebook> &rb,
+                                                   const at::Tensor &features) {
+    return maxpool_forward_on(*rb, features, "maxpool_forward");
+}
+
+at::Tensor maxpool_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &argmax,
+                            const at::Tensor &grad_out) {
+    return maxpool_backward_on(*rb, argmax, grad_out, "maxpool_backward");
+}
+
+// With the token (Rulebook::token above): the rulebook it holds is kept for the call.
 at::Tensor conv_forward_token(const at::Tensor &token, const at::Tensor &features,
                               const at::Tensor &weight, const c10::optional<at::Tensor> &bias) {
-    return conv_forward(rulebook_of(token, "conv_forward_token"), features, weight, bias);
+    const char *op = "conv_forward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return conv_forward_on(*rb, features, weight, bias, op);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
 conv_backward_token(const at::Tensor &token, const at::Tensor &features, const at::Tensor &weight,
                     const at::Tensor &grad_out, const c10::List<bool> &output_mask) {
-    return conv_backward(rulebook_of(token, "conv_backward_token"), features, weight, grad_out,
-                         output_mask);
+    const char *op = "conv_backward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return conv_backward_on(*rb, features, weight, grad_out, output_mask, op);
 }
 
 std::tuple<at::Tensor, at::Tensor> maxpool_forward_token(const at::Tensor &token,
                                                          const at::Tensor &features) {
-    return maxpool_forward(rulebook_of(token, "maxpool_forward_token"), features);
+    const char *op = "maxpool_forward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return maxpool_forward_on(*rb, features, op);
 }
 
 at::Tensor maxpool_backward_token(const at::Tensor &token, const at::Tensor &argmax,
                                   const at::Tensor &grad_out) {
-    return maxpool_backward(rulebook_of(token, "maxpool_backward_token"), argmax, grad_out);
+    const char *op = "maxpool_backward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return maxpool_backward_on(*rb, argmax, grad_out, op);
 }
 
 at::Tensor sparse_to_dense(const at::Tensor &features, const at::Tensor &indices,

@@ -34,25 +34,39 @@ def lift_shape(shape, fill):
     return [fill] * (MAX_NDIM - len(shape)) + list(shape)
 
 
+class _Unread:
+    """What version_of gives under torch.compile, where a version counter is a data-dependent
+    value (reading it breaks the graph)."""
+
+    def __repr__(self):
+        return "<version not read: torch.compile>"
+
+
+UNREAD = _Unread()
+
+
 def version_of(tensor):
-    """The tensor's version counter, or None where there is none to read: an inference tensor
-    (torch.inference_mode) has none, and under torch.compile a version is a data-dependent
-    value (reading it breaks the graph). A rulebook cached on sites whose version is None is
-    reused for the same tensor (identity), but no build skips its checks on them
+    """The tensor's version counter; None for an inference tensor (torch.inference_mode), which
+    has none; UNREAD under torch.compile. A rulebook cached on sites of version None is reused
+    for the same tensor (identity), but no build skips its checks on them
     (conv._known_sites)."""
-    if torch.compiler.is_compiling() or tensor.is_inference():
-        return None
-    return tensor._version
+    if torch.compiler.is_compiling():
+        return UNREAD
+    return None if tensor.is_inference() else tensor._version
 
 
 def unchanged_since(version, tensor):
     """Whether ``tensor``, which was at ``version`` (from version_of), has not been written
-    into since, as far as can be told: where either version is unknown (None, see version_of)
-    the same tensor is taken as unchanged."""
-    if version is None:
-        return True
+    into since, as far as can be told. Under torch.compile the same tensor is taken as
+    unchanged (no version can be read there). Outside it, a version recorded while compiling
+    (UNREAD) says nothing, and the tensor counts as changed; an inference tensor's (None) is
+    taken as unchanged."""
     now = version_of(tensor)
-    return now is None or now == version
+    if now is UNREAD:
+        return True
+    if version is UNREAD:
+        return False
+    return version is None or now is None or now == version
 
 
 # Tokens are made outside any compiled graph, from the entry (a handle that enters a traced
@@ -234,10 +248,9 @@ class SparseConvTensor:
             return indices, shape
         lifted = lift_shape(shape, 1)
         kept = self.__dict__.get("_lift")
-        version = version_of(indices)
-        if kept is not None and kept[0] is indices and kept[1] == version:
+        if kept is not None and kept[0] is indices and unchanged_since(kept[1], indices):
             # (An inference tensor has no version: the same one is taken as unchanged, as the
-            # indice_key cache takes it, conv._same_sites.)
+            # indice_key cache takes it, conv._same_sites; so is any under torch.compile.)
             return kept[2], lifted
         if (not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32
                 or indices.dim() != 2 or indices.shape[1] != ndim + 1):
@@ -248,7 +261,7 @@ class SparseConvTensor:
         rows = indices.new_zeros((indices.shape[0], MAX_NDIM + 1))
         rows[:, 0] = indices[:, 0]
         rows[:, MAX_NDIM + 1 - ndim:] = indices[:, 1:]
-        self._lift = (indices, version, rows)
+        self._lift = (indices, version_of(indices), rows)
         return rows, lifted
 
     @property
