@@ -107,6 +107,8 @@ def test_token_stands_for_its_rulebook(seed):
             torch.ops.spconv_c.conv_forward_token(bad, feats, w, None)
     with pytest.raises(RuntimeError, match="not a rulebook token"):
         torch.ops.spconv_c.maxpool_forward_token(feats, feats)
+    with pytest.raises(RuntimeError, match=r"^spconv_c\.conv_forward_token: .*SPCONV_ERR"):
+        torch.ops.spconv_c.conv_forward_token(alias, feats[1:], w, None)  # a row short
 
 
 def test_copied_cache_entry_makes_its_own_tokens(seed):
