@@ -281,3 +281,23 @@ def test_identity_and_module_names(seed):
     spconv.assign_name_for_sparse_modules(net)
     assert net[0]._sparse_unique_name == "0"
     assert net.inner[0]._sparse_unique_name == "inner.0"
+
+
+def test_deepcopied_tensor_keeps_its_cache(seed):
+    # A deepcopy writes into the copied indices (their version is 1, the cache recorded 0): the
+    # copied cache must still take its copied sites, where the original took the original ones,
+    # and refuse them where the original's had been written into before the copy.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 60, 2, dtype=torch.float64)
+    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    sub = spconv.SubMConv3d(4, 4, 3, indice_key="s").double()
+    with torch.no_grad():
+        mid = down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+        want = sub(mid).features
+        twin = copy.deepcopy(mid)
+        assert torch.equal(sub(twin).features, want)
+        mid.indices[0, 0] = mid.indices[0, 0]  # a write in place, same values
+        with pytest.raises(ValueError, match="written into since"):
+            sub(mid)
+        with pytest.raises(ValueError, match="written into since"):
+            sub(copy.deepcopy(mid))

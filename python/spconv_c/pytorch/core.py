@@ -124,12 +124,29 @@ class IndiceEntry:
         self.out_version = version_of(out_indices)
         self._inverse = self._inverse_token = None
 
+    # Copies (deepcopy, pickle). A token is known by its storage, which a copy does not share:
+    # a copied entry makes its own tokens when asked (the handles copy by rebuilding). The
+    # copied index tensors have versions of their own (a deepcopy writes into them, version
+    # 1), so each recorded version becomes "unchanged" or "changed" as of the copy, and the
+    # copy's versions are read again on arrival: a copied cache vouches for its copied sites
+    # exactly where the original vouched for the original ones.
+    _VERSIONED = (("indices", "in_version"), ("out_indices", "out_version"),
+                  ("nd_indices", "nd_version"))
+
     def __getstate__(self):
-        # A token is known by its storage, which a copy (deepcopy, pickle) does not share: a
-        # copied entry makes its own tokens when asked (the handles copy by rebuilding).
         state = dict(self.__dict__)
         state["token"] = state["_inverse_token"] = None
+        for tensor, version in self._VERSIONED:
+            if state[tensor] is not None:
+                state[version] = unchanged_since(state[version], state[tensor])
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        for tensor, version in self._VERSIONED:
+            if state[tensor] is not None:
+                # -1: no version a tensor can have, so the sites count as changed.
+                self.__dict__[version] = version_of(state[tensor]) if state[version] else -1
 
     def rulebook_arg(self, token=False):
         """The rulebook as the conv / pool ops take it: the handle, or with ``token`` its token
