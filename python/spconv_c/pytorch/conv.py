@@ -182,7 +182,6 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
 
 
-
 def check_ndim(module, input):
     """That ``input`` is a SparseConvTensor with as many spatial axes as the layer's."""
     if not isinstance(input, SparseConvTensor):
