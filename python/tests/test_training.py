@@ -230,3 +230,23 @@ def test_sites_cached_under_compile_are_checked_in_eager(seed):
             got = subm(z).features
             want = subm(spconv.SparseConvTensor(z.features, z.indices.clone(), plane, 1)).features
         assert torch.equal(got, want)
+
+
+def test_torch_compile_of_the_ops_on_handles(seed):
+    # The ops called directly with rulebook handles inside a compiled function: under compile
+    # each handle is swapped for its token outside the graph (ops._call_rulebook_op), and two
+    # pairs of rulebooks of other sizes through one compiled function give eager's outputs.
+    from spconv_c import ops
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(27, 3, 5, generator=gen, dtype=torch.float64)
+
+    def layer(subm, pool, feats):
+        return ops.indice_maxpool(pool, ops.indice_conv(subm, feats, w).relu())
+
+    compiled = torch.compile(layer, backend="inductor")
+    for count in (60, 90):
+        feats, idx = random_sparse(gen, 2, SHAPE, count, 3, dtype=torch.float64)
+        subm = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+        pool = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2)
+        torch.testing.assert_close(compiled(subm, pool, feats), layer(subm, pool, feats),
+                                   rtol=1e-12, atol=1e-12)
