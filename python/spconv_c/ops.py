@@ -128,30 +128,32 @@ def _(rulebook, argmax, grad_out):
 
 
 # The same with the rulebook given by its token, uint8 [num_in, num_out, 0] (Rulebook.token()):
-# the sizes are the token's, symbolic where tracing made them so.
+# the sizes are the token's, symbolic where tracing made them so. The token is on its
+# rulebook's device, which the engine lets differ from the features' (a rulebook built on the
+# host serves CUDA features), so it is left out of the device check, as the handle is.
 
 @torch.library.register_fake("spconv_c::conv_forward_token")
 def _(token, features, weight, bias):
-    _one_device("conv_forward_token", token, features, weight, bias)
+    _one_device("conv_forward_token", features, weight, bias)
     return features.new_empty(token.shape[1], weight.shape[-1])
 
 
 @torch.library.register_fake("spconv_c::conv_backward_token")
 def _(token, features, weight, grad_out, output_mask):
-    _one_device("conv_backward_token", token, features, weight, grad_out)
+    _one_device("conv_backward_token", features, weight, grad_out)
     return _conv_gradients_like(features, weight, output_mask)
 
 
 @torch.library.register_fake("spconv_c::maxpool_forward_token")
 def _(token, features):
-    _one_device("maxpool_forward_token", token, features)
+    _one_device("maxpool_forward_token", features)
     shape = (token.shape[1], features.shape[1])
     return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
 
 
 @torch.library.register_fake("spconv_c::maxpool_backward_token")
 def _(token, argmax, grad_out):
-    _one_device("maxpool_backward_token", token, argmax, grad_out)
+    _one_device("maxpool_backward_token", argmax, grad_out)
     return grad_out.new_empty(token.shape[0], grad_out.shape[1])
 
 

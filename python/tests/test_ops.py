@@ -109,6 +109,10 @@ def test_token_stands_for_its_rulebook(seed):
         torch.ops.spconv_c.maxpool_forward_token(feats, feats)
     with pytest.raises(RuntimeError, match=r"^spconv_c\.conv_forward_token: .*SPCONV_ERR"):
         torch.ops.spconv_c.conv_forward_token(alias, feats[1:], w, None)  # a row short
+    # A token may be on another device than the features (a host rulebook serves CUDA features,
+    # as a handle does): the fake kernels, which run for meta features, size the output from it.
+    meta = torch.ops.spconv_c.conv_forward_token(token, feats.to("meta"), w.to("meta"), None)
+    assert meta.device.type == "meta" and meta.shape == want.shape
 
 
 def test_copied_cache_entry_makes_its_own_tokens(seed):
