@@ -87,12 +87,6 @@ def _one_device(op, *tensors):
                            f"all must be on one device")
 
 
-@torch.library.register_fake("spconv_c::conv_forward")
-def _(rulebook, features, weight, bias):
-    _one_device("conv_forward", features, weight, bias)
-    return features.new_empty(rulebook.num_out(), weight.shape[-1])
-
-
 @torch.library.register_fake("spconv_c::conv_forward_bn")
 def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, running_var, eps, relu):
     _one_device("conv_forward_bn", features, weight, bias, bn_weight, bn_bias, running_mean,
@@ -100,61 +94,46 @@ def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, runnin
     return features.new_empty(rulebook.num_out(), weight.shape[-1])
 
 
-def _conv_gradients_like(features, weight, output_mask):
-    """conv_backward's outputs: the gradients asked for, shaped as their inputs; empty others."""
-    def maybe(flag, like, shape):
-        return like.new_empty(shape) if flag else like.new_empty(0)
-    return (maybe(output_mask[0], features, features.shape),
-            maybe(output_mask[1], weight, weight.shape),
-            maybe(output_mask[2], weight, (weight.shape[-1],)))
+def _register_fakes(suffix, sizes):
+    """Fake kernels of conv_forward, conv_backward, maxpool_forward and maxpool_backward with
+    ``suffix`` ("" for the handle ops, "_token" for the token ops); ``sizes(rulebook)`` gives
+    its (num_in, num_out). A token's are its shape [num_in, num_out, 0], symbolic where tracing
+    made them so; a handle's come from FakeRulebook. The rulebook is left out of the device
+    check: the engine lets it differ from the features' (a rulebook built on the host serves
+    CUDA features)."""
+
+    def name(op):
+        return f"spconv_c::{op}{suffix}"
+
+    @torch.library.register_fake(name("conv_forward"))
+    def _(rulebook, features, weight, bias):
+        _one_device(f"conv_forward{suffix}", features, weight, bias)
+        return features.new_empty(sizes(rulebook)[1], weight.shape[-1])
+
+    @torch.library.register_fake(name("conv_backward"))
+    def _(rulebook, features, weight, grad_out, output_mask):
+        _one_device(f"conv_backward{suffix}", features, weight, grad_out)
+
+        def maybe(flag, like, shape):
+            return like.new_empty(shape) if flag else like.new_empty(0)
+        return (maybe(output_mask[0], features, features.shape),
+                maybe(output_mask[1], weight, weight.shape),
+                maybe(output_mask[2], weight, (weight.shape[-1],)))
+
+    @torch.library.register_fake(name("maxpool_forward"))
+    def _(rulebook, features):
+        _one_device(f"maxpool_forward{suffix}", features)
+        shape = (sizes(rulebook)[1], features.shape[1])
+        return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
+
+    @torch.library.register_fake(name("maxpool_backward"))
+    def _(rulebook, argmax, grad_out):
+        _one_device(f"maxpool_backward{suffix}", argmax, grad_out)
+        return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
 
 
-@torch.library.register_fake("spconv_c::conv_backward")
-def _(rulebook, features, weight, grad_out, output_mask):
-    _one_device("conv_backward", features, weight, grad_out)
-    return _conv_gradients_like(features, weight, output_mask)
-
-
-@torch.library.register_fake("spconv_c::maxpool_forward")
-def _(rulebook, features):
-    shape = (rulebook.num_out(), features.shape[1])
-    return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
-
-
-@torch.library.register_fake("spconv_c::maxpool_backward")
-def _(rulebook, argmax, grad_out):
-    _one_device("maxpool_backward", argmax, grad_out)
-    return grad_out.new_empty(rulebook.num_in(), grad_out.shape[1])
-
-
-# The same with the rulebook given by its token, uint8 [num_in, num_out, 0] (Rulebook.token()):
-# the sizes are the token's, symbolic where tracing made them so. The token is on its
-# rulebook's device, which the engine lets differ from the features' (a rulebook built on the
-# host serves CUDA features), so it is left out of the device check, as the handle is.
-
-@torch.library.register_fake("spconv_c::conv_forward_token")
-def _(token, features, weight, bias):
-    _one_device("conv_forward_token", features, weight, bias)
-    return features.new_empty(token.shape[1], weight.shape[-1])
-
-
-@torch.library.register_fake("spconv_c::conv_backward_token")
-def _(token, features, weight, grad_out, output_mask):
-    _one_device("conv_backward_token", features, weight, grad_out)
-    return _conv_gradients_like(features, weight, output_mask)
-
-
-@torch.library.register_fake("spconv_c::maxpool_forward_token")
-def _(token, features):
-    _one_device("maxpool_forward_token", features)
-    shape = (token.shape[1], features.shape[1])
-    return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
-
-
-@torch.library.register_fake("spconv_c::maxpool_backward_token")
-def _(token, argmax, grad_out):
-    _one_device("maxpool_backward_token", argmax, grad_out)
-    return grad_out.new_empty(token.shape[0], grad_out.shape[1])
+_register_fakes("", lambda rb: (rb.num_in(), rb.num_out()))
+_register_fakes("_token", lambda token: (token.shape[0], token.shape[1]))
 
 
 @torch.library.register_fake("spconv_c::sparse_to_dense")
