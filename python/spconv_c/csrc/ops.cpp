@@ -353,8 +353,6 @@ struct Rulebook : torch::CustomClassHolder {
     at::Tensor in_indices() const { return borrowed_to_torch(spconv_rulebook_in_indices(rb)); }
     at::Tensor out_indices() const { return borrowed_to_torch(spconv_rulebook_out_indices(rb)); }
 
-    at::Tensor token(const c10::intrusive_ptr<Rulebook> &self) const;
-
     // What torch.compile's fake rulebook (python/spconv_c/ops.py, FakeRulebook) is rebuilt from.
     std::tuple<std::tuple<std::string, int64_t>, std::tuple<std::string, int64_t>,
                std::tuple<std::string, int64_t>, std::tuple<std::string, int64_t>>
@@ -400,20 +398,18 @@ c10::intrusive_ptr<Rulebook> rulebook_of(const at::Tensor &token, const char *op
     return hold->rulebook;
 }
 
-} // namespace
-
-at::Tensor Rulebook::token(const c10::intrusive_ptr<Rulebook> &self) const {
-    const at::Device device = to_torch_device(spconv_tensor_device(spconv_rulebook_pairs_in(rb)));
-    auto *hold = new TokenHold{self};
+// Rulebook.token(): a new token of @p rulebook.
+at::Tensor rulebook_token(const c10::intrusive_ptr<Rulebook> &rulebook) {
+    const Rulebook &rb = *rulebook;
+    const at::Device device = to_torch_device(spconv_tensor_device(spconv_rulebook_pairs_in(rb.rb)));
+    auto *hold = new TokenHold{rulebook};
     // No bytes: the data pointer is never read; the context is what identifies a token.
     c10::DataPtr data(hold, hold, &release_token, device);
     c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), nullptr, false);
-    at::Tensor token = at::empty({num_in(), num_out(), 0}, at::TensorOptions(at::kByte).device(device));
+    at::Tensor token = at::empty({rb.num_in(), rb.num_out(), 0}, at::TensorOptions(at::kByte).device(device));
     token.set_(storage, 0, token.sizes(), token.strides());
     return token;
 }
-
-namespace {
 
 // The engine's parameters of a build op's kind and geometry (REGULAR, SUBM or TRANSPOSED).
 spconv_conv_params conv_params(const char *op, int64_t kind, const std::vector<int64_t> &kernel,
@@ -613,7 +609,7 @@ at::Tensor maxpool_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Te
     return maxpool_backward_on(*rb, argmax, grad_out, "maxpool_backward");
 }
 
-// With the token (Rulebook::token above): the rulebook it holds is kept for the call.
+// With the token (rulebook_token above): the rulebook it holds is kept for the call.
 at::Tensor conv_forward_token(const at::Tensor &token, const at::Tensor &features,
                               const at::Tensor &weight, const c10::optional<at::Tensor> &bias) {
     const char *op = "conv_forward_token";
@@ -733,7 +729,7 @@ TORCH_LIBRARY(spconv_c, m) {
         .def("pairs_out", &Rulebook::pairs_out)
         .def("in_indices", &Rulebook::in_indices)
         .def("out_indices", &Rulebook::out_indices)
-        .def("token", [](const c10::intrusive_ptr<Rulebook> &self) { return self->token(self); })
+        .def("token", &rulebook_token)
         .def("__obj_flatten__", &Rulebook::obj_flatten)
         // A rulebook is not a container: PyTorch's schema checker asks for len() of every
         // argument to find lists of tensors, and 0 says "not one".
