@@ -6,6 +6,13 @@ Operators (schemas in ``csrc/ops.cpp``):
 
 ==================  ===========================================================================
 build_rulebook      indices int32 [N, 4] -> Rulebook (regular / pool, subm, transposed)
+build_subm_token    build_rulebook of kind SUBM, as the rulebook's token (below), traced inside
+                    compiled graphs: its sizes, [N, N, 0], are known before it runs
+build_rulebook_token
+                    build_rulebook of a regular / pool or transposed kind -> (its token, its
+                    output sites int32 [M, 4]); M depends on the data (an unbacked size traced)
+inverse_token       inverse_rulebook over tokens: [num_in, num_out, 0] -> [num_out, num_in, 0]
+token_rulebook      a token -> the Rulebook handle it stands for
 build_rulebook_on   (Rulebook, output_side, kind, geometry) -> the Rulebook build_rulebook gives on
                     that rulebook's input or output sites, without checking those rows again (the
                     caller vouches that they are unchanged: the modules compare tensor versions)
@@ -73,9 +80,34 @@ class FakeRulebook:
 
 
 # build_rulebook and inverse_rulebook have no fake kernels: they return a rulebook handle (a
-# torchbind object), which PyTorch's fake tensors cannot produce, and their output sizes depend
-# on the data anyway. Under torch.compile they run eagerly (build_rulebook below is a graph
-# break); the conv and pool ops then take the rulebook's token.
+# torchbind object), which PyTorch's fake tensors cannot produce, and a regular build's output
+# count depends on the data anyway. Under torch.compile they run eagerly (build_rulebook below is
+# a graph break); the conv and pool ops then take the rulebook's token. The builders that return
+# tokens trace inside the graph: a submanifold build (build_subm_token: its outputs are its
+# inputs) and an inverse (inverse_token: the sides swap), whose sizes are known before they run,
+# and a regular / transposed / pool build (build_rulebook_token), whose output count is an
+# unbacked size: Dynamo traces that only with capture_dynamic_output_shape_ops (else the call is
+# a graph break, and the modules then build outside the graph, conv.rulebook_for).
+
+
+@torch.library.register_fake("spconv_c::build_subm_token")
+def _(indices, spatial_shape, batch_size, kernel_size, stride, padding, dilation,
+      output_padding):
+    n = indices.shape[0]
+    return indices.new_empty((n, n, 0), dtype=torch.uint8)
+
+
+@torch.library.register_fake("spconv_c::build_rulebook_token")
+def _(indices, spatial_shape, batch_size, kind, kernel_size, stride, padding, dilation,
+      output_padding):
+    m = torch.library.get_ctx().new_dynamic_size()
+    return (indices.new_empty((indices.shape[0], m, 0), dtype=torch.uint8),
+            indices.new_empty((m, 4)))
+
+
+@torch.library.register_fake("spconv_c::inverse_token")
+def _(forward):
+    return forward.new_empty((forward.shape[1], forward.shape[0], 0))
 
 
 def _one_device(op, *tensors):
@@ -370,6 +402,53 @@ def _call(op, *args):
         with _below_autograd():
             return _call_below_autograd(op, *args)
     return op(*args)
+
+
+def build_subm_token(indices, spatial_shape, batch_size, kernel_size, stride=1, padding=0,
+                     dilation=1, output_padding=0):
+    """The token of ``build_rulebook(..., SUBM, ...)``; traced inside a compiled graph."""
+    return _ops.build_subm_token(indices, _triple(spatial_shape), int(batch_size),
+                                 _triple(kernel_size), _triple(stride), _triple(padding),
+                                 _triple(dilation), _triple(output_padding))
+
+
+def build_rulebook_token(indices, spatial_shape, batch_size, kind, kernel_size, stride=1,
+                        padding=0, dilation=1, output_padding=0):
+    """(token, out_indices) of ``build_rulebook(...)`` for a regular, pool or transposed
+    ``kind``; traced inside a compiled graph (the output count an unbacked size)."""
+    return _ops.build_rulebook_token(indices, _triple(spatial_shape), int(batch_size), int(kind),
+                                     _triple(kernel_size), _triple(stride), _triple(padding),
+                                     _triple(dilation), _triple(output_padding))
+
+
+def output_shape(kind, spatial_shape, kernel_size, stride, padding, dilation, output_padding):
+    """The output spatial shape of a rulebook of ``kind`` (REGULAR, SUBM, TRANSPOSED) on
+    ``spatial_shape`` (3 ints), as the engine computes it (spconv_conv_output_shape; a test
+    holds them equal), for compiled code, where the rulebook's own out_shape() cannot be read;
+    the build itself refuses a shape that is empty or too large."""
+    out = []
+    for n, k, s, p, d, op in zip(spatial_shape, _triple(kernel_size), _triple(stride),
+                                 _triple(padding), _triple(dilation), _triple(output_padding)):
+        if kind == SUBM:
+            out.append(n)
+        elif kind == TRANSPOSED:
+            out.append((n - 1) * s - 2 * p + d * (k - 1) + 1 + op)
+        else:
+            span = n + 2 * p - d * (k - 1) - 1
+            out.append(0 if span < 0 else span // s + 1)
+    return out
+
+
+def inverse_token(forward):
+    """The token of the inverse of the rulebook whose token is ``forward``; traced inside a
+    compiled graph."""
+    return _ops.inverse_token(forward)
+
+
+@torch.compiler.disable
+def token_rulebook(token):
+    """The Rulebook handle a token stands for (outside any compiled graph)."""
+    return _ops.token_rulebook(token)
 
 
 @torch.compiler.disable

@@ -209,10 +209,19 @@ def test_token_on_cuda(seed):
         raise AssertionError("a copy of a token was taken for a rulebook")
 
 
-def test_compiled_training_on_cuda(seed):
+@pytest.mark.parametrize("capture", [False, True])
+def test_compiled_training_on_cuda(seed, capture):
     # torch.compile (aot_eager) on the GPU: the modules hand the ops rulebook tokens on the
     # device; outputs and gradients equal the eager network's on two inputs of different sizes
-    # (float64; the compiled batch norm may round in another order, far inside 1e-9).
+    # (float64; the compiled batch norm may round in another order, far inside 1e-9). With
+    # capture (capture_dynamic_output_shape_ops) the strided builds run inside the graph too.
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
+        _compiled_training_on_cuda(seed)
+    torch._dynamo.reset()
+
+
+def _compiled_training_on_cuda(seed):
     import copy
 
     import spconv_c.pytorch as ours

@@ -311,7 +311,11 @@ def test_written_indices_are_lifted_again(seed):
     torch.testing.assert_close(y.features, fresh.features, rtol=0, atol=0)
 
 
-def test_torch_compile_2d_matches_eager(seed):
+@pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",
+                                                     "strided-build-traced"])
+def test_torch_compile_2d_matches_eager(seed, capture):
+    # (capture: torch._dynamo.config.capture_dynamic_output_shape_ops, with which the strided
+    # builds, the pool's included, are traced into the one graph: fullgraph holds.)
     gen = torch.Generator().manual_seed(seed)
     feats, idx, shape, batch, cin = sparse_input(gen, 2, least=6)
     torch.manual_seed(seed)
@@ -328,7 +332,10 @@ def test_torch_compile_2d_matches_eager(seed):
         return out, g
 
     eager = run(net)
-    compiled = run(torch.compile(net, backend="aot_eager"))
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
+        compiled = run(torch.compile(net, backend="aot_eager", fullgraph=capture))
+    torch._dynamo.reset()
     for a, b in zip(compiled, eager):
         torch.testing.assert_close(a, b, **TOL)
 

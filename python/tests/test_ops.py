@@ -136,6 +136,80 @@ def test_copied_cache_entry_makes_its_own_tokens(seed):
                        ops.indice_conv(entry.inverse(), g, back))
 
 
+def test_token_builders_give_the_handles_rulebooks(seed):
+    """build_subm_token, build_rulebook_token and inverse_token (what compiled graphs call) make
+    the rulebooks build_rulebook and inverse_rulebook make: the same output sites, the same conv
+    bits; token sizes as their fake kernels declare them; bad kinds refused."""
+    gen, feats, idx = small_input(seed, channels=3)
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    w8 = torch.randn(8, 3, 4, generator=gen, dtype=torch.float64)
+    conv = torch.ops.spconv_c.conv_forward
+    conv_tk = torch.ops.spconv_c.conv_forward_token
+    n = idx.shape[0]
+
+    subm = ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3)
+    tk = ops.build_subm_token(idx, SHAPE, 2, 3)
+    assert list(tk.shape) == [n, n, 0] and tk.dtype == torch.uint8
+    assert torch.equal(conv_tk(tk, feats, w, None), conv(subm, feats, w, None))
+    assert ops.token_rulebook(tk).kind() == ops.SUBM
+
+    for kind, k, s, p, weight in [(ops.REGULAR, 3, 2, 1, w), (ops.TRANSPOSED, 2, 2, 0, w8)]:
+        rb = ops.build_rulebook(idx, SHAPE, 2, kind, k, s, p)
+        tk, out = ops.build_rulebook_token(idx, SHAPE, 2, kind, k, s, p)
+        assert list(tk.shape) == [n, rb.num_out(), 0]
+        assert torch.equal(out, rb.out_indices())
+        assert ops.output_shape(kind, SHAPE, k, s, p, 1, 0) == list(rb.out_shape())
+        assert torch.equal(conv_tk(tk, feats, weight, None), conv(rb, feats, weight, None))
+        if kind != ops.REGULAR:
+            continue  # (only regular rulebooks invert)
+        inv, inv_tk = ops.inverse_rulebook(rb), ops.inverse_token(tk)
+        assert list(inv_tk.shape) == [rb.num_out(), n, 0]
+        g = torch.randn(rb.num_out(), 3, generator=gen, dtype=torch.float64)
+        assert torch.equal(conv_tk(inv_tk, g, weight, None), conv(inv, g, weight, None))
+    with pytest.raises(RuntimeError, match=r"build_rulebook_token: kind 1 \(subm\)"):
+        ops.build_rulebook_token(idx, SHAPE, 2, ops.SUBM, 3)
+    with pytest.raises(RuntimeError, match="build_subm_token: .*spatial shape"):
+        ops.build_subm_token(idx, [0, 6, 5], 2, 3)
+    with pytest.raises(RuntimeError, match="inverse_token: the rulebook argument is not a rulebook"):
+        ops.inverse_token(idx)
+
+
+def test_output_shape_is_the_engines(seed):
+    # ops.output_shape (what compiled code reads for a build inside the graph) against the
+    # rulebook's own out_shape(), on random geometries of every kind the engine accepts.
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.zeros(1, 4, dtype=torch.int32)
+    checked = 0
+    for _ in range(300):
+        kind = [ops.REGULAR, ops.SUBM, ops.TRANSPOSED][int(torch.randint(3, (), generator=gen))]
+        r = [int(v) for v in torch.randint(1, 5, (16,), generator=gen)]
+        shape, k, s, d = [r[0] * 3, r[1] * 2, r[2]], r[3:6], r[6:9], r[9:12]
+        p = [v - 1 for v in r[12:15]]
+        op = [min(r[15] - 1, s[0] - 1)] * 3 if kind == ops.TRANSPOSED else [0] * 3
+        try:
+            rb = ops.build_rulebook(idx, shape, 1, kind, k, s, p, d, op)
+        except RuntimeError:
+            continue  # a geometry the engine refuses (an empty output, a kernel too large)
+        assert ops.output_shape(kind, shape, k, s, p, d, op) == list(rb.out_shape()), \
+            (kind, shape, k, s, p, d, op)
+        checked += 1
+    assert checked > 100
+
+
+def test_builds_record_the_sites_version(seed):
+    # Rulebook.sites_version: the indices' version a build read (a cache entry made inside a
+    # compiled graph takes it afterwards); -1 for an inference tensor.
+    _, _, idx = small_input(seed)
+    idx = idx.clone()
+    idx.add_(0)
+    idx.add_(0)
+    assert ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3).sites_version() == idx._version == 2
+    assert ops.token_rulebook(ops.build_subm_token(idx, SHAPE, 2, 3)).sites_version() == 2
+    with torch.inference_mode():
+        frozen = idx.clone()
+    assert ops.build_rulebook(frozen, SHAPE, 2, ops.REGULAR, 3).sites_version() == -1
+
+
 @pytest.mark.parametrize("order", [1, 2])
 def test_sparse_to_dense_gradcheck(seed, order):
     _, feats, idx = small_input(seed)
@@ -165,6 +239,11 @@ def test_opcheck_every_op(seed):
     ]
     for op, args in handle_ops:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_autograd_registration"))
+    # token -> handle likewise, on the token as it is (opcheck would copy it; opcheck_uncopied)
+    from torch.testing._internal.optests import generate_tests
+    for check in (generate_tests.safe_schema_check,
+                  generate_tests.safe_autograd_registration_check):
+        check(torch.ops.spconv_c.token_rulebook.default, (rb.token(),), {}, copy_inputs=False)
     cases = [
         (torch.ops.spconv_c.conv_forward.default, (rb, f, w, b)),
         (torch.ops.spconv_c.conv_forward.default, (rbs["subm"], f, w, None)),
@@ -180,6 +259,14 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.maxpool_backward.default, (pool_rb, argmax, torch.ones_like(pooled))),
         (torch.ops.spconv_c.sparse_to_dense.default, (f, idx, SHAPE, 2)),
         (torch.ops.spconv_c.voxelize.default, (points, [1.0, 1.0, 1.0], [0, 0, 0, 10, 10, 10], 5, 100)),
+        # The builders that return tokens (traced inside compiled graphs): sizes known
+        # (subm), or the output count an unbacked size (regular, transposed).
+        (torch.ops.spconv_c.build_subm_token.default,
+         (idx, SHAPE, 2, [3, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1], [0, 0, 0])),
+        (torch.ops.spconv_c.build_rulebook_token.default,
+         (idx, SHAPE, 2, ops.REGULAR, [3, 3, 3], [2, 2, 2], [1, 1, 1], [1, 1, 1], [0, 0, 0])),
+        (torch.ops.spconv_c.build_rulebook_token.default,
+         (idx, SHAPE, 2, ops.TRANSPOSED, [2, 2, 2], [2, 2, 2], [0, 0, 0], [1, 1, 1], [0, 0, 0])),
     ]
     for op, args in cases:
         torch.library.opcheck(op, args)
@@ -194,6 +281,7 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.maxpool_forward_token.default, (pool_tk, f)),
         (torch.ops.spconv_c.maxpool_backward_token.default,
          (pool_tk, argmax, torch.ones_like(pooled).requires_grad_(True))),
+        (torch.ops.spconv_c.inverse_token.default, (tk,)),
     ]
     for op, args in token_cases:
         opcheck_uncopied(op, args)

@@ -179,8 +179,91 @@ def test_torch_compile_trains_as_eager(seed):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
         for opt in opts:
             opt.step()
-        if step == 0:  # the first pass's graphs: the four convs of small_net, each in one
-            assert sorted(rulebook_ops_in(graphs)) == ["conv_forward_token"] * 4
+        if step == 0:  # the first pass's graphs: the four convs of small_net, each in one,
+            # and the builds whose sizes are known: two subm builds and the inverse (the
+            # strided build breaks the graph here, test_torch_compile_whole_graph)
+            assert sorted(rulebook_ops_in(graphs)) == sorted(
+                ["conv_forward_token"] * 4 + ["build_subm_token"] * 2 + ["inverse_token"])
+
+
+def strided_bn_net():
+    """small_net with a batch norm after its strided conv too, whose output count is an unbacked
+    size when its rulebook is built inside the graph (modules._has_sites)."""
+    return spconv.SparseSequential(
+        spconv.SubMConv3d(3, 8, 3, indice_key="s1"), nn.BatchNorm1d(8), nn.ReLU(),
+        spconv.SparseConv3d(8, 8, 3, 2, 1, indice_key="d1"), nn.BatchNorm1d(8), nn.ReLU(),
+        spconv.SubMConv3d(8, 8, 3, indice_key="s2"),
+        spconv.SparseInverseConv3d(8, 4, 3, indice_key="d1"))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_whole_graph(seed, backend):
+    # With torch._dynamo.config.capture_dynamic_output_shape_ops, the strided build is traced
+    # too (its output count an unbacked size): the whole network is one graph, fullgraph=True
+    # holds, and three SGD steps on samples of three sizes give eager's losses, gradients and
+    # parameters (float64, as test_torch_compile_trains_as_eager).
+    torch.manual_seed(seed)
+    eager = strided_bn_net().double()
+    compiled_net = strided_bn_net().double()
+    compiled_net.load_state_dict(eager.state_dict())
+    graphs = []
+    compiled = torch.compile(compiled_net, backend=recording(backend, graphs), fullgraph=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, compiled_net)]
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        for step in range(3):
+            feats, idx, target = sample(seed + step, count=100 + 20 * step)
+            feats, target = feats.double(), target.double()
+            losses = []
+            for net, opt in zip((eager, compiled), opts):
+                opt.zero_grad()
+                loss = loss_of(net, feats, idx, target)
+                loss.backward()
+                losses.append(loss.detach())
+            torch.testing.assert_close(losses[1], losses[0], rtol=1e-9, atol=0)
+            for (name, a), b in zip(eager.named_parameters(), compiled_net.parameters()):
+                torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
+            for opt in opts:
+                opt.step()
+            if step == 0:
+                assert len(graphs) == 1
+                assert sorted(rulebook_ops_in(graphs)) == sorted(
+                    ["conv_forward_token"] * 4 + ["build_subm_token"] * 2
+                    + ["build_rulebook_token", "inverse_token"])
+    for a, b in zip(eager.buffers(), compiled_net.buffers()):  # batch norm statistics
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
+
+
+def test_torch_compile_whole_graph_batch_norm_counts():
+    # A batch norm after a strided layer built inside the graph: on 1 output site in training
+    # mode it is refused as eager code refuses it; on none (eager code skips it) the compiled
+    # graph's assertion fails; a ReLU alone applies to no rows as eager skips it. (The graph
+    # asserts what modules._has_sites told tracing, in PyTorch's words: "Runtime assertion
+    # failed for expression u0 >= 2"; the message of torch._check is not carried into it.)
+    shape, far = [8, 8, 8], [[0, 7, 7, 7]]  # kernel 3, stride 2, no padding: no window holds it
+
+    def net(*tail):
+        return spconv.SparseSequential(spconv.SparseConv3d(2, 3, 3, 2, 0), *tail).double()
+
+    def run(model, sites):
+        idx = torch.tensor(sites, dtype=torch.int32)
+        x = spconv.SparseConvTensor(torch.ones(len(sites), 2, dtype=torch.float64), idx, shape, 1)
+        return model(x)
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        relu = net(nn.ReLU())
+        assert run(torch.compile(relu, backend="aot_eager", fullgraph=True), far).features.shape \
+            == (0, 3)
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+            run(net(nn.BatchNorm1d(3).double()), [[0, 1, 1, 1]])  # eager: 1 site
+        with pytest.raises(RuntimeError, match=r"assertion failed for expression u\d+ >= 2"):
+            run(torch.compile(net(nn.BatchNorm1d(3)).train(), backend="aot_eager"),
+                [[0, 1, 1, 1]])
+        torch._dynamo.reset()
+        bn_eval = net(nn.BatchNorm1d(3)).eval()
+        assert run(bn_eval, far).features.shape == (0, 3)  # eager skips the batch norm
+        with pytest.raises(RuntimeError, match=r"assertion failed for expression u\d+ >= 1"):
+            run(torch.compile(bn_eval, backend="aot_eager"), far)
 
 
 def test_torch_compile_inductor_follows_sizes(seed):
@@ -199,10 +282,20 @@ def test_torch_compile_inductor_follows_sizes(seed):
                                        atol=1e-12)
 
 
-def test_sites_cached_under_compile_are_checked_in_eager(seed):
+@pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",
+                                                     "strided-build-traced"])
+def test_sites_cached_under_compile_are_checked_in_eager(seed, capture):
     # Versions cannot be read while torch.compile traces (the cache trusts identity there), but
     # what a compiled layer leaves in the cache must not vouch for its sites afterwards: written
     # into in eager code, they are refused (3-d subm key) or lifted again (2-d inverse conv).
+    # The builds inside the graph (the subm one always, the strided one with
+    # capture_dynamic_output_shape_ops) leave entries whose versions eager code reads from
+    # their rulebooks (IndiceEntry._read_versions).
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
+        _check_compiled_cache_in_eager(seed)
+
+
+def _check_compiled_cache_in_eager(seed):
     gen = torch.Generator().manual_seed(seed)
     feats, idx = random_sparse(gen, 1, SHAPE, 40, 2, dtype=torch.float64)
     first = spconv.SubMConv3d(2, 3, 3, indice_key="k").double()

@@ -307,6 +307,10 @@ void fill3(const std::vector<int64_t> &v, int64_t out[3], const char *what) {
 
 struct Rulebook : torch::CustomClassHolder {
     spconv_rulebook *rb = nullptr;
+    // The version of the indices tensor a build from indices read (-1: an inference tensor, which
+    // has none; -2: not built from an indices tensor). A cache entry made inside a compiled graph,
+    // where Python cannot read versions, takes it from here afterwards (core.IndiceEntry).
+    int64_t sites_version = -2;
     explicit Rulebook(spconv_rulebook *r) : rb(r) {}
     ~Rulebook() override { spconv_rulebook_release(rb); }
 
@@ -430,25 +434,40 @@ spconv_conv_params conv_params(const char *op, int64_t kind, const std::vector<i
     return p;
 }
 
+// build_rulebook, with errors naming @p op (build_rulebook or build_subm_token).
+c10::intrusive_ptr<Rulebook> build_named(const char *op, const at::Tensor &indices,
+                                         const std::vector<int64_t> &spatial_shape,
+                                         int64_t batch_size, int64_t kind,
+                                         const std::vector<int64_t> &kernel,
+                                         const std::vector<int64_t> &stride,
+                                         const std::vector<int64_t> &padding,
+                                         const std::vector<int64_t> &dilation,
+                                         const std::vector<int64_t> &output_padding) {
+    TORCH_CHECK(indices.device().is_cpu() || indices.device().is_cuda(), "spconv_c.", op,
+                ": indices are on ", indices.device(),
+                "; the engine builds rulebooks on the CPU or on a CUDA device");
+    const spconv_conv_params p = conv_params(op, kind, kernel, stride, padding, dilation,
+                                             output_padding);
+    int64_t shape[3];
+    fill3(spatial_shape, shape, "spatial_shape");
+    Handle idx = wrap(indices, "indices");
+    DeviceScope scope(indices.device());
+    spconv_rulebook *rb = nullptr;
+    SPCONV_TRY(op, spconv_rulebook_build(scope.ctx, idx.t, shape, batch_size, &p, &rb));
+    scope.finish();
+    auto built = c10::make_intrusive<Rulebook>(rb);
+    built->sites_version = indices.is_inference() ? -1 : static_cast<int64_t>(indices._version());
+    return built;
+}
+
 c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
                                             std::vector<int64_t> spatial_shape, int64_t batch_size,
                                             int64_t kind, std::vector<int64_t> kernel,
                                             std::vector<int64_t> stride, std::vector<int64_t> padding,
                                             std::vector<int64_t> dilation,
                                             std::vector<int64_t> output_padding) {
-    TORCH_CHECK(indices.device().is_cpu() || indices.device().is_cuda(),
-                "spconv_c.build_rulebook: indices are on ", indices.device(),
-                "; the engine builds rulebooks on the CPU or on a CUDA device");
-    const spconv_conv_params p = conv_params("build_rulebook", kind, kernel, stride, padding,
-                                             dilation, output_padding);
-    int64_t shape[3];
-    fill3(spatial_shape, shape, "spatial_shape");
-    Handle idx = wrap(indices, "indices");
-    DeviceScope scope(indices.device());
-    spconv_rulebook *rb = nullptr;
-    SPCONV_TRY("build_rulebook", spconv_rulebook_build(scope.ctx, idx.t, shape, batch_size, &p, &rb));
-    scope.finish();
-    return c10::make_intrusive<Rulebook>(rb);
+    return build_named("build_rulebook", indices, spatial_shape, batch_size, kind, kernel, stride,
+                       padding, dilation, output_padding);
 }
 
 // build_rulebook over one side of @p source (spconv_rulebook_build_on): the caller (the modules'
@@ -639,6 +658,52 @@ at::Tensor maxpool_backward_token(const at::Tensor &token, const at::Tensor &arg
     return maxpool_backward_on(*rb, argmax, grad_out, op);
 }
 
+// ---- builders whose sizes are known before they run, traced inside compiled graphs ------------
+
+// A submanifold rulebook, as its token: build_rulebook with kind SUBM on the same arguments (the
+// same rulebook). Its output sites are its input sites, so its token is [N, N, 0] for N index rows
+// before anything runs: torch.compile traces this build inside the graph (fake kernel in ops.py),
+// where a build whose output count depends on the data is a graph break.
+at::Tensor build_subm_token(const at::Tensor &indices, std::vector<int64_t> spatial_shape,
+                            int64_t batch_size, std::vector<int64_t> kernel,
+                            std::vector<int64_t> stride, std::vector<int64_t> padding,
+                            std::vector<int64_t> dilation, std::vector<int64_t> output_padding) {
+    return rulebook_token(build_named("build_subm_token", indices, spatial_shape, batch_size,
+                                      SPCONV_CONV_SUBM, kernel, stride, padding, dilation,
+                                      output_padding));
+}
+
+// A regular, pool or transposed rulebook, as its token, and its output sites (int32 [M, 4], the
+// rulebook's own, as Rulebook.out_indices() gives them). M depends on the data: the fake kernel
+// (ops.py) makes it an unbacked size, so torch.compile traces this build inside the graph too.
+std::tuple<at::Tensor, at::Tensor>
+build_rulebook_token(const at::Tensor &indices, std::vector<int64_t> spatial_shape,
+                     int64_t batch_size, int64_t kind, std::vector<int64_t> kernel,
+                     std::vector<int64_t> stride, std::vector<int64_t> padding,
+                     std::vector<int64_t> dilation, std::vector<int64_t> output_padding) {
+    const char *op = "build_rulebook_token";
+    TORCH_CHECK(kind != SPCONV_CONV_SUBM, "spconv_c.", op,
+                ": kind 1 (subm) is build_subm_token's (its output sites are its input's)");
+    const c10::intrusive_ptr<Rulebook> rb = build_named(op, indices, spatial_shape, batch_size,
+                                                        kind, kernel, stride, padding, dilation,
+                                                        output_padding);
+    return {rulebook_token(rb), rb->out_indices()};
+}
+
+// inverse_rulebook over tokens: the inverse of a [num_in, num_out] rulebook is [num_out, num_in].
+at::Tensor inverse_token(const at::Tensor &forward) {
+    const char *op = "inverse_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(forward, op);
+    spconv_rulebook *inv = nullptr;
+    SPCONV_TRY(op, spconv_rulebook_inverse(rb->rb, &inv));
+    return rulebook_token(c10::make_intrusive<Rulebook>(inv));
+}
+
+// The handle a token stands for (eager code that holds a token made inside a compiled graph).
+c10::intrusive_ptr<Rulebook> token_rulebook(const at::Tensor &token) {
+    return rulebook_of(token, "token_rulebook");
+}
+
 at::Tensor sparse_to_dense(const at::Tensor &features, const at::Tensor &indices,
                            std::vector<int64_t> spatial_shape, int64_t batch_size) {
     int64_t shape[3];
@@ -730,6 +795,7 @@ TORCH_LIBRARY(spconv_c, m) {
         .def("in_indices", &Rulebook::in_indices)
         .def("out_indices", &Rulebook::out_indices)
         .def("token", &rulebook_token)
+        .def("sites_version", [](const c10::intrusive_ptr<Rulebook> &self) { return self->sites_version; })
         .def("__obj_flatten__", &Rulebook::obj_flatten)
         // A rulebook is not a container: PyTorch's schema checker asks for len() of every
         // argument to find lists of tensors, and 0 says "not one".
@@ -760,6 +826,14 @@ TORCH_LIBRARY(spconv_c, m) {
           "-> (Tensor, Tensor)");
     m.def("maxpool_backward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor argmax, "
           "Tensor grad_out) -> Tensor");
+    m.def("build_subm_token(Tensor indices, int[] spatial_shape, int batch_size, "
+          "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "
+          "-> Tensor");
+    m.def("build_rulebook_token(Tensor indices, int[] spatial_shape, int batch_size, int kind, "
+          "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "
+          "-> (Tensor, Tensor)");
+    m.def("inverse_token(Tensor forward) -> Tensor");
+    m.def("token_rulebook(Tensor token) -> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor? bias) "
           "-> Tensor");
     m.def("conv_backward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor grad_out, "
@@ -782,6 +856,10 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("conv_backward", &conv_backward);
     m.impl("maxpool_forward", &maxpool_forward);
     m.impl("maxpool_backward", &maxpool_backward);
+    m.impl("build_subm_token", &build_subm_token);
+    m.impl("build_rulebook_token", &build_rulebook_token);
+    m.impl("inverse_token", &inverse_token);
+    m.impl("token_rulebook", &token_rulebook);
     m.impl("conv_forward_token", &conv_forward_token);
     m.impl("conv_backward_token", &conv_backward_token);
     m.impl("maxpool_forward_token", &maxpool_forward_token);

@@ -112,6 +112,33 @@ def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
     return entry
 
 
+def _build_traced(cache, input, kind, ksize, stride, padding, dilation, output_padding,
+                  indice_key, ndim):
+    """_build inside a compiled graph: the rulebook as its token, from ops.build_subm_token
+    (sizes [N, N, 0], known before it runs) or ops.build_rulebook_token (the output count an
+    unbacked size), so that a build is no graph break. The entry holds only the token (its
+    ``rulebook`` is made from it if eager code asks). It builds from the indices, with the
+    rows' checks (_known_sites compares tensor versions, which compiled code cannot read:
+    core.version_of)."""
+    shape = list(input.spatial_shape)
+    if kind == ops.SUBM:
+        token = ops.build_subm_token(input.indices, shape, input.batch_size, ksize, stride,
+                                     padding, dilation, output_padding)
+        out_indices, out_shape = input.indices, list(shape)
+    else:
+        token, out_indices = ops.build_rulebook_token(input.indices, shape, input.batch_size,
+                                                      kind, ksize, stride, padding, dilation,
+                                                      output_padding)
+        out_shape = ops.output_shape(kind, shape, ksize, stride, padding, dilation,
+                                     output_padding)
+    entry = IndiceEntry(None, kind, input.indices, shape, out_indices, out_shape, list(ksize),
+                        list(stride), list(padding), list(dilation), input.batch_size, ndim,
+                        token)
+    if indice_key is not None:
+        cache[indice_key] = entry
+    return entry
+
+
 def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
                  ndim=MAX_NDIM, token=None):
     """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
@@ -124,6 +151,10 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     subm: reused when the key holds a subm rulebook of the same kernel/dilation on the same
     sites, else built and stored; regular / transposed / pool: built and stored under the key
     (the inverse conv finds it); inverse: the inverse of the rulebook stored under the key.
+    Under torch.compile, with a token, a subm build is traced inside the graph
+    (_build_traced), and so is a regular / transposed / pool one where
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops`` lets the graph hold an output
+    count that depends on the data; else a build runs outside the graph (_build, a break).
     ``ndim``: the layer's own (a 1-d / 2-d layer's ``input`` is lifted); a key stored by a layer
     of another ndim is refused, since lifted sites of several ndims can look alike.
     """
@@ -177,6 +208,11 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                                + (", its indices written into since" if written else "")
                                + "); a key's subm layers must share their sites")
         return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
+    if token and torch.compiler.is_compiling() and (
+            kind == ops.SUBM or torch._dynamo.config.capture_dynamic_output_shape_ops):
+        entry = _build_traced(cache, input, kind, ksize, stride, padding, dilation,
+                              output_padding, indice_key, ndim)
+        return entry, entry.token, entry.out_indices, entry.out_spatial_shape
     entry = _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
                    indice_key, ndim, token)
     return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape

@@ -69,8 +69,9 @@ def unchanged_since(version, tensor):
     return version is None or now is None or now == version
 
 
-# Tokens are made outside any compiled graph, from the entry (a handle that enters a traced
-# frame becomes a fake object there, which Dynamo builds with a warning per method it lacks).
+# A token of an entry built in eager code is made outside any compiled graph, from the handle (a
+# handle that enters a traced frame becomes a fake object there, which Dynamo builds with a
+# warning per method it lacks).
 
 @torch.compiler.disable
 def _token_of(entry):
@@ -78,8 +79,8 @@ def _token_of(entry):
 
 
 @torch.compiler.disable
-def _inverse_token_of(entry):
-    return entry.inverse().token()
+def _inverse_handle_token(entry):
+    return entry._inverse.token()
 
 
 def axes_of(ndim):
@@ -100,12 +101,14 @@ class IndiceEntry:
     lifted, see the module's docstring); ``kind`` is ops.REGULAR, ops.SUBM or ops.TRANSPOSED
     (a pool stores a REGULAR rulebook). ``inverse()`` is the rulebook of the inverse conv (built
     once). ``token``: the rulebook's token (Rulebook.token()) where one was made, else None;
-    ``rulebook_arg`` / ``inverse`` give the handle or the token as the ops take them.
+    ``rulebook_arg`` / ``inverse`` give the handle or the token as the ops take them. An entry
+    made inside a compiled graph (conv._build_traced) has only its token;
+    ``rulebook`` then gives the handle the token stands for, on first use, in eager code.
     """
 
     def __init__(self, rulebook, kind, indices, spatial_shape, out_indices, out_spatial_shape,
                  ksize, stride, padding, dilation, batch_size=None, ndim=MAX_NDIM, token=None):
-        self.rulebook = rulebook
+        self._rulebook = rulebook
         self.token = token
         self.kind = kind
         self.is_subm = kind == ops.SUBM
@@ -120,8 +123,10 @@ class IndiceEntry:
         # The versions of both index tensors when the rulebook was built: while a tensor is the
         # same object at the same version, nothing has written into it, and the next rulebook
         # on those sites need not check them again (rulebook_for).
-        self.in_version = version_of(indices)
-        self.out_version = version_of(out_indices)
+        # (Made inside a compiled graph they are UNREAD, and read afterwards from the rulebook:
+        # _read_versions.)
+        self._in_version = version_of(indices)
+        self._out_version = version_of(out_indices)
         self._inverse = self._inverse_token = None
 
     # Copies (deepcopy, pickle). A token is known by its storage, which a copy does not share:
@@ -130,11 +135,50 @@ class IndiceEntry:
     # 1), so each recorded version becomes "unchanged" or "changed" as of the copy, and the
     # copy's versions are read again on arrival: a copied cache vouches for its copied sites
     # exactly where the original vouched for the original ones.
-    _VERSIONED = (("indices", "in_version"), ("out_indices", "out_version"),
+    _VERSIONED = (("indices", "_in_version"), ("out_indices", "_out_version"),
                   ("nd_indices", "nd_version"))
 
+    @property
+    def rulebook(self):
+        """The rulebook's handle (from the token, for an entry made inside a compiled graph)."""
+        if self._rulebook is None:
+            self._rulebook = ops.token_rulebook(self.token)
+        return self._rulebook
+
+    def _read_versions(self):
+        """An entry made inside a compiled graph (conv._build_traced) recorded its versions as
+        UNREAD, which outside compile would count as changed and refuse the next layer of its
+        key. Eager code reads them afterwards: the input sites' from the rulebook, whose build
+        read the indices' version when it ran (Rulebook.sites_version); the output sites are
+        the input's (subm) or a tensor the build made (version 0 then, unless an inference
+        tensor). A write into them inside the compiled region itself goes unseen, as
+        docs/pytorch.md says."""
+        if (self._in_version is UNREAD and self.token is not None
+                and not torch.compiler.is_compiling()):
+            built = self.rulebook.sites_version()
+            if built >= -1:
+                self._in_version = None if built == -1 else built
+                if self.is_subm:
+                    self._out_version = self._in_version
+                else:
+                    self._out_version = None if self.out_indices.is_inference() else 0
+
+    @property
+    def in_version(self):
+        self._read_versions()
+        return self._in_version
+
+    @property
+    def out_version(self):
+        self._read_versions()
+        return self._out_version
+
     def __getstate__(self):
+        self._read_versions()
         state = dict(self.__dict__)
+        state["_rulebook"] = self.rulebook  # (a handle pickles by rebuilding; a token cannot)
+        if state["_inverse"] is None and state["_inverse_token"] is not None:
+            state["_inverse"] = ops.token_rulebook(state["_inverse_token"])
         state["token"] = state["_inverse_token"] = None
         for tensor, version in self._VERSIONED:
             if state[tensor] is not None:
@@ -158,13 +202,21 @@ class IndiceEntry:
         return self.token
 
     def inverse(self, token=False):
-        """The inverse conv's rulebook (built once): its handle, or with ``token`` its token."""
+        """The inverse conv's rulebook (built once): its handle, or with ``token`` its token.
+        The token is made from the rulebook's token (ops.inverse_token), which traces inside a
+        compiled graph: an inverse's sizes are the forward's, swapped."""
         if token:
             if self._inverse_token is None:
-                self._inverse_token = _inverse_token_of(self)
+                if self._inverse is not None:
+                    self._inverse_token = _inverse_handle_token(self)
+                else:
+                    self._inverse_token = ops.inverse_token(self.rulebook_arg(True))
             return self._inverse_token
         if self._inverse is None:
-            self._inverse = ops.inverse_rulebook(self.rulebook)
+            if self._inverse_token is not None:
+                self._inverse = ops.token_rulebook(self._inverse_token)
+            else:
+                self._inverse = ops.inverse_rulebook(self.rulebook)
         return self._inverse
 
 

@@ -5,6 +5,7 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.nn.modules import module as module_impl
 
 from .. import ops
@@ -100,7 +101,7 @@ class SparseSequential(SparseModule):
                     continue
                 input = module(input)
             elif isinstance(input, SparseConvTensor):
-                if input.indices.shape[0] != 0:
+                if _has_sites(input, module):
                     if _relu_in_place(previous, module):
                         input = input.replace_feature(torch.relu_(input.features))
                     else:
@@ -109,6 +110,35 @@ class SparseSequential(SparseModule):
                 input = module(input)
             previous = module
         return input
+
+
+def _batch_norm_rows_message():
+    return ("spconv_c: under torch.compile, a batch norm in a SparseSequential needs more than 1 "
+            "site in training mode (as F.batch_norm), and at least 1 after a layer whose output "
+            "count the graph computes (eager code skips it on none)")
+
+
+def _has_sites(input, module):
+    """Whether ``input`` has sites: a layer on features (``module``) is applied only then, as
+    in spconv.
+
+    Under torch.compile with a strided layer's rulebook built inside the graph
+    (conv._build_traced), its output count is an unbacked size, which tracing cannot branch on.
+    A count it cannot decide is taken as non-zero (guard_or_true): element-wise layers applied
+    to no rows give what skipping them gives. A batch norm branches on the count itself
+    (F.batch_norm refuses 1 row in training, and its kernel treats 0 rows apart): torch._check
+    asserts at least 2 sites in training mode and 1 in eval mode, which tracing then knows.
+    A count of 1 in training is refused as eager code refuses it; a strided layer with no
+    output sites before a batch norm fails the assertion where eager code would skip the
+    batch norm (docs/pytorch.md, "Rulebook builds inside the graph")."""
+    rows = input.indices.shape[0]
+    if not torch.compiler.is_compiling():
+        return rows != 0
+    if not guard_or_true(rows != 0):
+        return False  # a known count of 0
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        torch._check(rows > 1 if module.training else rows > 0, _batch_norm_rows_message)
+    return True
 
 
 # Folding an inference batch norm into the conv before it (SPCONV_C_FOLD_BN=0 turns it off).
