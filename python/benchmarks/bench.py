@@ -7,6 +7,9 @@ detector's 2-d backbone (``pillar``: OpenPCDet's PillarBackBone8x on the KITTI s
   plain    the same modules with the conv / pool products in plain PyTorch over our rulebooks
            (index_select + mm + index_add_ per kernel offset; scatter_reduce amax for pooling);
   spconv   spconv 2.3.8's own modules, when installed;
+  compiled (asked for with --variants) our modules under torch.compile (inductor) with
+           torch._dynamo.config.capture_dynamic_output_shape_ops, so that every rulebook build is
+           inside the one graph; compiled in the warm-up passes (give --warmup 2 or more);
 
 same threads, medians of --repeat runs after --warmup, rulebooks built in every forward (as
 spconv's benchmark counts them). A forward alone runs under torch.no_grad() for every variant (an
@@ -407,6 +410,10 @@ def main():
                 lib = theirs if variant == "spconv" else ours
                 nets_of[variant] = build(lib).eval()
                 nets_of[variant].load_state_dict(ref.state_dict())
+                if variant == "compiled":
+                    torch._dynamo.reset()
+                    nets_of[variant] = torch.compile(nets_of[variant], backend="inductor",
+                                                     fullgraph=True)
             times = {v: [] for v in variants}
             tool = "C tool"
             with_tool = args.overhead and not backward and not args.max_voxels and in_c_tool
@@ -426,7 +433,9 @@ def main():
                             rounds[tool].append(statistics.median(c_ms))
                         continue
                     lib = theirs if variant == "spconv" else ours
-                    ctx = PlainProducts() if variant == "plain" else _Nothing()
+                    ctx = (PlainProducts() if variant == "plain" else
+                           torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+                           if variant == "compiled" else _Nothing())
                     with ctx, torch.set_grad_enabled(backward):
                         ms = time_variant(lib, nets_of[variant], feats, idx, shape, backward,
                                           args.repeat, args.warmup)
