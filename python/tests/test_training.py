@@ -147,23 +147,22 @@ def rulebook_ops_in(graphs):
             if node.op == "call_function" and "spconv_c." in str(node.target)]
 
 
-def test_torch_compile_trains_as_eager(seed):
-    # Training through torch.compile: the compiled model's loss, parameter gradients and the
-    # parameters after a few optimiser steps equal eager's, on samples of three sizes (so the
-    # graphs are compiled again with symbolic sizes), and every conv runs inside a compiled
-    # graph. (Traced, a conv took its rulebook as a fake torchbind object, which skipped its
-    # autograd formula: the compiled outputs had no gradient and backward() failed; the convs
-    # then ran outside the graphs, a break each, until they took the rulebook's token,
-    # ops._call_rulebook_op.) float64, so that the compiled graph's decompositions of the
-    # element-wise layers (batch norm), which may round in another order, cannot move the
-    # comparison: they differ by a few units of 2^-52 per step, far inside 1e-9.
+def train_side_by_side(seed, make, backend, **compile_kwargs):
+    """Three SGD steps of a network from ``make()`` and of its twin under torch.compile
+    (``backend``), on samples of three sizes (100, 120, 140 sites, so the graphs are compiled
+    again with symbolic sizes): the same losses and parameter gradients at every step. float64,
+    so that the compiled graph's decompositions of the element-wise layers (batch norm), which
+    may round in another order, cannot move the comparison: they differ by a few units of
+    2^-52 per step, far inside 1e-9. Returns the two networks and the graphs compiled in the
+    first pass."""
     torch.manual_seed(seed)
-    eager = small_net().double()
-    compiled_net = small_net().double()
+    eager = make().double()
+    compiled_net = make().double()
     compiled_net.load_state_dict(eager.state_dict())
     graphs = []
-    compiled = torch.compile(compiled_net, backend=recording("aot_eager", graphs))
+    compiled = torch.compile(compiled_net, backend=recording(backend, graphs), **compile_kwargs)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, compiled_net)]
+    first_pass = None
     for step in range(3):
         feats, idx, target = sample(seed + step, count=100 + 20 * step)
         feats, target = feats.double(), target.double()
@@ -179,11 +178,22 @@ def test_torch_compile_trains_as_eager(seed):
             torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
         for opt in opts:
             opt.step()
-        if step == 0:  # the first pass's graphs: the four convs of small_net, each in one,
-            # and the builds whose sizes are known: two subm builds and the inverse (the
-            # strided build breaks the graph here, test_torch_compile_whole_graph)
-            assert sorted(rulebook_ops_in(graphs)) == sorted(
-                ["conv_forward_token"] * 4 + ["build_subm_token"] * 2 + ["inverse_token"])
+        if first_pass is None:
+            first_pass = list(graphs)
+    return eager, compiled_net, first_pass
+
+
+def test_torch_compile_trains_as_eager(seed):
+    # Training through torch.compile equals eager (train_side_by_side), and every conv runs
+    # inside a compiled graph. (Traced, a conv took its rulebook as a fake torchbind object,
+    # which skipped its autograd formula: the compiled outputs had no gradient and backward()
+    # failed; the convs then ran outside the graphs, a break each, until they took the
+    # rulebook's token, ops._call_rulebook_op.) The first pass's graphs hold the four convs of
+    # small_net, each in one, and the builds whose sizes are known: two subm builds and the
+    # inverse (the strided build breaks the graph here; test_torch_compile_whole_graph).
+    _, _, graphs = train_side_by_side(seed, small_net, "aot_eager")
+    assert sorted(rulebook_ops_in(graphs)) == sorted(
+        ["conv_forward_token"] * 4 + ["build_subm_token"] * 2 + ["inverse_token"])
 
 
 def strided_bn_net():
@@ -199,37 +209,16 @@ def strided_bn_net():
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_whole_graph(seed, backend):
     # With torch._dynamo.config.capture_dynamic_output_shape_ops, the strided build is traced
-    # too (its output count an unbacked size): the whole network is one graph, fullgraph=True
-    # holds, and three SGD steps on samples of three sizes give eager's losses, gradients and
-    # parameters (float64, as test_torch_compile_trains_as_eager).
-    torch.manual_seed(seed)
-    eager = strided_bn_net().double()
-    compiled_net = strided_bn_net().double()
-    compiled_net.load_state_dict(eager.state_dict())
-    graphs = []
-    compiled = torch.compile(compiled_net, backend=recording(backend, graphs), fullgraph=True)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, compiled_net)]
+    # too (its output count an unbacked size): the whole network is one graph (fullgraph=True
+    # holds), training equals eager (train_side_by_side), and so do the batch norm statistics.
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        for step in range(3):
-            feats, idx, target = sample(seed + step, count=100 + 20 * step)
-            feats, target = feats.double(), target.double()
-            losses = []
-            for net, opt in zip((eager, compiled), opts):
-                opt.zero_grad()
-                loss = loss_of(net, feats, idx, target)
-                loss.backward()
-                losses.append(loss.detach())
-            torch.testing.assert_close(losses[1], losses[0], rtol=1e-9, atol=0)
-            for (name, a), b in zip(eager.named_parameters(), compiled_net.parameters()):
-                torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-12, msg=name)
-            for opt in opts:
-                opt.step()
-            if step == 0:
-                assert len(graphs) == 1
-                assert sorted(rulebook_ops_in(graphs)) == sorted(
-                    ["conv_forward_token"] * 4 + ["build_subm_token"] * 2
-                    + ["build_rulebook_token", "inverse_token"])
-    for a, b in zip(eager.buffers(), compiled_net.buffers()):  # batch norm statistics
+        eager, compiled_net, graphs = train_side_by_side(seed, strided_bn_net, backend,
+                                                         fullgraph=True)
+    assert len(graphs) == 1
+    assert sorted(rulebook_ops_in(graphs)) == sorted(
+        ["conv_forward_token"] * 4 + ["build_subm_token"] * 2
+        + ["build_rulebook_token", "inverse_token"])
+    for a, b in zip(eager.buffers(), compiled_net.buffers()):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
 
 
