@@ -45,6 +45,7 @@ refused.
 """
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 REGULAR, SUBM, TRANSPOSED, INVERSE = 0, 1, 2, 3
 
@@ -100,7 +101,12 @@ def _(indices, spatial_shape, batch_size, kernel_size, stride, padding, dilation
 @torch.library.register_fake("spconv_c::build_rulebook_token")
 def _(indices, spatial_shape, batch_size, kind, kernel_size, stride, padding, dilation,
       output_padding):
-    m = torch.library.get_ctx().new_dynamic_size()
+    # No sites, no outputs: a count tracing knows to be 0 (Dynamo specializes an empty input)
+    # stays known, so that what follows is traced for none (a batch norm is then skipped).
+    if statically_known_true(indices.shape[0] == 0):
+        m = 0
+    else:
+        m = torch.library.get_ctx().new_dynamic_size()
     return (indices.new_empty((indices.shape[0], m, 0), dtype=torch.uint8),
             indices.new_empty((m, 4)))
 
@@ -424,18 +430,29 @@ def build_rulebook_token(indices, spatial_shape, batch_size, kind, kernel_size, 
 def output_shape(kind, spatial_shape, kernel_size, stride, padding, dilation, output_padding):
     """The output spatial shape of a rulebook of ``kind`` (REGULAR, SUBM, TRANSPOSED) on
     ``spatial_shape`` (3 ints), as the engine computes it (spconv_conv_output_shape; a test
-    holds them equal), for compiled code, where the rulebook's own out_shape() cannot be read;
-    the build itself refuses a shape that is empty or too large."""
+    holds them equal), for compiled code, where the rulebook's own out_shape() cannot be read.
+    An empty or too large output is refused as the engine refuses it (before tracing goes on
+    with sizes that make no sense)."""
     out = []
-    for n, k, s, p, d, op in zip(spatial_shape, _triple(kernel_size), _triple(stride),
-                                 _triple(padding), _triple(dilation), _triple(output_padding)):
+    for axis, (n, k, s, p, d, op) in enumerate(zip(
+            spatial_shape, _triple(kernel_size), _triple(stride), _triple(padding),
+            _triple(dilation), _triple(output_padding))):
         if kind == SUBM:
-            out.append(n)
+            size = n
         elif kind == TRANSPOSED:
-            out.append((n - 1) * s - 2 * p + d * (k - 1) + 1 + op)
+            size = (n - 1) * s - 2 * p + d * (k - 1) + 1 + op
         else:
             span = n + 2 * p - d * (k - 1) - 1
-            out.append(0 if span < 0 else span // s + 1)
+            size = 0 if span < 0 else span // s + 1
+        name = "zyx"[axis]
+        if size <= 0:
+            raise RuntimeError(f"spconv_c: output spatial shape is empty on axis {axis} ({name}): "
+                               f"input {n}, kernel {k}, stride {s}, padding {p}, dilation {d} "
+                               f"give {size}")
+        if size > 2**31 - 1:
+            raise RuntimeError(f"spconv_c: output spatial shape on axis {axis} ({name}) would be "
+                               f"{size}, beyond int32 coordinates")
+        out.append(size)
     return out
 
 

@@ -301,3 +301,26 @@ def test_deepcopied_tensor_keeps_its_cache(seed):
             sub(mid)
         with pytest.raises(ValueError, match="written into since"):
             sub(copy.deepcopy(mid))
+
+
+def test_cache_pickled_before_graph_builds_loads(seed):
+    # Cache entries gained a token-only form (made inside compiled graphs) and renamed three
+    # attributes for it; an entry pickled with the old names (rulebook, in_version,
+    # out_version, no tokens) still loads, and serves as the original did.
+    from spconv_c.pytorch.core import IndiceEntry
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 60, 2, dtype=torch.float64)
+    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    inverse = spconv.SparseInverseConv3d(4, 2, 3, indice_key="d").double()
+    with torch.no_grad():
+        mid = down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+        want = inverse(mid).features
+        entry = mid.indice_dict["d"]
+        state = entry.__getstate__()
+        old = {"rulebook" if k == "_rulebook" else k.lstrip("_") if k in (
+            "_in_version", "_out_version") else k: v for k, v in state.items()
+            if k not in ("token", "_inverse_token")}
+        loaded = object.__new__(IndiceEntry)
+        loaded.__setstate__(old)
+        mid.indice_dict["d"] = loaded
+        assert torch.equal(inverse(mid).features, want)

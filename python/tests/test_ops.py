@@ -174,6 +174,32 @@ def test_token_builders_give_the_handles_rulebooks(seed):
         ops.inverse_token(idx)
 
 
+def test_token_builders_keep_their_own_sites(seed):
+    # Inside a graph compiled by inductor, a tensor no later node reads is dead, and its memory
+    # may serve another: a rulebook built there on shared indices saw them overwritten (its
+    # in_indices read another tensor's values; build_rulebook_on trusts them). The token
+    # builders give the rulebook its own copy, and hand back a copy of its output sites.
+    _, _, idx = small_input(seed)
+    coords = idx.long()
+
+    def fn(coords):
+        sites = (coords + 0).int()
+        subm = ops.build_subm_token(sites, SHAPE, 2, 3)
+        strided, out = ops.build_rulebook_token((coords + 0).int(), SHAPE, 2, ops.REGULAR, 3,
+                                                2, 1)
+        later = (coords * 0 + 7).int()  # same size and dtype, made after the sites are dead
+        return subm, strided, later
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        subm, strided, _ = torch.compile(fn, backend="inductor", fullgraph=True)(coords)
+    torch._dynamo.reset()
+    want = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    assert torch.equal(ops.token_rulebook(subm).in_indices(), idx)
+    assert torch.equal(ops.token_rulebook(strided).in_indices(), idx)
+    assert torch.equal(ops.token_rulebook(strided).out_indices(), want.out_indices())
+
+
 def test_output_shape_is_the_engines(seed):
     # ops.output_shape (what compiled code reads for a build inside the graph) against the
     # rulebook's own out_shape(), on random geometries of every kind the engine accepts.
@@ -188,8 +214,11 @@ def test_output_shape_is_the_engines(seed):
         op = [min(r[15] - 1, s[0] - 1)] * 3 if kind == ops.TRANSPOSED else [0] * 3
         try:
             rb = ops.build_rulebook(idx, shape, 1, kind, k, s, p, d, op)
-        except RuntimeError:
-            continue  # a geometry the engine refuses (an empty output, a kernel too large)
+        except RuntimeError as e:
+            if "output spatial shape is empty" in str(e):  # refused alike
+                with pytest.raises(RuntimeError, match="output spatial shape is empty"):
+                    ops.output_shape(kind, shape, k, s, p, d, op)
+            continue  # (or a geometry refused for another reason: a kernel too large, ...)
         assert ops.output_shape(kind, shape, k, s, p, d, op) == list(rb.out_shape()), \
             (kind, shape, k, s, p, d, op)
         checked += 1

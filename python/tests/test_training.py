@@ -222,6 +222,42 @@ def test_torch_compile_whole_graph(seed, backend):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
 
 
+def test_compiled_inference_after_training(seed):
+    # Trained compiled first (the strided build breaks the graph, so Dynamo compiles the convs'
+    # own frames and runs the SparseSequential's eagerly), then an inference under no_grad:
+    # the sequence folds each batch norm into its conv while the conv's frame, compiled, holds
+    # a rulebook token, which the folded op does not take (it failed: "Expected ... Rulebook
+    # ... found type 'Tensor'"). The conv then applies the batch norm and ReLU as modules.
+    torch.manual_seed(seed)
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 8, 3, indice_key="s1"), nn.BatchNorm1d(8), nn.ReLU(),
+        spconv.SparseConv3d(8, 8, 3, 2, 1, indice_key="d1"), nn.ReLU()).double()
+    compiled = torch.compile(net, backend="aot_eager")
+    feats, idx, _ = sample(seed)
+    feats = feats.double()
+    compiled(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features.sum().backward()
+    net.eval()
+    with torch.no_grad():
+        want = net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
+        got = compiled(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_bad_geometry_names_it():
+    # A geometry the engine refuses (an empty output shape) is refused under compile with the
+    # same words, the strided build traced (ops.output_shape) or not (the engine's own).
+    net = spconv.SparseSequential(spconv.SparseConv3d(2, 2, 3, 2, 0), spconv.ToDense()).double()
+    x = spconv.SparseConvTensor(torch.ones(2, 2, dtype=torch.float64),
+                                torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]], dtype=torch.int32),
+                                [2, 2, 2], 1)
+    for capture in (False, True):
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
+            for model in (net, torch.compile(net, backend="aot_eager")):
+                with pytest.raises(RuntimeError, match="output spatial shape is empty on axis 0"):
+                    model(x)
+        torch._dynamo.reset()
+
+
 def test_torch_compile_whole_graph_batch_norm_counts():
     # A batch norm after a strided layer built inside the graph: on 1 output site in training
     # mode it is refused as eager code refuses it; on none (eager code skips it) the compiled
@@ -238,7 +274,26 @@ def test_torch_compile_whole_graph_batch_norm_counts():
         x = spconv.SparseConvTensor(torch.ones(len(sites), 2, dtype=torch.float64), idx, shape, 1)
         return model(x)
 
+    def empty():
+        return spconv.SparseConvTensor(torch.zeros(0, 2, dtype=torch.float64),
+                                       torch.zeros(0, 4, dtype=torch.int32), shape, 1)
+
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        # An empty input: no sites after the strided layer either (a count tracing knows),
+        # so the batch norm is skipped as in eager code, in both modes.
+        for training in (False, True):
+            model = net(nn.BatchNorm1d(3)).train(training)
+            want = model(empty()).features
+            got = torch.compile(model, backend="aot_eager", fullgraph=True)(empty()).features
+            assert got.shape == want.shape == (0, 3)
+            torch._dynamo.reset()
+        # A batch norm that keeps no running statistics takes batch ones in eval mode too.
+        model = net(nn.BatchNorm1d(3, track_running_stats=False).double()).eval()
+        sites = [[0, 1, 1, 1], [0, 5, 5, 5], [0, 3, 1, 5]]
+        torch.testing.assert_close(
+            run(torch.compile(model, backend="aot_eager", fullgraph=True), sites).features,
+            run(model, sites).features, rtol=1e-12, atol=1e-12)
+        torch._dynamo.reset()
         relu = net(nn.ReLU())
         assert run(torch.compile(relu, backend="aot_eager", fullgraph=True), far).features.shape \
             == (0, 3)

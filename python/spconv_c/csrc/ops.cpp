@@ -434,6 +434,11 @@ spconv_conv_params conv_params(const char *op, int64_t kind, const std::vector<i
     return p;
 }
 
+// Rulebook::sites_version of a build that reads @p indices.
+int64_t version_of(const at::Tensor &indices) {
+    return indices.is_inference() ? -1 : static_cast<int64_t>(indices._version());
+}
+
 // build_rulebook, with errors naming @p op (build_rulebook or build_subm_token).
 c10::intrusive_ptr<Rulebook> build_named(const char *op, const at::Tensor &indices,
                                          const std::vector<int64_t> &spatial_shape,
@@ -456,7 +461,7 @@ c10::intrusive_ptr<Rulebook> build_named(const char *op, const at::Tensor &indic
     SPCONV_TRY(op, spconv_rulebook_build(scope.ctx, idx.t, shape, batch_size, &p, &rb));
     scope.finish();
     auto built = c10::make_intrusive<Rulebook>(rb);
-    built->sites_version = indices.is_inference() ? -1 : static_cast<int64_t>(indices._version());
+    built->sites_version = version_of(indices);
     return built;
 }
 
@@ -658,7 +663,16 @@ at::Tensor maxpool_backward_token(const at::Tensor &token, const at::Tensor &arg
     return maxpool_backward_on(*rb, argmax, grad_out, op);
 }
 
-// ---- builders whose sizes are known before they run, traced inside compiled graphs ------------
+// ---- builders that return tokens, traced inside compiled graphs -------------------------------
+
+// The token builders give the rulebook its own copy of the indices (16 bytes a site) and hand
+// back copies of its output sites, where build_rulebook shares them: inside a compiled graph,
+// inductor takes a tensor no later node reads as dead and reuses its memory for another, and
+// nothing in an op's schema says that the rulebook keeps reading those rows (build_rulebook_on
+// trusts them, pickling rebuilds from them).
+at::Tensor own_copy(const at::Tensor &indices) {
+    return indices.clone(at::MemoryFormat::Contiguous);
+}
 
 // A submanifold rulebook, as its token: build_rulebook with kind SUBM on the same arguments (the
 // same rulebook). Its output sites are its input sites, so its token is [N, N, 0] for N index rows
@@ -668,9 +682,11 @@ at::Tensor build_subm_token(const at::Tensor &indices, std::vector<int64_t> spat
                             int64_t batch_size, std::vector<int64_t> kernel,
                             std::vector<int64_t> stride, std::vector<int64_t> padding,
                             std::vector<int64_t> dilation, std::vector<int64_t> output_padding) {
-    return rulebook_token(build_named("build_subm_token", indices, spatial_shape, batch_size,
-                                      SPCONV_CONV_SUBM, kernel, stride, padding, dilation,
-                                      output_padding));
+    const c10::intrusive_ptr<Rulebook> rb =
+        build_named("build_subm_token", own_copy(indices), spatial_shape, batch_size,
+                    SPCONV_CONV_SUBM, kernel, stride, padding, dilation, output_padding);
+    rb->sites_version = version_of(indices);
+    return rulebook_token(rb);
 }
 
 // A regular, pool or transposed rulebook, as its token, and its output sites (int32 [M, 4], the
@@ -684,10 +700,11 @@ build_rulebook_token(const at::Tensor &indices, std::vector<int64_t> spatial_sha
     const char *op = "build_rulebook_token";
     TORCH_CHECK(kind != SPCONV_CONV_SUBM, "spconv_c.", op,
                 ": kind 1 (subm) is build_subm_token's (its output sites are its input's)");
-    const c10::intrusive_ptr<Rulebook> rb = build_named(op, indices, spatial_shape, batch_size,
-                                                        kind, kernel, stride, padding, dilation,
-                                                        output_padding);
-    return {rulebook_token(rb), rb->out_indices()};
+    const c10::intrusive_ptr<Rulebook> rb = build_named(op, own_copy(indices), spatial_shape,
+                                                        batch_size, kind, kernel, stride, padding,
+                                                        dilation, output_padding);
+    rb->sites_version = version_of(indices);
+    return {rulebook_token(rb), rb->out_indices().clone()};
 }
 
 // inverse_rulebook over tokens: the inverse of a [num_in, num_out] rulebook is [num_out, num_in].

@@ -431,6 +431,14 @@ class SparseConvolution(SparseModule):
                 w = w.unsqueeze(0)
             if bn is None:
                 out = ops.indice_conv(rb, feats, w, bias)
+            elif isinstance(rb, torch.Tensor):
+                # A token: this frame is compiled while the SparseSequential's, which chose
+                # to fold, runs eagerly (Dynamo skips a frame whose loop has a graph break).
+                # The graph takes the batch norm and ReLU as modules (the same bits as the
+                # folded op gives: modules._probe_fold).
+                out = bn(ops.indice_conv(rb, feats, w, bias))
+                if relu:
+                    out = torch.relu(out)
             else:
                 out = ops.indice_conv_bn(rb, feats, w, bias, bn, relu)
             result = input._derive(out, out_indices, out_shape, lifted)

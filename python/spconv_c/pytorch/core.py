@@ -185,7 +185,14 @@ class IndiceEntry:
                 state[version] = unchanged_since(state[version], state[tensor])
         return state
 
+    # The attributes' names before compiled graphs made entries (a cache pickled then loads).
+    _RENAMED = {"rulebook": "_rulebook", "in_version": "_in_version",
+                "out_version": "_out_version"}
+
     def __setstate__(self, state):
+        state = {self._RENAMED.get(name, name): value for name, value in state.items()}
+        state.setdefault("token", None)
+        state.setdefault("_inverse_token", None)
         self.__dict__.update(state)
         for tensor, version in self._VERSIONED:
             if state[tensor] is not None:

@@ -5,7 +5,6 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.nn.modules import module as module_impl
 
 from .. import ops
@@ -126,19 +125,30 @@ def _has_sites(input, module):
     (conv._build_traced), its output count is an unbacked size, which tracing cannot branch on.
     A count it cannot decide is taken as non-zero (guard_or_true): element-wise layers applied
     to no rows give what skipping them gives. A batch norm branches on the count itself
-    (F.batch_norm refuses 1 row in training, and its kernel treats 0 rows apart): torch._check
-    asserts at least 2 sites in training mode and 1 in eval mode, which tracing then knows.
+    (F.batch_norm refuses 1 row for batch statistics, and its kernel treats 0 rows apart):
+    torch._check asserts at least 2 sites where it takes batch statistics (training mode, or no
+    running statistics kept) and 1 otherwise, which tracing then knows.
     A count of 1 in training is refused as eager code refuses it; a strided layer with no
     output sites before a batch norm fails the assertion where eager code would skip the
     batch norm (docs/pytorch.md, "Rulebook builds inside the graph")."""
     rows = input.indices.shape[0]
     if not torch.compiler.is_compiling():
         return rows != 0
-    if not guard_or_true(rows != 0):
+    if not _guard_or_true(rows != 0):
         return False  # a known count of 0
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
-        torch._check(rows > 1 if module.training else rows > 0, _batch_norm_rows_message)
+        # Batch statistics (training, or no running ones kept) need 2 rows, as F.batch_norm.
+        batch_stats = module.training or (module.running_mean is None
+                                          and module.running_var is None)
+        torch._check(rows > 1 if batch_stats else rows > 0, _batch_norm_rows_message)
     return True
+
+
+try:
+    from torch.fx.experimental.symbolic_shapes import guard_or_true as _guard_or_true
+except ImportError:  # a PyTorch before guard_or_true (2025), which cannot trace such counts
+    def _guard_or_true(condition):
+        return bool(condition)
 
 
 # Folding an inference batch norm into the conv before it (SPCONV_C_FOLD_BN=0 turns it off).
