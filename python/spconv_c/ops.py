@@ -13,6 +13,9 @@ build_rulebook_token
                     output sites int32 [M, 4]); M depends on the data (an unbacked size traced)
 inverse_token       inverse_rulebook over tokens: [num_in, num_out, 0] -> [num_out, num_in, 0]
 token_rulebook      a token -> the Rulebook handle it stands for
+check_sites_token   (token, indices, version, message) -> a new token of the same rulebook, or a
+                    ValueError with the message where the indices were written into since
+                    (version: theirs at the build; -1 the build's own record)
 build_rulebook_on   (Rulebook, output_side, kind, geometry) -> the Rulebook build_rulebook gives on
                     that rulebook's input or output sites, without checking those rows again (the
                     caller vouches that they are unchanged: the modules compare tensor versions)
@@ -109,6 +112,11 @@ def _(indices, spatial_shape, batch_size, kind, kernel_size, stride, padding, di
         m = torch.library.get_ctx().new_dynamic_size()
     return (indices.new_empty((indices.shape[0], m, 0), dtype=torch.uint8),
             indices.new_empty((m, 4)))
+
+
+@torch.library.register_fake("spconv_c::check_sites_token")
+def _(token, indices, version, what):
+    return token.new_empty(token.shape)
 
 
 @torch.library.register_fake("spconv_c::inverse_token")
@@ -460,6 +468,13 @@ def inverse_token(forward):
     """The token of the inverse of the rulebook whose token is ``forward``; traced inside a
     compiled graph."""
     return _ops.inverse_token(forward)
+
+
+def check_sites_token(token, indices, version, what):
+    """``token`` again (a new tensor of the same rulebook) once ``indices`` are found at
+    ``version`` (-1: the one the rulebook's build read; -2: nothing to compare) when the graph
+    runs; else a ValueError saying ``what``. Traced inside compiled graphs."""
+    return _ops.check_sites_token(token, indices, int(version), str(what))
 
 
 @torch.compiler.disable

@@ -200,6 +200,31 @@ def test_token_builders_keep_their_own_sites(seed):
     assert torch.equal(ops.token_rulebook(strided).out_indices(), want.out_indices())
 
 
+def test_check_sites_token(seed):
+    # check_sites_token (the cache's "unchanged since" check, run where the graph runs): a new
+    # token of the same rulebook while the sites are at the version given (or the one the build
+    # read, -1), else a ValueError with the caller's words; nothing compared for -2 or an
+    # inference tensor.
+    gen, feats, idx = small_input(seed, channels=3)
+    idx = idx.clone()
+    w = torch.randn(27, 3, 4, generator=gen, dtype=torch.float64)
+    tk = ops.build_subm_token(idx, SHAPE, 2, 3)
+    checked = ops.check_sites_token(tk, idx, -1, "written into")
+    assert checked.data_ptr() == tk.data_ptr() and checked.untyped_storage() is not None
+    assert torch.equal(torch.ops.spconv_c.conv_forward_token(checked, feats, w, None),
+                       torch.ops.spconv_c.conv_forward_token(tk, feats, w, None))
+    assert list(ops.check_sites_token(tk, idx, idx._version, "x").shape) == list(tk.shape)
+    idx[0, 0] = idx[0, 0]  # a write in place
+    with pytest.raises(ValueError, match="^the sites were written into$"):
+        ops.check_sites_token(tk, idx, -1, "the sites were written into")
+    with pytest.raises(ValueError, match="moved"):
+        ops.check_sites_token(tk, idx, idx._version - 1, "moved")
+    ops.check_sites_token(tk, idx, -2, "nothing compared")
+    with torch.inference_mode():
+        frozen = idx.clone()
+    ops.check_sites_token(tk, frozen, 0, "an inference tensor has no version")
+
+
 def test_output_shape_is_the_engines(seed):
     # ops.output_shape (what compiled code reads for a build inside the graph) against the
     # rulebook's own out_shape(), on random geometries of every kind the engine accepts.
@@ -311,6 +336,7 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.maxpool_backward_token.default,
          (pool_tk, argmax, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.inverse_token.default, (tk,)),
+        (torch.ops.spconv_c.check_sites_token.default, (tk, idx, -1, "sites written into")),
     ]
     for op, args in token_cases:
         opcheck_uncopied(op, args)

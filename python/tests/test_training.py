@@ -190,10 +190,12 @@ def test_torch_compile_trains_as_eager(seed):
     # failed; the convs then ran outside the graphs, a break each, until they took the
     # rulebook's token, ops._call_rulebook_op.) The first pass's graphs hold the four convs of
     # small_net, each in one, and the builds whose sizes are known: two subm builds and the
-    # inverse (the strided build breaks the graph here; test_torch_compile_whole_graph).
+    # inverse, whose input sites are checked unchanged where the graph runs (check_sites_token;
+    # the strided build breaks the graph here: test_torch_compile_whole_graph).
     _, _, graphs = train_side_by_side(seed, small_net, "aot_eager")
     assert sorted(rulebook_ops_in(graphs)) == sorted(
-        ["conv_forward_token"] * 4 + ["build_subm_token"] * 2 + ["inverse_token"])
+        ["conv_forward_token"] * 4 + ["build_subm_token"] * 2 + ["inverse_token",
+                                                                 "check_sites_token"])
 
 
 def strided_bn_net():
@@ -217,9 +219,39 @@ def test_torch_compile_whole_graph(seed, backend):
     assert len(graphs) == 1
     assert sorted(rulebook_ops_in(graphs)) == sorted(
         ["conv_forward_token"] * 4 + ["build_subm_token"] * 2
-        + ["build_rulebook_token", "inverse_token"])
+        + ["build_rulebook_token", "inverse_token", "check_sites_token"])
     for a, b in zip(eager.buffers(), compiled_net.buffers()):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",
+                                                     "strided-build-traced"])
+def test_writes_between_compiled_calls_are_refused(seed, capture):
+    # Compiled code takes the same indices tensor as unchanged (it cannot read versions), so a
+    # cached rulebook's sites written into in eager code between two compiled calls that share
+    # the cache went unseen: a compiled subm layer of the key reused the stale rulebook. The
+    # check now runs inside the graph (ops.check_sites_token), with eager's ValueError; without
+    # a write, the compiled layers give eager's outputs.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 1, SHAPE, 40, 2, dtype=torch.float64)
+    first = spconv.SubMConv3d(2, 3, 3, indice_key="k").double()
+    second = spconv.SubMConv3d(3, 3, 3, indice_key="k").double()
+    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    inverse = spconv.SparseInverseConv3d(4, 2, 3, indice_key="d").double()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture), torch.no_grad():
+        for make, use, says in ((first, second, "written into since"),
+                                (down, inverse, "not the output sites .* row for row")):
+            compiled_use = torch.compile(use, backend="aot_eager")
+            y = torch.compile(make, backend="aot_eager")(
+                spconv.SparseConvTensor(feats, idx.clone(), SHAPE, 1))
+            torch.testing.assert_close(compiled_use(y).features, use(y).features, rtol=1e-12,
+                                       atol=1e-12)
+            y.indices[0, 0] = y.indices[0, 0]  # a write in place (the same values)
+            with pytest.raises(ValueError, match=says):
+                compiled_use(y)
+            with pytest.raises(ValueError, match=says):
+                use(y)  # as eager code refuses it
+            torch._dynamo.reset()
 
 
 def test_compiled_inference_after_training(seed):

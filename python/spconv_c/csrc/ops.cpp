@@ -716,6 +716,21 @@ at::Tensor inverse_token(const at::Tensor &forward) {
     return rulebook_token(c10::make_intrusive<Rulebook>(inv));
 }
 
+// A new token of @p token's rulebook, after checking that @p indices, the sites it is about to be
+// used on, have not been written into since the rulebook was built: their version is @p version
+// (-1: the one the build read, Rulebook.sites_version; -2 or an inference tensor: nothing to
+// compare), else a ValueError saying @p what. Compiled code cannot read a tensor's version, so
+// the indice_key cache's check that a cached rulebook's sites are unchanged happens here, when the
+// graph runs; the new token is what the conv takes, so that the check is never dropped as dead.
+at::Tensor check_sites_token(const at::Tensor &token, const at::Tensor &indices, int64_t version,
+                             c10::string_view what) {
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, "check_sites_token");
+    const int64_t expected = version == -1 ? rb->sites_version : version;
+    TORCH_CHECK_VALUE(expected < 0 || indices.is_inference() || indices._version() == expected,
+                      what);
+    return rulebook_token(rb);
+}
+
 // The handle a token stands for (eager code that holds a token made inside a compiled graph).
 c10::intrusive_ptr<Rulebook> token_rulebook(const at::Tensor &token) {
     return rulebook_of(token, "token_rulebook");
@@ -850,6 +865,7 @@ TORCH_LIBRARY(spconv_c, m) {
           "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "
           "-> (Tensor, Tensor)");
     m.def("inverse_token(Tensor forward) -> Tensor");
+    m.def("check_sites_token(Tensor token, Tensor indices, int version, str what) -> Tensor");
     m.def("token_rulebook(Tensor token) -> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor? bias) "
           "-> Tensor");
@@ -876,6 +892,7 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("build_subm_token", &build_subm_token);
     m.impl("build_rulebook_token", &build_rulebook_token);
     m.impl("inverse_token", &inverse_token);
+    m.impl("check_sites_token", &check_sites_token);
     m.impl("token_rulebook", &token_rulebook);
     m.impl("conv_forward_token", &conv_forward_token);
     m.impl("conv_backward_token", &conv_backward_token);

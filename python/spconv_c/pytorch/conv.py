@@ -22,8 +22,8 @@ from torch.nn import init
 from torch.nn.parameter import Parameter
 
 from .. import ops
-from .core import (MAX_NDIM, IndiceEntry, SparseConvTensor, axes_of, extents_of, lift_shape,
-                   unchanged_since, version_of)
+from .core import (MAX_NDIM, UNREAD, IndiceEntry, SparseConvTensor, axes_of, extents_of,
+                   lift_shape, unchanged_since, version_of)
 from .modules import SparseModule
 
 LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "0") == "1"
@@ -112,6 +112,15 @@ def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
     return entry
 
 
+def _compared(version, unread):
+    """What ops.check_sites_token compares a cached rulebook's sites with, from the version its
+    entry recorded: that version; ``unread`` for an entry made inside a compiled graph (UNREAD);
+    -2 (nothing) for an inference tensor's (None)."""
+    if version is UNREAD:
+        return unread
+    return -2 if version is None else version
+
+
 def _build_traced(cache, input, kind, ksize, stride, padding, dilation, output_padding,
                   indice_key, ndim):
     """_build inside a compiled graph: the rulebook as its token, from ops.build_subm_token
@@ -186,7 +195,15 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                              f"{list(input.spatial_shape)}) are not the output sites of the conv "
                              f"under indice_key {indice_key!r} (spatial shape "
                              f"{list(entry.out_spatial_shape)}), row for row")
-        return entry, entry.inverse(token), entry.indices, entry.spatial_shape
+        rb = entry.inverse(token)
+        if token and torch.compiler.is_compiling() and entry.out_indices is input.indices:
+            # The output sites a non-subm build made: version 0 then, unless recorded.
+            rb = ops.check_sites_token(rb, input.indices, _compared(entry._out_version, 0),
+                                       f"spconv_c: inverse conv: the input's sites are not the "
+                                       f"output sites of the conv under indice_key "
+                                       f"{indice_key!r}, row for row: its indices were written "
+                                       f"into since")
+        return entry, rb, entry.indices, entry.spatial_shape
     if kind == ops.SUBM and indice_key is not None and indice_key in cache:
         entry = cache[indice_key]
         if (not entry.is_subm or list(entry.ksize) != list(ksize)
@@ -207,7 +224,13 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
                                f"input has {input.indices.shape[0]}"
                                + (", its indices written into since" if written else "")
                                + "); a key's subm layers must share their sites")
-        return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
+        rb = entry.rulebook_arg(token)
+        if token and torch.compiler.is_compiling() and entry.indices is input.indices:
+            rb = ops.check_sites_token(rb, input.indices, _compared(entry._in_version, -1),
+                                       f"spconv_c: indice_key {indice_key!r} holds a subm "
+                                       f"rulebook of other sites (its indices written into "
+                                       f"since); a key's subm layers must share their sites")
+        return entry, rb, entry.out_indices, entry.out_spatial_shape
     if token and torch.compiler.is_compiling() and (
             kind == ops.SUBM or torch._dynamo.config.capture_dynamic_output_shape_ops):
         entry = _build_traced(cache, input, kind, ksize, stride, padding, dilation,
