@@ -689,8 +689,8 @@ at::Tensor build_subm_token(const at::Tensor &indices, std::vector<int64_t> spat
     return rulebook_token(rb);
 }
 
-// A regular, pool or transposed rulebook, as its token, and its output sites (int32 [M, 4], the
-// rulebook's own, as Rulebook.out_indices() gives them). M depends on the data: the fake kernel
+// A regular, pool or transposed rulebook, as its token, and a copy of its output sites (int32
+// [M, 4], what Rulebook.out_indices() views). M depends on the data: the fake kernel
 // (ops.py) makes it an unbacked size, so torch.compile traces this build inside the graph too.
 std::tuple<at::Tensor, at::Tensor>
 build_rulebook_token(const at::Tensor &indices, std::vector<int64_t> spatial_shape,
