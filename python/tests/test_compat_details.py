@@ -283,16 +283,22 @@ def test_identity_and_module_names(seed):
     assert net.inner[0]._sparse_unique_name == "inner.0"
 
 
+def strided_output(seed):
+    """A strided conv's output (4 channels, its rulebook cached under key "d"), float64."""
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx = random_sparse(gen, 2, SHAPE, 60, 2, dtype=torch.float64)
+    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    with torch.no_grad():
+        return down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+
+
 def test_deepcopied_tensor_keeps_its_cache(seed):
     # A deepcopy writes into the copied indices (their version is 1, the cache recorded 0): the
     # copied cache must still take its copied sites, where the original took the original ones,
     # and refuse them where the original's had been written into before the copy.
-    gen = torch.Generator().manual_seed(seed)
-    feats, idx = random_sparse(gen, 2, SHAPE, 60, 2, dtype=torch.float64)
-    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    mid = strided_output(seed)
     sub = spconv.SubMConv3d(4, 4, 3, indice_key="s").double()
     with torch.no_grad():
-        mid = down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
         want = sub(mid).features
         twin = copy.deepcopy(mid)
         assert torch.equal(sub(twin).features, want)
@@ -308,12 +314,9 @@ def test_cache_pickled_before_graph_builds_loads(seed):
     # attributes for it; an entry pickled with the old names (rulebook, in_version,
     # out_version, no tokens) still loads, and serves as the original did.
     from spconv_c.pytorch.core import IndiceEntry
-    gen = torch.Generator().manual_seed(seed)
-    feats, idx = random_sparse(gen, 2, SHAPE, 60, 2, dtype=torch.float64)
-    down = spconv.SparseConv3d(2, 4, 3, 2, 1, indice_key="d").double()
+    mid = strided_output(seed)
     inverse = spconv.SparseInverseConv3d(4, 2, 3, indice_key="d").double()
     with torch.no_grad():
-        mid = down(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
         want = inverse(mid).features
         entry = mid.indice_dict["d"]
         state = entry.__getstate__()
