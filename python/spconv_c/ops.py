@@ -334,13 +334,19 @@ def _triple(v):
     return v * 3 if len(v) == 1 else v
 
 
+def _geometry(kernel_size, stride, padding, dilation, output_padding):
+    """A layer's kernel, stride, padding, dilation and output padding, each as 3 ints (the
+    builders' arguments in their schema's order)."""
+    return (_triple(kernel_size), _triple(stride), _triple(padding), _triple(dilation),
+            _triple(output_padding))
+
+
 @torch.compiler.disable
 def build_rulebook(indices, spatial_shape, batch_size, kind, kernel_size, stride=1, padding=0,
                    dilation=1, output_padding=0):
     """The rulebook of a conv or pool of ``kind`` (REGULAR, SUBM, TRANSPOSED) over ``indices``."""
     return _ops.build_rulebook(indices, _triple(spatial_shape), int(batch_size), int(kind),
-                               _triple(kernel_size), _triple(stride), _triple(padding),
-                               _triple(dilation), _triple(output_padding))
+                               *_geometry(kernel_size, stride, padding, dilation, output_padding))
 
 
 @torch.compiler.disable
@@ -350,8 +356,7 @@ def build_rulebook_on(source, output_side, kind, kernel_size, stride=1, padding=
     side's spatial shape and ``source``'s batch size, skipping the rows' checks: only for sites
     that nothing has written into since ``source`` was built."""
     return _call_builder(_ops.build_rulebook_on, source, bool(output_side), int(kind),
-                         _triple(kernel_size), _triple(stride), _triple(padding),
-                         _triple(dilation), _triple(output_padding))
+                         *_geometry(kernel_size, stride, padding, dilation, output_padding))
 
 
 @torch.compiler.disable
@@ -422,8 +427,8 @@ def build_subm_token(indices, spatial_shape, batch_size, kernel_size, stride=1, 
                      dilation=1, output_padding=0):
     """The token of ``build_rulebook(..., SUBM, ...)``; traced inside a compiled graph."""
     return _ops.build_subm_token(indices, _triple(spatial_shape), int(batch_size),
-                                 _triple(kernel_size), _triple(stride), _triple(padding),
-                                 _triple(dilation), _triple(output_padding))
+                                 *_geometry(kernel_size, stride, padding, dilation,
+                                            output_padding))
 
 
 def build_rulebook_token(indices, spatial_shape, batch_size, kind, kernel_size, stride=1,
@@ -431,8 +436,8 @@ def build_rulebook_token(indices, spatial_shape, batch_size, kind, kernel_size, 
     """(token, out_indices) of ``build_rulebook(...)`` for a regular, pool or transposed
     ``kind``; traced inside a compiled graph (the output count an unbacked size)."""
     return _ops.build_rulebook_token(indices, _triple(spatial_shape), int(batch_size), int(kind),
-                                     _triple(kernel_size), _triple(stride), _triple(padding),
-                                     _triple(dilation), _triple(output_padding))
+                                     *_geometry(kernel_size, stride, padding, dilation,
+                                                output_padding))
 
 
 def output_shape(kind, spatial_shape, kernel_size, stride, padding, dilation, output_padding):
@@ -443,8 +448,7 @@ def output_shape(kind, spatial_shape, kernel_size, stride, padding, dilation, ou
     with sizes that make no sense)."""
     out = []
     for axis, (n, k, s, p, d, op) in enumerate(zip(
-            spatial_shape, _triple(kernel_size), _triple(stride), _triple(padding),
-            _triple(dilation), _triple(output_padding))):
+            spatial_shape, *_geometry(kernel_size, stride, padding, dilation, output_padding))):
         if kind == SUBM:
             size = n
         elif kind == TRANSPOSED:
