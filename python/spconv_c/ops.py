@@ -28,7 +28,11 @@ conv_forward_bn     conv_forward, then an inference batch norm (running statisti
 conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
 maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
 maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
-conv_forward_token, conv_backward_token, maxpool_forward_token, maxpool_backward_token
+avgpool_forward     (rulebook, features) -> [N_out, C]: each output's mean over its pairs' inputs
+                    (PyTorch's index ops over the pair lists; an output without pairs gets 0)
+avgpool_backward    (rulebook, grad_out) -> grad_features [N_in, C]
+conv_forward_token, conv_backward_token, maxpool_forward_token, maxpool_backward_token,
+avgpool_forward_token, avgpool_backward_token
                     the same with the rulebook given by its token (below) instead of the handle
 sparse_to_dense     (features [N, C], indices [N, 4], spatial_shape, batch_size) -> [B, C, D, H, W]
 voxelize            points [P, F] -> (voxels, mean features, coords (z, y, x), num_points,
@@ -141,7 +145,7 @@ def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, runnin
 
 
 def _register_fakes(suffix, sizes):
-    """Fake kernels of conv_forward, conv_backward, maxpool_forward and maxpool_backward with
+    """Fake kernels of conv_forward, conv_backward, maxpool_* and avgpool_* with
     ``suffix`` ("" for the handle ops, "_token" for the token ops); ``sizes(rulebook)`` gives
     its (num_in, num_out). A token's are its shape [num_in, num_out, 0], symbolic where tracing
     made them so; a handle's come from FakeRulebook. The rulebook is left out of the device
@@ -175,6 +179,14 @@ def _register_fakes(suffix, sizes):
     @torch.library.register_fake(name("maxpool_backward"))
     def _(rulebook, argmax, grad_out):
         _one_device(f"maxpool_backward{suffix}", argmax, grad_out)
+        return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
+
+    @torch.library.register_fake(name("avgpool_forward"))
+    def _(rulebook, features):
+        return features.new_empty(sizes(rulebook)[1], features.shape[1])
+
+    @torch.library.register_fake(name("avgpool_backward"))
+    def _(rulebook, grad_out):
         return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
 
 
@@ -302,10 +314,35 @@ def _register_pool_autograd(forward, backward):
                                     setup_context=backward_setup)
 
 
+def _register_avgpool_autograd(forward, backward):
+    """average pool ``forward``'s gradient through ``backward``, and ``backward``'s own. Both are
+    linear, and each is the other's adjoint: forward gives out[o] = sum over o's pairs (i, o) of
+    f[i] / n[o], backward gives g_in[i] = sum over i's pairs (i, o) of g[o] / n[o], so the
+    gradient of <gg, backward(g)> with respect to g is forward(gg)."""
+
+    def setup(ctx, inputs, output):
+        ctx.rulebook = inputs[0]
+
+    def grad(ctx, grad_out):
+        if not ctx.needs_input_grad[1]:
+            return None, None
+        return None, backward(ctx.rulebook, grad_out.contiguous())
+
+    def double_grad(ctx, gg):
+        if not ctx.needs_input_grad[1]:
+            return None, None
+        return None, forward(ctx.rulebook, gg.contiguous())
+
+    torch.library.register_autograd(forward._qualified_op_name, grad, setup_context=setup)
+    torch.library.register_autograd(backward._qualified_op_name, double_grad, setup_context=setup)
+
+
 _register_conv_autograd(_ops.conv_forward, _ops.conv_backward)
 _register_conv_autograd(_ops.conv_forward_token, _ops.conv_backward_token)
 _register_pool_autograd(_ops.maxpool_forward, _ops.maxpool_backward)
 _register_pool_autograd(_ops.maxpool_forward_token, _ops.maxpool_backward_token)
+_register_avgpool_autograd(_ops.avgpool_forward, _ops.avgpool_backward)
+_register_avgpool_autograd(_ops.avgpool_forward_token, _ops.avgpool_backward_token)
 
 
 def _dense_setup(ctx, inputs, output):
@@ -531,6 +568,13 @@ def indice_maxpool(rulebook, features):
     propagates)."""
     return _call_rulebook_op(_ops.maxpool_forward, _ops.maxpool_forward_token, rulebook,
                              features)[0]
+
+
+def indice_avgpool(rulebook, features):
+    """Differentiable average pool over ``rulebook`` (a handle, or its token): each output's mean
+    over the inputs of its pairs, summed offset by offset (16-bit ones in float32)."""
+    return _call_rulebook_op(_ops.avgpool_forward, _ops.avgpool_forward_token, rulebook,
+                             features)
 
 
 def sparse_to_dense(features, indices, spatial_shape, batch_size):

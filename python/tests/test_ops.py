@@ -83,6 +83,47 @@ def test_maxpool_gradcheck(seed, order, form):
     assert CHECKS[order](lambda f: ops.indice_maxpool(rb, f), (f,))
 
 
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("kind", ["regular", "transposed", "inverse"])
+def test_avgpool_gradcheck(seed, kind, order, form):
+    gen, feats, idx = small_input(seed, count=30 if order == 1 else 20)
+    rb = rulebooks(idx)[kind]
+    f = torch.randn(rb.num_in(), 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert CHECKS[order](lambda f: ops.indice_avgpool(as_form(rb, form), f), (f,))
+
+
+@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
+def test_avgpool_is_the_mean_over_pairs(seed, kind):
+    """The average pool op over any rulebook against a brute force over its pair lists: each
+    output the float64 mean of its pairs' inputs, 0 where it has none (an inverse rulebook's
+    outputs outside every window: a regular kernel 1, stride 2 rulebook leaves most of them)."""
+    gen, feats, idx = small_input(seed, count=40)
+    rb = rulebooks(idx)[kind]
+    if kind == "inverse":
+        rb = ops.inverse_rulebook(ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 1, 2, 0))
+    f = torch.randn(rb.num_in(), 3, generator=gen, dtype=torch.float64)
+    sums = [[0.0] * 3 for _ in range(rb.num_out())]
+    counts = [0] * rb.num_out()
+    for i, o in zip(rb.pairs_in().tolist(), rb.pairs_out().tolist()):
+        counts[o] += 1
+        sums[o] = [a + b for a, b in zip(sums[o], f[i].tolist())]
+    want = torch.tensor([[v / max(n, 1) for v in row] for row, n in zip(sums, counts)],
+                        dtype=torch.float64).view(rb.num_out(), 3)
+    if kind == "inverse":
+        assert 0 in counts and max(counts) == 1  # outputs without pairs are part of the check
+    got = ops.indice_avgpool(rb, f)
+    # Sums of up to 27 values of size ~3: 1e-12 is ~100 times their float64 rounding error.
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(ops.indice_avgpool(rb.token(), f), got)
+    for bad, says in [(f[1:], r"features must be \[%d, C\]" % rb.num_in()),
+                      (f.int(), "features must be floating")]:
+        with pytest.raises(RuntimeError, match=r"^spconv_c\.avgpool_forward: " + says):
+            torch.ops.spconv_c.avgpool_forward(rb, bad)
+    with pytest.raises(RuntimeError, match=r"^spconv_c\.avgpool_backward_token: grad_out must"):
+        torch.ops.spconv_c.avgpool_backward_token(rb.token(), got[1:])
+
+
 def test_token_stands_for_its_rulebook(seed):
     """A token gives the handle's bits, keeps its rulebook alive, and is refused with a message
     wherever it does not stand for one: a copy, a view of another shape, any other tensor."""
@@ -311,6 +352,9 @@ def test_opcheck_every_op(seed):
          (pool_rb, argmax, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.maxpool_forward.default, (pool_rb, f)),
         (torch.ops.spconv_c.maxpool_backward.default, (pool_rb, argmax, torch.ones_like(pooled))),
+        (torch.ops.spconv_c.avgpool_forward.default, (pool_rb, f)),
+        (torch.ops.spconv_c.avgpool_backward.default,
+         (pool_rb, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.sparse_to_dense.default, (f, idx, SHAPE, 2)),
         (torch.ops.spconv_c.voxelize.default, (points, [1.0, 1.0, 1.0], [0, 0, 0, 10, 10, 10], 5, 100)),
         # The builders that return tokens (traced inside compiled graphs): sizes known
@@ -335,6 +379,9 @@ def test_opcheck_every_op(seed):
         (torch.ops.spconv_c.maxpool_forward_token.default, (pool_tk, f)),
         (torch.ops.spconv_c.maxpool_backward_token.default,
          (pool_tk, argmax, torch.ones_like(pooled).requires_grad_(True))),
+        (torch.ops.spconv_c.avgpool_forward_token.default, (pool_tk, f)),
+        (torch.ops.spconv_c.avgpool_backward_token.default,
+         (pool_tk, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.inverse_token.default, (tk,)),
         (torch.ops.spconv_c.check_sites_token.default, (tk, idx, -1, "sites written into")),
     ]

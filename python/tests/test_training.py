@@ -224,6 +224,29 @@ def test_torch_compile_whole_graph(seed, backend):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
 
 
+def avg_pool_net():
+    """A network with an average pool, and the inverse conv paired with it."""
+    return spconv.SparseSequential(
+        spconv.SubMConv3d(3, 8, 3, indice_key="s1"), nn.ReLU(),
+        spconv.SparseAvgPool3d(2, 2, indice_key="p1"),
+        spconv.SubMConv3d(8, 8, 3, indice_key="s2"),
+        spconv.SparseInverseConv3d(8, 4, 2, indice_key="p1"))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_average_pool_in_the_graph(seed, backend):
+    # The average pool is an op over the rulebook's token like the max pool (avgpool_forward_token,
+    # its backward through avgpool_backward_token): with the strided builds traced, the network
+    # is one graph and trains as eager. (It was a graph break each call before: the mean was
+    # taken in Python over the handle's pair lists, which a compiled graph cannot read.)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        _, _, graphs = train_side_by_side(seed, avg_pool_net, backend, fullgraph=True)
+    assert len(graphs) == 1
+    assert sorted(rulebook_ops_in(graphs)) == sorted(
+        ["conv_forward_token"] * 3 + ["avgpool_forward_token", "build_rulebook_token"]
+        + ["build_subm_token"] * 2 + ["inverse_token", "check_sites_token"])
+
+
 @pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",
                                                      "strided-build-traced"])
 def test_writes_between_compiled_calls_are_refused(seed, capture):

@@ -663,6 +663,105 @@ at::Tensor maxpool_backward_token(const at::Tensor &token, const at::Tensor &arg
     return maxpool_backward_on(*rb, argmax, grad_out, op);
 }
 
+// ---- average pool: ATen over the rulebook's pairs -----------------------------------------------
+
+// spconv's SparseAvgPool: each output is the mean over the active inputs of its window (its pairs),
+// not over the window's volume. The engine has no average pool; these run PyTorch's own index ops
+// over the rulebook's pair lists, so they serve either device. Sums go offset after offset in
+// increasing k, each offset one index_add_ without repeated rows (a window has one input per
+// offset, an input one output per offset), so they are the same bits on every device and run;
+// 16-bit values are summed in float32 and rounded once. Backward is the adjoint: each input gets
+// grad_out / count of every window it is in.
+namespace {
+
+struct PoolPairs {
+    at::Tensor in, out, count;    // int64 pair rows on the values' device, float counts per output
+    std::vector<int64_t> offsets; // [KV + 1] prefix sums (Rulebook::pair_offsets)
+};
+
+at::ScalarType sum_type(at::ScalarType t) {
+    return t == at::kHalf || t == at::kBFloat16 ? at::kFloat : t;
+}
+
+// @p values must be floating [rows, C] (the row count its side of the rulebook has).
+void check_pool_values(const at::Tensor &values, int64_t rows, const char *what, const char *op) {
+    const bool floating = values.defined() && (values.scalar_type() == at::kHalf ||
+                                               values.scalar_type() == at::kBFloat16 ||
+                                               values.scalar_type() == at::kFloat ||
+                                               values.scalar_type() == at::kDouble);
+    TORCH_CHECK(floating, "spconv_c.", op, ": ",
+                what, " must be floating (float16, bfloat16, float32, float64), got ",
+                values.defined() ? c10::toString(values.scalar_type()) : "no tensor");
+    TORCH_CHECK(values.dim() == 2 && values.size(0) == rows, "spconv_c.", op, ": ", what,
+                " must be [", rows, ", C] (a row per site), got ", values.sizes());
+}
+
+PoolPairs pool_pairs(const Rulebook &rb, const at::Tensor &values) {
+    PoolPairs p;
+    const at::Tensor offsets = rb.pair_offsets();
+    p.offsets.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel());
+    // The rulebook may live on another device than the values (a host rulebook serves CUDA ones).
+    auto rows = [&](spconv_tensor *t) { return borrowed_to_torch(t).to(values.device(), at::kLong); };
+    p.in = rows(spconv_rulebook_pairs_in(rb.rb));
+    p.out = rows(spconv_rulebook_pairs_out(rb.rb));
+    // Every output of a regular or transposed rulebook has a pair; an inverse one's outputs
+    // outside every window have none, and get 0 (a count of 1 over a sum of nothing).
+    p.count = at::bincount(p.out, {}, rb.num_out()).clamp_min_(1).to(sum_type(values.scalar_type()));
+    p.count = p.count.unsqueeze(1);
+    return p;
+}
+
+// dst[to[b:e]] += src[from[b:e]] for each offset's pair range [b, e), in increasing offset.
+void add_by_offset(at::Tensor &dst, const at::Tensor &src, const at::Tensor &from, const at::Tensor &to,
+                   const std::vector<int64_t> &offsets) {
+    for (size_t k = 0; k + 1 < offsets.size(); ++k) {
+        const int64_t b = offsets[k], e = offsets[k + 1];
+        if (e > b) dst.index_add_(0, to.slice(0, b, e), src.index_select(0, from.slice(0, b, e)));
+    }
+}
+
+at::Tensor avgpool_forward_on(const Rulebook &rb, const at::Tensor &features, const char *op) {
+    check_pool_values(features, rb.num_in(), "features", op);
+    const at::ScalarType acc = sum_type(features.scalar_type());
+    at::Tensor total = at::zeros({rb.num_out(), features.size(1)}, features.options().dtype(acc));
+    if (rb.num_pairs() == 0) return total.to(features.scalar_type());
+    const PoolPairs p = pool_pairs(rb, features);
+    add_by_offset(total, features.to(acc), p.in, p.out, p.offsets);
+    return total.div_(p.count).to(features.scalar_type());
+}
+
+at::Tensor avgpool_backward_on(const Rulebook &rb, const at::Tensor &grad_out, const char *op) {
+    check_pool_values(grad_out, rb.num_out(), "grad_out", op);
+    const at::ScalarType acc = sum_type(grad_out.scalar_type());
+    at::Tensor grad = at::zeros({rb.num_in(), grad_out.size(1)}, grad_out.options().dtype(acc));
+    if (rb.num_pairs() == 0) return grad.to(grad_out.scalar_type());
+    const PoolPairs p = pool_pairs(rb, grad_out);
+    add_by_offset(grad, grad_out.to(acc) / p.count, p.out, p.in, p.offsets);
+    return grad.to(grad_out.scalar_type());
+}
+
+} // namespace
+
+at::Tensor avgpool_forward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features) {
+    return avgpool_forward_on(*rb, features, "avgpool_forward");
+}
+
+at::Tensor avgpool_backward(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &grad_out) {
+    return avgpool_backward_on(*rb, grad_out, "avgpool_backward");
+}
+
+at::Tensor avgpool_forward_token(const at::Tensor &token, const at::Tensor &features) {
+    const char *op = "avgpool_forward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return avgpool_forward_on(*rb, features, op);
+}
+
+at::Tensor avgpool_backward_token(const at::Tensor &token, const at::Tensor &grad_out) {
+    const char *op = "avgpool_backward_token";
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, op);
+    return avgpool_backward_on(*rb, grad_out, op);
+}
+
 // ---- builders that return tokens, traced inside compiled graphs -------------------------------
 
 // The token builders give the rulebook its own copy of the indices (16 bytes a site) and hand
@@ -873,6 +972,12 @@ TORCH_LIBRARY(spconv_c, m) {
           "bool[] output_mask) -> (Tensor, Tensor, Tensor)");
     m.def("maxpool_forward_token(Tensor rulebook, Tensor features) -> (Tensor, Tensor)");
     m.def("maxpool_backward_token(Tensor rulebook, Tensor argmax, Tensor grad_out) -> Tensor");
+    m.def("avgpool_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features) "
+          "-> Tensor");
+    m.def("avgpool_backward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor grad_out) "
+          "-> Tensor");
+    m.def("avgpool_forward_token(Tensor rulebook, Tensor features) -> Tensor");
+    m.def("avgpool_backward_token(Tensor rulebook, Tensor grad_out) -> Tensor");
     m.def("sparse_to_dense(Tensor features, Tensor indices, int[] spatial_shape, int batch_size) "
           "-> Tensor");
     m.def("voxelize(Tensor points, float[] voxel_size, float[] coors_range, int max_points, "
@@ -898,6 +1003,10 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("conv_backward_token", &conv_backward_token);
     m.impl("maxpool_forward_token", &maxpool_forward_token);
     m.impl("maxpool_backward_token", &maxpool_backward_token);
+    m.impl("avgpool_forward", &avgpool_forward);
+    m.impl("avgpool_backward", &avgpool_backward);
+    m.impl("avgpool_forward_token", &avgpool_forward_token);
+    m.impl("avgpool_backward_token", &avgpool_backward_token);
     m.impl("sparse_to_dense", &sparse_to_dense);
     m.impl("voxelize", &voxelize);
 }

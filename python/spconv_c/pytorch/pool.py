@@ -100,28 +100,6 @@ def _check_features(module, features, rows):
                            f"got {list(features.shape)}")
 
 
-@torch.compiler.disable
-def _window_means(module, rb, features):
-    """Each output's mean over the active inputs of its window (the pairs of ``rb``, a handle),
-    summed offset after offset in increasing k, each offset one index_add without repeated rows
-    (so the sums are the same bits on every device and run); 16-bit features are summed in
-    float32 and rounded once. Differentiable through PyTorch's own ops. (Outside any compiled
-    graph: it reads the handle, which is a fake one there.)"""
-    _check_features(module, features, rb.num_in())
-    if rb.num_out() == 0:
-        return features[:0]  # no windows: an empty output that autograd still reaches
-    offsets = rb.pair_offsets().tolist()
-    rows_in, rows_out = rb.pairs_in().long(), rb.pairs_out().long()
-    acc = torch.float32 if features.dtype in (torch.float16, torch.bfloat16) else features.dtype
-    total = features.new_zeros((rb.num_out(), features.shape[1]), dtype=acc)
-    for begin, end in zip(offsets[:-1], offsets[1:]):
-        if end > begin:
-            total.index_add_(0, rows_out[begin:end], features[rows_in[begin:end]].to(acc))
-    # Every output of a regular rulebook has a pair: the counts are >= 1.
-    count = torch.bincount(rows_out, minlength=rb.num_out()).to(acc)
-    return (total / count.unsqueeze(1)).to(features.dtype)
-
-
 class SparseAvgPool(_WindowPool):
     """spconv 2.x's SparseAvgPool: each output site's features are the mean over the active input
     sites of its window (not over the window's volume), as spconv's counts make them. spconv
@@ -130,8 +108,9 @@ class SparseAvgPool(_WindowPool):
     KIND = "average"
 
     def forward(self, input):
-        rb, out_indices, out_shape, lifted = self._sites(input, token=False)
-        return input._derive(_window_means(self, rb, input.features), out_indices, out_shape,
+        rb, out_indices, out_shape, lifted = self._sites(input)
+        _check_features(self, input.features, input.indices.shape[0])
+        return input._derive(ops.indice_avgpool(rb, input.features), out_indices, out_shape,
                              lifted)
 
 
