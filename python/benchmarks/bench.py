@@ -279,7 +279,7 @@ def ops_only(net, feats, idx, shape, with_torch_modules=True):
                     geometry = (1 if subm else 0, m.kernel_size, m.stride, m.padding, m.dilation,
                                 [0, 0, 0])
                     rb = (o.build_rulebook(x_i, x_s, 1, *geometry) if source is None
-                          else o.build_rulebook_on(source, True, *geometry))
+                          else o.build_rulebook_on(source, True, *geometry)[0])
                     cache[key] = rb
                     source = rb
                     if not subm:

@@ -16,15 +16,17 @@ token_rulebook      a token -> the Rulebook handle it stands for
 check_sites_token   (token, indices, version, message) -> a new token of the same rulebook, or a
                     ValueError with the message where the indices were written into since
                     (version: theirs at the build; -1 the build's own record)
-build_rulebook_on   (Rulebook, output_side, kind, geometry) -> the Rulebook build_rulebook gives on
-                    that rulebook's input or output sites, without checking those rows again (the
-                    caller vouches that they are unchanged: the modules compare tensor versions)
+build_rulebook_on   (Rulebook, output_side, kind, geometry) -> (the Rulebook build_rulebook gives on
+                    that rulebook's input or output sites, its output sites, its output spatial
+                    shape), without checking those rows again (the caller vouches that they are
+                    unchanged: the modules compare tensor versions)
 inverse_rulebook    Rulebook of a regular conv or pool -> the Rulebook of its inverse conv
 conv_forward        (rulebook, features [N_in, C_in], weight [KV, C_in, C_out] or
                     [KD, KH, KW, C_in, C_out], bias [C_out] or None) -> [N_out, C_out]
 conv_forward_bn     conv_forward, then an inference batch norm (running statistics, eps, optional
                     weight and bias) and optionally a ReLU, folded into the conv's output pass;
-                    CPU f32 / f64, inference only (no autograd formula)
+                    CPU f32 / f64, inference only (no autograd formula); with krsc=True the
+                    weight is the modules' KRSC [C_out, *K, C_in] (1 to 3 kernel axes)
 conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
 maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
 maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
@@ -138,10 +140,11 @@ def _one_device(op, *tensors):
 
 
 @torch.library.register_fake("spconv_c::conv_forward_bn")
-def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, running_var, eps, relu):
+def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, running_var, eps, relu,
+      krsc=False):
     _one_device("conv_forward_bn", features, weight, bias, bn_weight, bn_bias, running_mean,
                 running_var)
-    return features.new_empty(rulebook.num_out(), weight.shape[-1])
+    return features.new_empty(rulebook.num_out(), weight.shape[0 if krsc else -1])
 
 
 def _register_fakes(suffix, sizes):
@@ -391,7 +394,8 @@ def build_rulebook_on(source, output_side, kind, kernel_size, stride=1, padding=
                       output_padding=0):
     """build_rulebook over ``source``'s output sites (``output_side``) or input sites, on that
     side's spatial shape and ``source``'s batch size, skipping the rows' checks: only for sites
-    that nothing has written into since ``source`` was built."""
+    that nothing has written into since ``source`` was built. Returns (rulebook, its
+    out_indices(), its out_shape())."""
     return _call_builder(_ops.build_rulebook_on, source, bool(output_side), int(kind),
                          *_geometry(kernel_size, stride, padding, dilation, output_padding))
 
@@ -553,14 +557,16 @@ def indice_conv(rulebook, features, weight, bias=None):
                              weight, bias)
 
 
-def indice_conv_bn(rulebook, features, weight, bias, bn, relu):
-    """``relu(bn(indice_conv(...)))`` for an ``nn.BatchNorm1d`` ``bn`` in eval mode, in one op,
-    below autograd: inference only (see modules._fold_length for when it is used)."""
+def indice_conv_bn(rulebook, features, weight, bias, bn, relu, krsc=False):
+    """``relu(bn(indice_conv(...)))`` for an ``nn.BatchNorm1d`` ``bn`` in eval mode, in one op:
+    inference only (see modules._fold_length for when it is used); ``krsc``: ``weight`` is a
+    module's KRSC [C_out, *K, C_in]. The op has no autograd kernel, so the call goes straight
+    to it (no below-autograd guard to enter)."""
     params, buffers = bn._parameters, bn._buffers
-    with _below_autograd():
-        return _call_below_autograd(_ops.conv_forward_bn, rulebook, features, weight, bias,
-                                    params.get("weight"), params.get("bias"),
-                                    buffers["running_mean"], buffers["running_var"], bn.eps, relu)
+    return _call_below_autograd(_ops.conv_forward_bn, rulebook, features, weight, bias,
+                                params.get("weight"), params.get("bias"),
+                                buffers["running_mean"], buffers["running_var"], bn.eps, relu,
+                                krsc)
 
 
 def indice_maxpool(rulebook, features):

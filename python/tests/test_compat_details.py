@@ -162,10 +162,13 @@ def test_build_rulebook_on_a_side_equals_a_checked_build(seed):
             shape = source.out_shape() if side else source.in_shape()
             for kind, k, s, p in ((ops.REGULAR, 3, 2, 1), (ops.SUBM, 3, 1, 0),
                                   (ops.TRANSPOSED, 2, 2, 0), (ops.REGULAR, 2, 2, 0)):
-                on = ops.build_rulebook_on(source, side, kind, k, s, p)
+                on, on_sites, on_shape = ops.build_rulebook_on(source, side, kind, k, s, p)
                 checked = ops.build_rulebook(sites, shape, 2, kind, k, s, p)
                 for a, b in zip(_pairs(on), _pairs(checked)):
                     assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+                # It hands back its output sites and shape, as the handle gives them.
+                assert torch.equal(on_sites, checked.out_indices())
+                assert on_shape == list(checked.out_shape())
 
 
 def test_known_sites_are_checked_again_once_written(seed, monkeypatch):

@@ -73,9 +73,9 @@ class CountFolds:
     def __enter__(self):
         self.saved, self.calls = ops.indice_conv_bn, 0
 
-        def counted(*args):
+        def counted(*args, **kwargs):
             self.calls += 1
-            return self.saved(*args)
+            return self.saved(*args, **kwargs)
         ops.indice_conv_bn = counted
         return self
 
@@ -217,7 +217,9 @@ def test_the_probe_detects_another_formula(monkeypatch):
     """_probe_fold compares against torch's batch norm: an op computing anything else fails it."""
     real = ops._ops.conv_forward_bn
 
-    def unfused_multiply_add(rb, x, w, b, bw, bb, mean, var, eps, relu):
+    def unfused_multiply_add(rb, x, w, b, bw, bb, mean, var, eps, relu, krsc=False):
+        if krsc:
+            w = w.permute(*range(1, w.dim()), 0)
         out = ops.indice_conv(rb, x, w, b)
         scale = (var + eps).sqrt().reciprocal() * (bw if bw is not None else 1)
         shift = (bb if bb is not None else 0) - mean * scale
@@ -243,6 +245,14 @@ def test_opcheck_and_errors(seed):
     torch.library.opcheck(op, args)
     torch.library.opcheck(op, (rb, feats, w, torch.randn(4, dtype=torch.float64), None, None,
                                bn.running_mean, bn.running_var, 1e-5, False))
+    # The modules hand it their KRSC weight [C_out, KD, KH, KW, C_in] (krsc=True): the same
+    # bits as the engine's layout, and opcheck's fake kernel sizes the output from C_out.
+    krsc = w.reshape(3, 3, 3, 3, 4).permute(4, 0, 1, 2, 3).contiguous()
+    krsc_args = (*args[:2], krsc, *args[3:], True)
+    torch.library.opcheck(op, krsc_args)
+    assert torch.equal(op(*krsc_args), op(*args))
+    with pytest.raises(RuntimeError, match=r"a KRSC weight is \[C_out, \*K, C_in\]"):
+        op(*args[:2], krsc.reshape(4, -1), *args[3:], True)
     with pytest.raises(RuntimeError, match=r"running_var must be a CPU Double \[4\]"):
         op(rb, feats, w, None, None, None, bn.running_mean, bn.running_var[:3], 1e-3, True)
     with pytest.raises(RuntimeError, match=r"bn_weight must be a CPU Double \[4\].*Float"):

@@ -451,12 +451,12 @@ def test_inference_calls_reach_modes(seed):
             assert any("spconv_c.maxpool_forward" in op for op in mode.ops), mode.ops
     # The builders that take a rulebook go boxed in any grad mode (ops._call_builder): the
     # modes see them too, with the same rulebooks.
-    on_want = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
+    on_want = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)[0]
     inverse_want = ops.inverse_rulebook(rbs["regular"])
     for grad in (False, True):
         for mode in recording_modes():
             with torch.set_grad_enabled(grad), mode:
-                on = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)
+                on = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)[0]
                 inverse = ops.inverse_rulebook(rbs["regular"])
             assert torch.equal(on.pairs_in(), on_want.pairs_in())
             assert torch.equal(on.pair_offsets(), on_want.pair_offsets())

@@ -477,13 +477,15 @@ c10::intrusive_ptr<Rulebook> build_rulebook(const at::Tensor &indices,
 
 // build_rulebook over one side of @p source (spconv_rulebook_build_on): the caller (the modules'
 // rulebook_for) has checked that the indices it holds for that side are unchanged since.
-c10::intrusive_ptr<Rulebook> build_rulebook_on(const c10::intrusive_ptr<Rulebook> &source,
-                                               bool output_side, int64_t kind,
-                                               std::vector<int64_t> kernel,
-                                               std::vector<int64_t> stride,
-                                               std::vector<int64_t> padding,
-                                               std::vector<int64_t> dilation,
-                                               std::vector<int64_t> output_padding) {
+// The new rulebook with its output sites (a view, as Rulebook.out_indices() gives) and output
+// spatial shape: the modules need both, and asking the handle for them afterwards cost two more
+// calls from Python into a torchbind object, ~0.1 ms each when a conv before them has left the
+// caches cold (docs/pytorch.md, "Overhead").
+std::tuple<c10::intrusive_ptr<Rulebook>, at::Tensor, std::vector<int64_t>>
+build_rulebook_on(const c10::intrusive_ptr<Rulebook> &source, bool output_side, int64_t kind,
+                  std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                  std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                  std::vector<int64_t> output_padding) {
     const spconv_conv_params p = conv_params("build_rulebook_on", kind, kernel, stride, padding,
                                              dilation, output_padding);
     spconv_tensor *sites = output_side ? spconv_rulebook_out_indices(source->rb)
@@ -493,7 +495,8 @@ c10::intrusive_ptr<Rulebook> build_rulebook_on(const c10::intrusive_ptr<Rulebook
     SPCONV_TRY("build_rulebook_on",
                spconv_rulebook_build_on(scope.ctx, source->rb, output_side ? 1 : 0, &p, &rb));
     scope.finish();
-    return c10::make_intrusive<Rulebook>(rb);
+    auto built = c10::make_intrusive<Rulebook>(rb);
+    return {built, built->out_indices(), built->out_shape()};
 }
 
 c10::intrusive_ptr<Rulebook> inverse_rulebook(const c10::intrusive_ptr<Rulebook> &forward) {
@@ -538,11 +541,25 @@ void batchnorm_terms(const at::Tensor &weight, const at::Tensor &bias, const at:
 }
 
 at::Tensor conv_forward_bn(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
-                           const at::Tensor &weight, const c10::optional<at::Tensor> &bias,
+                           const at::Tensor &weight_arg, const c10::optional<at::Tensor> &bias,
                            const c10::optional<at::Tensor> &bn_weight,
                            const c10::optional<at::Tensor> &bn_bias, const at::Tensor &running_mean,
-                           const at::Tensor &running_var, double eps, bool relu) {
+                           const at::Tensor &running_var, double eps, bool relu, bool krsc) {
     const at::ScalarType dtype = features.scalar_type();
+    // krsc: the weight as the modules store it, [C_out, *K, C_in] with 1 to 3 kernel axes, made
+    // the engine's [KD, KH, KW, C_in, C_out] here, as views (in Python that permute was a
+    // dispatcher call per conv, ~0.05 ms each after a conv has left the caches cold).
+    at::Tensor weight_in = weight_arg;
+    if (krsc) {
+        TORCH_CHECK(weight_in.dim() >= 3 && weight_in.dim() <= 5, "spconv_c.conv_forward_bn: a KRSC "
+                    "weight is [C_out, *K, C_in] with 1 to 3 kernel axes, got ", weight_in.sizes());
+        std::vector<int64_t> order;
+        for (int64_t d = 1; d < weight_in.dim(); ++d) order.push_back(d);
+        order.push_back(0);
+        weight_in = weight_in.permute(order);
+        while (weight_in.dim() < 5) weight_in = weight_in.unsqueeze(0);
+    }
+    const at::Tensor &weight = weight_in;
     TORCH_CHECK(features.device().is_cpu(), "spconv_c.conv_forward_bn: features are on ",
                 features.device(), "; the folded batch norm runs on the CPU");
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
@@ -943,14 +960,14 @@ TORCH_LIBRARY(spconv_c, m) {
           "-> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("build_rulebook_on(__torch__.torch.classes.spconv_c.Rulebook source, bool output_side, "
           "int kind, int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
-          "int[] output_padding) -> __torch__.torch.classes.spconv_c.Rulebook");
+          "int[] output_padding) -> (__torch__.torch.classes.spconv_c.Rulebook, Tensor, int[])");
     m.def("inverse_rulebook(__torch__.torch.classes.spconv_c.Rulebook forward) "
           "-> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
           "Tensor weight, Tensor? bias) -> Tensor");
     m.def("conv_forward_bn(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
           "Tensor weight, Tensor? bias, Tensor? bn_weight, Tensor? bn_bias, Tensor running_mean, "
-          "Tensor running_var, float eps, bool relu) -> Tensor");
+          "Tensor running_var, float eps, bool relu, bool krsc=False) -> Tensor");
     m.def("conv_backward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features, "
           "Tensor weight, Tensor grad_out, bool[] output_mask) -> (Tensor, Tensor, Tensor)");
     m.def("maxpool_forward(__torch__.torch.classes.spconv_c.Rulebook rulebook, Tensor features) "

@@ -95,14 +95,16 @@ def _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
     the compiled code that follows takes only the entry's tensors and token."""
     known = _known_sites(cache, input)
     if known is not None:
-        rb = ops.build_rulebook_on(known[0], known[1], kind, ksize, stride, padding, dilation,
-                                   output_padding)
+        rb, out_indices, out_shape = ops.build_rulebook_on(known[0], known[1], kind, ksize,
+                                                           stride, padding, dilation,
+                                                           output_padding)
     else:
         rb = ops.build_rulebook(input.indices, input.spatial_shape, input.batch_size, kind,
                                 ksize, stride, padding, dilation, output_padding)
+        out_indices = out_shape = None
     if kind == ops.SUBM:
         out_indices, out_shape = input.indices, list(input.spatial_shape)
-    else:
+    elif out_indices is None:
         out_indices, out_shape = rb.out_indices(), list(rb.out_shape())
     entry = IndiceEntry(rb, kind, input.indices, list(input.spatial_shape), out_indices,
                         out_shape, list(ksize), list(stride), list(padding), list(dilation),
@@ -448,22 +450,23 @@ class SparseConvolution(SparseModule):
             rb, out_indices, out_shape, lifted = layer_sites(
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
                 self.output_padding, self.indice_key)
-            # KRSC [C_out, *K, C_in] -> the engine's [KD, KH, KW, C_in, C_out], views only.
-            w = weight.permute(*range(1, self.ndim + 2), 0)
-            for _ in range(MAX_NDIM - self.ndim):
-                w = w.unsqueeze(0)
-            if bn is None:
-                out = ops.indice_conv(rb, feats, w, bias)
-            elif isinstance(rb, torch.Tensor):
-                # A token: this frame is compiled while the SparseSequential's, which chose
-                # to fold, runs eagerly (Dynamo skips a frame whose loop has a graph break).
-                # The graph takes the batch norm and ReLU as modules (the same bits as the
-                # folded op gives: modules._probe_fold).
-                out = bn(ops.indice_conv(rb, feats, w, bias))
-                if relu:
-                    out = torch.relu(out)
+            if bn is not None and not isinstance(rb, torch.Tensor):
+                # Folded (inference, a handle): the op takes the KRSC weight as it is.
+                out = ops.indice_conv_bn(rb, feats, weight, bias, bn, relu, krsc=True)
             else:
-                out = ops.indice_conv_bn(rb, feats, w, bias, bn, relu)
+                # KRSC [C_out, *K, C_in] -> the engine's [KD, KH, KW, C_in, C_out], views only.
+                w = weight.permute(*range(1, self.ndim + 2), 0)
+                for _ in range(MAX_NDIM - self.ndim):
+                    w = w.unsqueeze(0)
+                out = ops.indice_conv(rb, feats, w, bias)
+                if bn is not None:
+                    # A token: this frame is compiled while the SparseSequential's, which chose
+                    # to fold, runs eagerly (Dynamo skips a frame whose loop has a graph break).
+                    # The graph takes the batch norm and ReLU as modules (the same bits as the
+                    # folded op gives: modules._probe_fold).
+                    out = bn(out)
+                    if relu:
+                        out = torch.relu(out)
             result = input._derive(out, out_indices, out_shape, lifted)
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)
