@@ -120,6 +120,22 @@ def test_fold_only_where_nothing_can_tell(seed):
         assert torch.equal(run(net, feats, idx, True), want) and len(seen) == 1
         assert folds.calls == 4
         handle.remove()
+        # hooks on a block (a nested SparseSequential, which an inference runs straight from
+        # its parent's loop where nothing would see the difference): they run, and it folds
+        calls = []
+        handles = [net[1].register_forward_pre_hook(lambda m, i: calls.append("pre")),
+                   net[1].register_forward_hook(lambda m, i, o: calls.append("post"))]
+        assert torch.equal(run(net, feats, idx, True), want) and calls == ["pre", "post"]
+        assert folds.calls == 8
+        for h in handles:
+            h.remove()
+        # a block whose forward is replaced on the instance runs that forward
+        block = net[1]
+        block.forward = lambda x: calls.append("own") or type(block).forward(block, x)
+        assert torch.equal(run(net, feats, idx, True), want) and calls[-1] == "own"
+        assert folds.calls == 12
+        del net[1].forward
+        folds.calls = 4
         # a hook on the batch norm: that block is not folded
         handle = net[1][1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
         assert torch.equal(run(net, feats, idx, True), want) and len(seen) == 2
