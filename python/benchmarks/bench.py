@@ -25,6 +25,7 @@ in one process, pass by pass (see in_process_overhead).
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -300,7 +301,9 @@ def ops_only(net, feats, idx, shape, with_torch_modules=True):
 
 def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     """The binding's overhead split into its parts, in one process, the variants taking turns
-    pass by pass (so the machine's drift weighs on all alike):
+    pass by pass (so the machine's drift weighs on all alike), in a shuffled order each pass
+    (seeded): with a fixed order reversed every other pass, a variant in the middle was always
+    in the middle, and that position alone measured 1-2% slower (docs/pytorch.md):
 
       engine       the C engine's network (spconv_net_forward, through ctypes);
       bare ops     the same work as operator calls without torch's modules: what calling the
@@ -317,10 +320,10 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     if not any(isinstance(m, nn.BatchNorm1d) for m in net.modules()):
         del variants["+ torch BN"]
     times = {v: [] for v in variants}
+    shuffle = random.Random(20261207)
     with torch.no_grad():
         for i in range(warmup + passes):
-            order = list(variants) if i % 2 == 0 else list(variants)[::-1]
-            for v in order:
+            for v in shuffle.sample(list(variants), len(variants)):
                 t0 = time.perf_counter()
                 variants[v]()
                 if i >= warmup:

@@ -98,7 +98,7 @@ class SparseSequential(SparseModule):
                     # here with this call's environment. Module.__call__ would add nothing (no
                     # hooks on it, and _fold_environment found no global ones), and asking the
                     # environment again cost ~20 us a block after a conv had left the caches
-                    # cold (docs/pytorch.md, "Overhead").
+                    # cold (docs/pytorch.md, "The overhead on an AVX-512 Xeon").
                     inner = list(module._modules.values())
                     input = module._run(input, inner, len(inner) > 1)
                     previous = module
