@@ -144,7 +144,34 @@ def _(rulebook, features, weight, bias, bn_weight, bn_bias, running_mean, runnin
       krsc=False):
     _one_device("conv_forward_bn", features, weight, bias, bn_weight, bn_bias, running_mean,
                 running_var)
+    if krsc and not 3 <= weight.dim() <= 5:
+        raise RuntimeError(f"spconv_c.conv_forward_bn: a KRSC weight is [C_out, *K, C_in] with 1 "
+                           f"to 3 kernel axes, got {list(weight.shape)}")
     return features.new_empty(rulebook.num_out(), weight.shape[0 if krsc else -1])
+
+
+def _token_device(op, token, *tensors):
+    """A token copied to the meta device stands for no rulebook (a copy never does), but with
+    real tensors beside it the call dispatches to the fake kernels, which would hand back an
+    uninitialised tensor of the features' device: refused, as a copy is elsewhere."""
+    others = sorted({str(t.device) for t in tensors if t is not None})
+    if token.device.type == "meta" and others != ["meta"]:
+        raise RuntimeError(f"spconv_c.{op}: the rulebook argument is a tensor on the meta "
+                           f"device, not a rulebook token (a copy of a token stands for nothing); "
+                           f"the other tensors are on {', '.join(others)}")
+
+
+def _pool_values(op, values, rows):
+    """The checks the average pool ops make of their values (csrc/ops.cpp, check_pool_values),
+    for tracing and meta tensors: floating [rows, C]."""
+    if values.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise RuntimeError(f"spconv_c.{op}: values must be floating (float16, bfloat16, float32, "
+                           f"float64), got {values.dtype}")
+    if values.dim() != 2:
+        raise RuntimeError(f"spconv_c.{op}: values must be [{rows}, C] (a row per site), got "
+                           f"{list(values.shape)}")
+    torch._check(values.shape[0] == rows, lambda: f"spconv_c.{op}: values must be [{rows}, C] "
+                 f"(a row per site), got {list(values.shape)}")
 
 
 def _register_fakes(suffix, sizes):
@@ -158,13 +185,19 @@ def _register_fakes(suffix, sizes):
     def name(op):
         return f"spconv_c::{op}{suffix}"
 
+    def token_check(op, rulebook, *tensors):
+        if suffix:
+            _token_device(op, rulebook, *tensors)
+
     @torch.library.register_fake(name("conv_forward"))
     def _(rulebook, features, weight, bias):
+        token_check(f"conv_forward{suffix}", rulebook, features, weight, bias)
         _one_device(f"conv_forward{suffix}", features, weight, bias)
         return features.new_empty(sizes(rulebook)[1], weight.shape[-1])
 
     @torch.library.register_fake(name("conv_backward"))
     def _(rulebook, features, weight, grad_out, output_mask):
+        token_check(f"conv_backward{suffix}", rulebook, features, weight, grad_out)
         _one_device(f"conv_backward{suffix}", features, weight, grad_out)
 
         def maybe(flag, like, shape):
@@ -175,21 +208,27 @@ def _register_fakes(suffix, sizes):
 
     @torch.library.register_fake(name("maxpool_forward"))
     def _(rulebook, features):
+        token_check(f"maxpool_forward{suffix}", rulebook, features)
         _one_device(f"maxpool_forward{suffix}", features)
         shape = (sizes(rulebook)[1], features.shape[1])
         return features.new_empty(shape), features.new_empty(shape, dtype=torch.int32)
 
     @torch.library.register_fake(name("maxpool_backward"))
     def _(rulebook, argmax, grad_out):
+        token_check(f"maxpool_backward{suffix}", rulebook, argmax, grad_out)
         _one_device(f"maxpool_backward{suffix}", argmax, grad_out)
         return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
 
     @torch.library.register_fake(name("avgpool_forward"))
     def _(rulebook, features):
+        token_check(f"avgpool_forward{suffix}", rulebook, features)
+        _pool_values(f"avgpool_forward{suffix}", features, sizes(rulebook)[0])
         return features.new_empty(sizes(rulebook)[1], features.shape[1])
 
     @torch.library.register_fake(name("avgpool_backward"))
     def _(rulebook, grad_out):
+        token_check(f"avgpool_backward{suffix}", rulebook, grad_out)
+        _pool_values(f"avgpool_backward{suffix}", grad_out, sizes(rulebook)[1])
         return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
 
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook
 
 import spconv_c.pytorch as spconv
 from spconv_c import ops
@@ -135,6 +136,20 @@ def test_fold_only_where_nothing_can_tell(seed):
         assert torch.equal(run(net, feats, idx, True), want) and calls[-1] == "own"
         assert folds.calls == 12
         del net[1].forward
+        # a global hook registered while the outer sequence runs (here by a hook of its first
+        # block) sees the later blocks and their modules, as when each block is called
+        everything, registered = [], []
+
+        def register_global(m, i, o):
+            if not registered:
+                registered.append(register_module_forward_hook(
+                    lambda mm, ii, oo: everything.append(type(mm).__name__)))
+        handle = net[0].register_forward_hook(register_global)
+        assert torch.equal(run(net, feats, idx, True), want)
+        registered[0].remove()
+        handle.remove()
+        assert (everything.count("SparseSequential") == len(net) - 1
+                and everything.count("BatchNorm1d") == len(net) - 1)
         folds.calls = 4
         # a hook on the batch norm: that block is not folded
         handle = net[1][1].register_forward_hook(lambda m, i, o: seen.append(o.shape))

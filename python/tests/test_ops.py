@@ -124,6 +124,61 @@ def test_avgpool_is_the_mean_over_pairs(seed, kind):
         torch.ops.spconv_c.avgpool_backward_token(rb.token(), got[1:])
 
 
+def test_avgpool_over_a_window_as_large_as_the_grid(seed):
+    """A window over the whole grid (a global pool written as an average pool): each batch
+    entry's one output is the mean of its sites. Its kernel has 12 x 10^6 offsets, of which the
+    op walks only those with pairs (walking them all took seconds and gigabytes on a KITTI
+    grid)."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = [30, 400, 1000]
+    feats, idx = random_sparse(gen, 2, shape, 300, 3)
+    rb = ops.build_rulebook(idx, shape, 2, ops.REGULAR, shape, shape, 0)
+    assert rb.num_out() == 2 and rb.kernel_volume() == 30 * 400 * 1000
+    got = ops.indice_avgpool(rb, feats)
+    batch = rb.out_indices()[:, 0].long()
+    want = torch.stack([feats[idx[:, 0] == b].mean(0) for b in batch.tolist()])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_token_copied_to_meta_is_refused(seed):
+    # Beside real tensors a meta "token" sends the call to the fake kernels, which would return
+    # an uninitialised tensor of the features' device; it stands for no rulebook (a copy).
+    gen, feats, idx = small_input(seed)
+    rb = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    meta = rb.token().to("meta")
+    w = torch.randn(27, 2, 3, generator=gen, dtype=torch.float64)
+    for call in (lambda: ops.indice_avgpool(meta, feats), lambda: ops.indice_maxpool(meta, feats),
+                 lambda: ops.indice_conv(meta, feats, w)):
+        with pytest.raises(RuntimeError, match="a tensor on the meta device, not a rulebook "
+                                               "token .* the other tensors are on cpu"):
+            call()
+    # All on meta is a meta computation: its sizes, nothing else.
+    out = ops.indice_avgpool(meta, feats.to("meta"))
+    assert out.device.type == "meta" and list(out.shape) == [rb.num_out(), 2]
+    # The fake kernels make the op's checks (meta values, and tracing).
+    for bad, says in [(feats[:, 0], r"values must be \[%d, C\]" % rb.num_in()),
+                      (feats[1:], r"values must be \[%d, C\]" % rb.num_in()),
+                      (feats.int(), "values must be floating")]:
+        with pytest.raises(RuntimeError, match=r"^spconv_c\.avgpool_forward_token: " + says):
+            ops.indice_avgpool(meta, bad.to("meta"))
+
+
+def test_token_made_in_inference_mode_trains_compiled(seed):
+    """A token is never an inference tensor, so that a compiled training graph can save it
+    for its backward (AOTAutograd refuses inference tensors there, and a clone of a token
+    stands for nothing)."""
+    gen, feats, idx = small_input(seed)
+    with torch.inference_mode():
+        token = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1).token()
+    assert not token.is_inference()
+    f = feats.detach().requires_grad_(True)
+    fn = lambda t, x: ops.indice_avgpool(t, x).square().sum()  # noqa: E731
+    fn(token, f).backward()
+    want, f.grad = f.grad, None
+    torch.compile(fn, backend="aot_eager")(token, f).backward()
+    torch.testing.assert_close(f.grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_token_stands_for_its_rulebook(seed):
     """A token gives the handle's bits, keeps its rulebook alive, and is refused with a message
     wherever it does not stand for one: a copy, a view of another shape, any other tensor."""

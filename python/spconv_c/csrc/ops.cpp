@@ -407,6 +407,11 @@ at::Tensor rulebook_token(const c10::intrusive_ptr<Rulebook> &rulebook) {
     const Rulebook &rb = *rulebook;
     const at::Device device = to_torch_device(spconv_tensor_device(spconv_rulebook_pairs_in(rb.rb)));
     auto *hold = new TokenHold{rulebook};
+    // Never an inference tensor, even when made under torch.inference_mode(): a token holds no
+    // values to protect, and a compiled training graph that takes one saves it for its backward,
+    // which AOTAutograd refuses for an inference tensor (and a clone of a token stands for
+    // nothing, so its advice to clone could not be followed).
+    c10::InferenceMode not_inference(false);
     // No bytes: the data pointer is never read; the context is what identifies a token.
     c10::DataPtr data(hold, hold, &release_token, device);
     c10::Storage storage(c10::Storage::use_byte_size_t(), 0, std::move(data), nullptr, false);
@@ -693,7 +698,8 @@ namespace {
 
 struct PoolPairs {
     at::Tensor in, out, count;    // int64 pair rows on the values' device, float counts per output
-    std::vector<int64_t> offsets; // [KV + 1] prefix sums (Rulebook::pair_offsets)
+    const int64_t *starts = nullptr; // [active + 1]: the pairs of the j-th offset that has any
+    int64_t active = 0;              // (spconv_rulebook_active_starts; increasing offsets)
 };
 
 at::ScalarType sum_type(at::ScalarType t) {
@@ -715,8 +721,10 @@ void check_pool_values(const at::Tensor &values, int64_t rows, const char *what,
 
 PoolPairs pool_pairs(const Rulebook &rb, const at::Tensor &values) {
     PoolPairs p;
-    const at::Tensor offsets = rb.pair_offsets();
-    p.offsets.assign(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + offsets.numel());
+    // Only the offsets that have pairs: a window as large as the grid (a global pool) has tens of
+    // millions of offsets, and walking them all (pair_offsets) took seconds and gigabytes.
+    p.active = spconv_rulebook_num_active_offsets(rb.rb);
+    p.starts = spconv_rulebook_active_starts(rb.rb);
     // The rulebook may live on another device than the values (a host rulebook serves CUDA ones).
     auto rows = [&](spconv_tensor *t) { return borrowed_to_torch(t).to(values.device(), at::kLong); };
     p.in = rows(spconv_rulebook_pairs_in(rb.rb));
@@ -730,9 +738,9 @@ PoolPairs pool_pairs(const Rulebook &rb, const at::Tensor &values) {
 
 // dst[to[b:e]] += src[from[b:e]] for each offset's pair range [b, e), in increasing offset.
 void add_by_offset(at::Tensor &dst, const at::Tensor &src, const at::Tensor &from, const at::Tensor &to,
-                   const std::vector<int64_t> &offsets) {
-    for (size_t k = 0; k + 1 < offsets.size(); ++k) {
-        const int64_t b = offsets[k], e = offsets[k + 1];
+                   const PoolPairs &p) {
+    for (int64_t j = 0; j < p.active; ++j) {
+        const int64_t b = p.starts[j], e = p.starts[j + 1];
         if (e > b) dst.index_add_(0, to.slice(0, b, e), src.index_select(0, from.slice(0, b, e)));
     }
 }
@@ -743,7 +751,7 @@ at::Tensor avgpool_forward_on(const Rulebook &rb, const at::Tensor &features, co
     at::Tensor total = at::zeros({rb.num_out(), features.size(1)}, features.options().dtype(acc));
     if (rb.num_pairs() == 0) return total.to(features.scalar_type());
     const PoolPairs p = pool_pairs(rb, features);
-    add_by_offset(total, features.to(acc), p.in, p.out, p.offsets);
+    add_by_offset(total, features.to(acc), p.in, p.out, p);
     return total.div_(p.count).to(features.scalar_type());
 }
 
@@ -753,7 +761,7 @@ at::Tensor avgpool_backward_on(const Rulebook &rb, const at::Tensor &grad_out, c
     at::Tensor grad = at::zeros({rb.num_in(), grad_out.size(1)}, grad_out.options().dtype(acc));
     if (rb.num_pairs() == 0) return grad.to(grad_out.scalar_type());
     const PoolPairs p = pool_pairs(rb, grad_out);
-    add_by_offset(grad, grad_out.to(acc) / p.count, p.out, p.in, p.offsets);
+    add_by_offset(grad, grad_out.to(acc) / p.count, p.out, p.in, p);
     return grad.to(grad_out.scalar_type());
 }
 

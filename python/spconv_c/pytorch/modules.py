@@ -93,11 +93,13 @@ class SparseSequential(SparseModule):
             module = modules[i]
             i += 1
             if is_spconv_module(module):
-                if may_fold and type(module) is SparseSequential and _plain(module):
+                if (may_fold and type(module) is SparseSequential and _plain(module)
+                        and SparseSequential.forward is _SEQUENCE_FORWARD
+                        and not _global_hooks()):
                     # A nested sequence (a detector's block) in a call that may fold: run it
                     # here with this call's environment. Module.__call__ would add nothing (no
-                    # hooks on it, and _fold_environment found no global ones), and asking the
-                    # environment again cost ~20 us a block after a conv had left the caches
+                    # hooks on it or global ones, the class's forward as written), and asking
+                    # the environment again cost ~20 us a block after a conv had left the caches
                     # cold (docs/pytorch.md, "The overhead on an AVX-512 Xeon").
                     inner = list(module._modules.values())
                     input = module._run(input, inner, len(inner) > 1)
@@ -121,6 +123,10 @@ class SparseSequential(SparseModule):
                 input = module(input)
             previous = module
         return input
+
+
+# A replacement of SparseSequential.forward on the class turns _run's shortcut off.
+_SEQUENCE_FORWARD = SparseSequential.forward
 
 
 def _batch_norm_rows_message():
