@@ -30,6 +30,8 @@ conv_forward_bn     conv_forward, then an inference batch norm (running statisti
 conv_backward       -> (grad_features, grad_weight, grad_bias); unwanted ones are empty
 maxpool_forward     (rulebook, features) -> (out [N_out, C], argmax int32 [N_out, C])
 maxpool_backward    (rulebook, argmax, grad_out) -> grad_features [N_in, C]
+maxpool_inference   (rulebook, features) -> out: maxpool_forward without the argmax, which only a
+                    backward reads; inference only (no autograd formula)
 avgpool_forward     (rulebook, features) -> [N_out, C]: each output's mean over its pairs' inputs
                     (PyTorch's index ops over the pair lists; an output without pairs gets 0)
 avgpool_backward    (rulebook, grad_out) -> grad_features [N_in, C]
@@ -172,6 +174,12 @@ def _pool_values(op, values, rows):
                            f"{list(values.shape)}")
     torch._check(values.shape[0] == rows, lambda: f"spconv_c.{op}: values must be [{rows}, C] "
                  f"(a row per site), got {list(values.shape)}")
+
+
+@torch.library.register_fake("spconv_c::maxpool_inference")
+def _(rulebook, features):
+    _one_device("maxpool_inference", features)
+    return features.new_empty(rulebook.num_out(), features.shape[1])
 
 
 def _register_fakes(suffix, sizes):
@@ -610,7 +618,10 @@ def indice_conv_bn(rulebook, features, weight, bias, bn, relu, krsc=False):
 
 def indice_maxpool(rulebook, features):
     """Differentiable max pool over ``rulebook`` (a handle, or its token; starts from -inf, NaN
-    propagates)."""
+    propagates). In inference (see _inference) with a handle, without the argmax, which only a
+    backward reads (maxpool_inference; the op has no autograd kernel to step below)."""
+    if _inference() and not isinstance(rulebook, torch.Tensor):
+        return _call_below_autograd(_ops.maxpool_inference, rulebook, features)
     return _call_rulebook_op(_ops.maxpool_forward, _ops.maxpool_forward_token, rulebook,
                              features)[0]
 

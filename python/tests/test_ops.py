@@ -124,6 +124,31 @@ def test_avgpool_is_the_mean_over_pairs(seed, kind):
         torch.ops.spconv_c.avgpool_backward_token(rb.token(), got[1:])
 
 
+def test_maxpool_inference_is_the_forward_without_argmax(seed):
+    """In inference the modules' max pool skips the argmax (maxpool_inference): the same bits
+    as maxpool_forward's output, NaNs and all-negative windows included; with gradients
+    recorded the argmax is made for the backward."""
+    gen, feats, idx = small_input(seed, count=40, channels=3)
+    regular = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 2, 2, 0)
+    for rb in (regular, ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)):
+        f = torch.randn(rb.num_in(), 3, generator=gen, dtype=torch.float64) - 5.0
+        torch.library.opcheck(torch.ops.spconv_c.maxpool_inference.default, (rb, f))
+        f[::7, 1] = float("nan")
+        want = torch.ops.spconv_c.maxpool_forward(rb, f)[0]
+        got = torch.ops.spconv_c.maxpool_inference(rb, f)
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    mode = recording_modes()[0]
+    with torch.no_grad(), mode:
+        ops.indice_maxpool(regular, feats)
+    assert [op for op in mode.ops if "spconv_c" in op] == ["spconv_c.maxpool_inference.default"]
+    f = feats.detach().requires_grad_(True)
+    mode = recording_modes()[0]
+    with mode:
+        ops.indice_maxpool(regular, f).sum().backward()
+    assert "spconv_c.maxpool_forward.default" in mode.ops and f.grad is not None
+
+
 def test_avgpool_over_a_window_as_large_as_the_grid(seed):
     """A window over the whole grid (a global pool written as an average pool): each batch
     entry's one output is the mean of its sites. Its kernel has 12 x 10^6 offsets, of which the
@@ -503,7 +528,8 @@ def test_inference_calls_reach_modes(seed):
                 got_pool = ops.indice_maxpool(rbs["regular"], feats)
             assert torch.equal(got, want) and torch.equal(got_pool, pooled)
             assert any("spconv_c.conv_forward" in op for op in mode.ops), mode.ops
-            assert any("spconv_c.maxpool_forward" in op for op in mode.ops), mode.ops
+            # (in inference the max pool skips the argmax: maxpool_inference)
+            assert any("spconv_c.maxpool_inference" in op for op in mode.ops), mode.ops
     # The builders that take a rulebook go boxed in any grad mode (ops._call_builder): the
     # modes see them too, with the same rulebooks.
     on_want = ops.build_rulebook_on(rbs["regular"], True, ops.SUBM, 3)[0]
