@@ -163,16 +163,16 @@ def _token_device(op, token, *tensors):
                            f"the other tensors are on {', '.join(others)}")
 
 
-def _pool_values(op, values, rows):
-    """The checks the average pool ops make of their values (csrc/ops.cpp, check_pool_values),
-    for tracing and meta tensors: floating [rows, C]."""
+def _pool_values(op, what, values, rows):
+    """The checks the average pool ops make of their ``values`` (named ``what``;
+    csrc/ops.cpp, check_pool_values), for tracing and meta tensors: floating [rows, C]."""
     if values.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise RuntimeError(f"spconv_c.{op}: values must be floating (float16, bfloat16, float32, "
+        raise RuntimeError(f"spconv_c.{op}: {what} must be floating (float16, bfloat16, float32, "
                            f"float64), got {values.dtype}")
     if values.dim() != 2:
-        raise RuntimeError(f"spconv_c.{op}: values must be [{rows}, C] (a row per site), got "
+        raise RuntimeError(f"spconv_c.{op}: {what} must be [{rows}, C] (a row per site), got "
                            f"{list(values.shape)}")
-    torch._check(values.shape[0] == rows, lambda: f"spconv_c.{op}: values must be [{rows}, C] "
+    torch._check(values.shape[0] == rows, lambda: f"spconv_c.{op}: {what} must be [{rows}, C] "
                  f"(a row per site), got {list(values.shape)}")
 
 
@@ -230,13 +230,13 @@ def _register_fakes(suffix, sizes):
     @torch.library.register_fake(name("avgpool_forward"))
     def _(rulebook, features):
         token_check(f"avgpool_forward{suffix}", rulebook, features)
-        _pool_values(f"avgpool_forward{suffix}", features, sizes(rulebook)[0])
+        _pool_values(f"avgpool_forward{suffix}", "features", features, sizes(rulebook)[0])
         return features.new_empty(sizes(rulebook)[1], features.shape[1])
 
     @torch.library.register_fake(name("avgpool_backward"))
     def _(rulebook, grad_out):
         token_check(f"avgpool_backward{suffix}", rulebook, grad_out)
-        _pool_values(f"avgpool_backward{suffix}", grad_out, sizes(rulebook)[1])
+        _pool_values(f"avgpool_backward{suffix}", "grad_out", grad_out, sizes(rulebook)[1])
         return grad_out.new_empty(sizes(rulebook)[0], grad_out.shape[1])
 
 

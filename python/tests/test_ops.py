@@ -181,9 +181,9 @@ def test_token_copied_to_meta_is_refused(seed):
     out = ops.indice_avgpool(meta, feats.to("meta"))
     assert out.device.type == "meta" and list(out.shape) == [rb.num_out(), 2]
     # The fake kernels make the op's checks (meta values, and tracing).
-    for bad, says in [(feats[:, 0], r"values must be \[%d, C\]" % rb.num_in()),
-                      (feats[1:], r"values must be \[%d, C\]" % rb.num_in()),
-                      (feats.int(), "values must be floating")]:
+    for bad, says in [(feats[:, 0], r"features must be \[%d, C\]" % rb.num_in()),
+                      (feats[1:], r"features must be \[%d, C\]" % rb.num_in()),
+                      (feats.int(), "features must be floating")]:
         with pytest.raises(RuntimeError, match=r"^spconv_c\.avgpool_forward_token: " + says):
             ops.indice_avgpool(meta, bad.to("meta"))
 
