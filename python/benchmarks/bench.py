@@ -299,6 +299,16 @@ def ops_only(net, feats, idx, shape, with_torch_modules=True):
     return x_f
 
 
+def _per_layer(net, feats, idx, shape):
+    """The modules with their sequences run layer by layer (SPCONV_C_SEQUENCE_CALL=0)."""
+    from spconv_c.pytorch import sequence
+    sequence.ENABLED = False
+    try:
+        return net(ours.SparseConvTensor(feats, idx, shape, 1))
+    finally:
+        sequence.ENABLED = True
+
+
 def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     """The binding's overhead split into its parts, in one process, the variants taking turns
     pass by pass (so the machine's drift weighs on all alike), in a shuffled order each pass
@@ -310,13 +320,15 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
                    engine through PyTorch's dispatcher costs;
       + torch BN   ... with torch's batch norm and ReLU where the network has them (the engine
                    runs its own, fused and in place): what the network's torch modules cost;
-      ours         the spconv_c.pytorch modules: what their Python costs on top.
+      ours         the spconv_c.pytorch modules: what their Python costs on top;
+      per layer    ... with each sequence run layer by layer, not in one call into C++.
     """
     engine = _EngineNet(name, feats, idx, shape, threads)
     variants = {"engine": engine,
                 "bare ops": lambda: ops_only(net, feats, idx, shape, False),
                 "+ torch BN": lambda: ops_only(net, feats, idx, shape, True),
-                "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1))}
+                "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1)),
+                "per layer": lambda: _per_layer(net, feats, idx, shape)}
     if not any(isinstance(m, nn.BatchNorm1d) for m in net.modules()):
         del variants["+ torch BN"]
     times = {v: [] for v in variants}

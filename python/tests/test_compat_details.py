@@ -11,6 +11,7 @@ from torch import nn
 
 import spconv_c.ops as ops
 import spconv_c.pytorch as spconv
+from spconv_c.pytorch import sequence
 from spconv_c.pytorch.conv import SparseConvolution
 from helpers import random_sparse
 
@@ -174,7 +175,9 @@ def test_build_rulebook_on_a_side_equals_a_checked_build(seed):
 def test_known_sites_are_checked_again_once_written(seed, monkeypatch):
     """The modules build a layer's rulebook on the sites of a stored one (no checks) only while
     the indices are the same tensor at the same version: after an edit in place, even through a
-    view, the next rulebook checks them, and a repeated row is the engine's error."""
+    view, the next rulebook checks them, and a repeated row is the engine's error. (Layer by
+    layer: a sequence run in one call takes the same rulebooks, test_sequence.py.)"""
+    monkeypatch.setattr(sequence, "ENABLED", False)
     calls = {"checked": 0, "on": 0}
     checked, on = ops.build_rulebook, ops.build_rulebook_on
 

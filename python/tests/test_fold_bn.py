@@ -12,7 +12,7 @@ from torch.nn.modules.module import register_module_forward_hook
 
 import spconv_c.pytorch as spconv
 from spconv_c import ops
-from spconv_c.pytorch import modules
+from spconv_c.pytorch import modules, sequence
 from helpers import random_sparse, recording_modes
 
 SHAPE = [9, 10, 11]
@@ -69,19 +69,32 @@ def folding_case(seed):
 
 
 class CountFolds:
-    """Counts the folded ops called (so that a test knows the fold happened, or did not)."""
+    """Counts the convs run with a folded batch norm (so that a test knows the fold happened, or
+    did not): the folded ops called layer by layer, and the folded steps of sequences run in
+    one call (sequence.py, whose steps' last integer says whether they fold)."""
 
     def __enter__(self):
         self.saved, self.calls = ops.indice_conv_bn, 0
+        self.saved_runner = sequence._runner
+        runner = sequence._the_runner()
+        outer = self
 
         def counted(*args, **kwargs):
             self.calls += 1
             return self.saved(*args, **kwargs)
+
+        class Runner:
+            def run(self, *args):
+                steps = args[5]
+                outer.calls += sum(steps[sequence.STEP_INTS - 1::sequence.STEP_INTS])
+                return runner.run(*args)
         ops.indice_conv_bn = counted
+        sequence._runner = Runner()
         return self
 
     def __exit__(self, *exc):
         ops.indice_conv_bn = self.saved
+        sequence._runner = self.saved_runner
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

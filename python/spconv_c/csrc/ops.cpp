@@ -545,26 +545,27 @@ void batchnorm_terms(const at::Tensor &weight, const at::Tensor &bias, const at:
     }
 }
 
+// The modules' KRSC weight, [C_out, *K, C_in] with 1 to 3 kernel axes, as the engine's
+// [KD, KH, KW, C_in, C_out], views only (in Python that permute was a dispatcher call per conv,
+// ~0.05 ms each after a conv has left the caches cold).
+at::Tensor engine_weight(const at::Tensor &krsc, const char *op) {
+    TORCH_CHECK(krsc.dim() >= 3 && krsc.dim() <= 5, "spconv_c.", op, ": a KRSC weight is [C_out, "
+                "*K, C_in] with 1 to 3 kernel axes, got ", krsc.sizes());
+    std::vector<int64_t> order;
+    for (int64_t d = 1; d < krsc.dim(); ++d) order.push_back(d);
+    order.push_back(0);
+    at::Tensor w = krsc.permute(order);
+    while (w.dim() < 5) w = w.unsqueeze(0);
+    return w;
+}
+
 at::Tensor conv_forward_bn(const c10::intrusive_ptr<Rulebook> &rb, const at::Tensor &features,
                            const at::Tensor &weight_arg, const c10::optional<at::Tensor> &bias,
                            const c10::optional<at::Tensor> &bn_weight,
                            const c10::optional<at::Tensor> &bn_bias, const at::Tensor &running_mean,
                            const at::Tensor &running_var, double eps, bool relu, bool krsc) {
     const at::ScalarType dtype = features.scalar_type();
-    // krsc: the weight as the modules store it, [C_out, *K, C_in] with 1 to 3 kernel axes, made
-    // the engine's [KD, KH, KW, C_in, C_out] here, as views (in Python that permute was a
-    // dispatcher call per conv, ~0.05 ms each after a conv has left the caches cold).
-    at::Tensor weight_in = weight_arg;
-    if (krsc) {
-        TORCH_CHECK(weight_in.dim() >= 3 && weight_in.dim() <= 5, "spconv_c.conv_forward_bn: a KRSC "
-                    "weight is [C_out, *K, C_in] with 1 to 3 kernel axes, got ", weight_in.sizes());
-        std::vector<int64_t> order;
-        for (int64_t d = 1; d < weight_in.dim(); ++d) order.push_back(d);
-        order.push_back(0);
-        weight_in = weight_in.permute(order);
-        while (weight_in.dim() < 5) weight_in = weight_in.unsqueeze(0);
-    }
-    const at::Tensor &weight = weight_in;
+    const at::Tensor weight = krsc ? engine_weight(weight_arg, "conv_forward_bn") : weight_arg;
     TORCH_CHECK(features.device().is_cpu(), "spconv_c.conv_forward_bn: features are on ",
                 features.device(), "; the folded batch norm runs on the CPU");
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble,
@@ -912,6 +913,108 @@ voxelize(const at::Tensor &points, std::vector<double> voxel_size, std::vector<d
             to_torch(std::move(num)), to_torch(std::move(pv)), grid};
 }
 
+// ---- an inference sequence in one call ---------------------------------------------------------
+
+// What SparseSequential hands over to run a whole inference sequence of 3-d convs (each with its
+// folded batch norm and ReLU, where it has them) and max pools in one call from Python
+// (python/spconv_c/pytorch/modules.py, _one_call): the same functions the per-layer ops call,
+// in the same order, so the results and rulebooks are the ones the layers give one by one. What
+// it saves is the modules' Python and one call from Python into C++ per layer, each paid cold
+// after a conv has streamed its operands through the caches (docs/pytorch.md, "A sequence in
+// one call"). Not an operator: it is eager inference only, which nothing traces, records or
+// compiles (the modules check that before they use it), and it has no meaning under fake tensors.
+struct SequenceRunner : torch::CustomClassHolder {};
+
+// Each step is kStepInts integers:
+//   [0] what: kStepConv or kStepMaxPool
+//   [1] the rulebook's kind (REGULAR, SUBM or TRANSPOSED; a pool's is REGULAR)
+//   [2] where the rulebook comes from (kSource*), [3] the rulebook that names (ref, below)
+//   [4..18] kernel, stride, padding, dilation, output_padding (3 values each)
+//   [19] ReLU after the folded batch norm, [20] a folded batch norm
+// and six tensors: the conv's KRSC weight and bias, the batch norm's weight, bias, running mean
+// and running variance (None where there is none), and one eps. A ref >= 0 is the rulebook of
+// that earlier step of this call, a ref < 0 is known[-1 - ref] (one of the indice_key cache's).
+constexpr size_t kStepInts = 21;
+constexpr int64_t kStepConv = 0, kStepMaxPool = 1;
+constexpr int64_t kSourceIndices = 0;  // build from @p indices (the input's sites), checking them
+constexpr int64_t kSourceOutputs = 1;  // build on the ref's output sites (build_rulebook_on)
+constexpr int64_t kSourceInputs = 2;   // build on the ref's input sites
+constexpr int64_t kSourceReuse = 3;    // the ref itself (a subm rulebook of the same key)
+
+// Returns the last step's features, each step's rulebook, the output sites of each step that
+// changes them (not subm), in order, and their spatial shapes (3 values each).
+std::tuple<at::Tensor, std::vector<c10::intrusive_ptr<Rulebook>>, std::vector<at::Tensor>,
+           std::vector<int64_t>>
+run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor features,
+             const at::Tensor &indices, std::vector<int64_t> spatial_shape, int64_t batch_size,
+             std::vector<c10::intrusive_ptr<Rulebook>> known, std::vector<int64_t> steps,
+             c10::List<c10::optional<at::Tensor>> tensors, std::vector<double> eps) {
+    const char *op = "run_sequence";
+    const size_t count = steps.size() / kStepInts;
+    TORCH_CHECK(steps.size() == count * kStepInts && tensors.size() == 6 * count &&
+                    eps.size() == count,
+                "spconv_c.", op, ": ", steps.size(), " step integers, ", tensors.size(),
+                " tensors and ", eps.size(), " eps values do not make whole steps of ", kStepInts,
+                ", 6 and 1");
+    std::vector<c10::intrusive_ptr<Rulebook>> made;
+    made.reserve(count);
+    std::vector<at::Tensor> sites;
+    std::vector<int64_t> shapes;
+    for (size_t i = 0; i < count; ++i) {
+        const int64_t *s = steps.data() + i * kStepInts;
+        const int64_t what = s[0], kind = s[1], source = s[2], ref = s[3];
+        auto three = [&](size_t at) { return std::vector<int64_t>(s + at, s + at + 3); };
+        auto tensor = [&](size_t slot) { return tensors.get(6 * i + slot); };
+        c10::intrusive_ptr<Rulebook> from;
+        if (source != kSourceIndices) {
+            const bool earlier = ref >= 0 && static_cast<size_t>(ref) < made.size();
+            const bool given = ref < 0 && static_cast<size_t>(-1 - ref) < known.size();
+            TORCH_CHECK(earlier || given, "spconv_c.", op, ": step ", i, " names rulebook ", ref,
+                        ", which is neither an earlier step's nor a given one");
+            from = earlier ? made[static_cast<size_t>(ref)] : known[static_cast<size_t>(-1 - ref)];
+        }
+        c10::intrusive_ptr<Rulebook> rb;
+        if (source == kSourceIndices) {
+            rb = build_named("build_rulebook", indices, spatial_shape, batch_size, kind, three(4),
+                             three(7), three(10), three(13), three(16));
+        } else if (source == kSourceOutputs || source == kSourceInputs) {
+            rb = std::get<0>(build_rulebook_on(from, source == kSourceOutputs, kind, three(4),
+                                               three(7), three(10), three(13), three(16)));
+        } else {
+            TORCH_CHECK(source == kSourceReuse && kind == SPCONV_CONV_SUBM &&
+                            from->kind() == SPCONV_CONV_SUBM,
+                        "spconv_c.", op, ": step ", i, ": source ", source, " (kind ", kind,
+                        ") is not one of 0 to 3, or reuses a rulebook that is not subm");
+            rb = from;
+        }
+        if (kind != SPCONV_CONV_SUBM) {
+            sites.push_back(rb->out_indices());
+            for (int64_t v : rb->out_shape()) shapes.push_back(v);
+        }
+        if (what == kStepConv) {
+            const c10::optional<at::Tensor> weight = tensor(0);
+            TORCH_CHECK(weight.has_value() && weight->defined(), "spconv_c.", op, ": step ", i,
+                        " is a conv without a weight");
+            if (s[20] != 0) {
+                const c10::optional<at::Tensor> mean = tensor(4), var = tensor(5);
+                TORCH_CHECK(mean.has_value() && var.has_value(), "spconv_c.", op, ": step ", i,
+                            " folds a batch norm without running statistics");
+                features = conv_forward_bn(rb, features, *weight, tensor(1), tensor(2), tensor(3),
+                                           *mean, *var, eps[i], s[19] != 0, /*krsc=*/true);
+            } else {
+                features = conv_forward_on(*rb, features, engine_weight(*weight, "conv_forward"),
+                                           tensor(1), "conv_forward");
+            }
+        } else {
+            TORCH_CHECK(what == kStepMaxPool, "spconv_c.", op, ": step ", i, " is ", what,
+                        ", neither a conv (0) nor a max pool (1)");
+            features = maxpool_inference(rb, features);
+        }
+        made.push_back(std::move(rb));
+    }
+    return {features, made, sites, shapes};
+}
+
 // Pickling (deepcopy, torch.save, AOT tracing copies): a rulebook is rebuilt from what defines
 // it, its input sites and geometry, which gives the same rulebook (builds are deterministic).
 // An inverse rulebook is saved as the regular one it inverts.
@@ -974,6 +1077,10 @@ TORCH_LIBRARY(spconv_c, m) {
         .def("__eq__", [](const c10::intrusive_ptr<Rulebook> &a, const c10::intrusive_ptr<Rulebook> &b) {
             return a->rb == b->rb;
         });
+
+    m.class_<SequenceRunner>("SequenceRunner")
+        .def(torch::init<>())
+        .def("run", &run_sequence);
 
     m.def("build_rulebook(Tensor indices, int[] spatial_shape, int batch_size, int kind, "
           "int[] kernel_size, int[] stride, int[] padding, int[] dilation, int[] output_padding) "

@@ -83,7 +83,15 @@ class SparseSequential(SparseModule):
         modules = list(self._modules.values())
         # Whether this call may fold a batch norm into the conv before it (_fold_length): the
         # call's environment, asked once.
-        return self._run(input, modules, len(modules) > 1 and _fold_environment())
+        may_fold = len(modules) > 1 and _fold_environment()
+        if may_fold and _sequence.ENABLED:
+            # An inference: the sequence's layers in one call into C++ as far as that can run
+            # them (sequence.py), the rest one by one.
+            output, taken = _sequence.run(input, modules)
+            if taken:
+                return self._run(output, modules[taken:], may_fold) if taken < len(modules) \
+                    else output
+        return self._run(input, modules, may_fold)
 
     def _run(self, input, modules, may_fold):
         count = len(modules)
@@ -102,7 +110,13 @@ class SparseSequential(SparseModule):
                     # the environment again cost ~20 us a block after a conv had left the caches
                     # cold (docs/pytorch.md, "The overhead on an AVX-512 Xeon").
                     inner = list(module._modules.values())
-                    input = module._run(input, inner, len(inner) > 1)
+                    taken = 0
+                    if len(inner) > 1 and _sequence.ENABLED:
+                        output, taken = _sequence.run(input, inner)
+                        if taken:
+                            input = output
+                    if taken < len(inner):
+                        input = module._run(input, inner[taken:], len(inner) > 1)
                     previous = module
                     continue
                 fold = _fold_length(module, modules, i, input) if may_fold else 0
@@ -357,3 +371,16 @@ class SparseReLU(_FeatureWise, nn.ReLU):
 
 class SparseIdentity(_FeatureWise, nn.Identity):
     pass
+
+
+class _Sequence:
+    """sequence.py, imported on first use (it imports the layer classes, whose modules import
+    this one)."""
+
+    def __getattr__(self, name):
+        from . import sequence
+        globals()["_sequence"] = sequence
+        return getattr(sequence, name)
+
+
+_sequence = _Sequence()

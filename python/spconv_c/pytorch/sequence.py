@@ -1,0 +1,240 @@
+"""An inference SparseSequential in one call into C++ (SparseSequential.forward uses it).
+
+Between two layers the modules run some Python and call into C++ once or twice; a conv that has
+just streamed megabytes through the caches leaves that code cold, and each such call then costs
+0.05-0.1 ms (docs/pytorch.md, "The overhead on an AVX-512 Xeon"). Here a sequence of 3-d convs
+(each with the eval-mode batch norm and ReLU that _fold_length would fold into it) and max pools,
+nested plain SparseSequentials included, is first walked in Python, deciding for every layer
+what the layer itself would decide (which rulebook, built how, reused from where), and then run
+by the extension's SequenceRunner in one call, which calls the very C++ functions the per-layer
+ops call, in the same order. The output features, sites and indice_key cache entries are the
+ones the layers give one by one; tests/test_sequence.py compares the two bit for bit.
+
+Anything the walk does not take (a 1-d / 2-d layer, a 1x1 conv, an inverse conv, a layer on
+features that is not folded, a subclass, hooks, a weight of another dtype, a cached key on other
+sites) leaves the whole sequence to the per-layer path, and so does any error raised by the
+call: the layers then run one by one and raise their own errors, with the messages and the
+partly filled cache that the per-layer path gives. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
+"""
+
+import os
+
+import torch
+
+from .. import ops
+from .conv import SparseConv3d, SparseConvTranspose3d, SubMConv3d, _known_sites, rulebook_for
+from .core import MAX_NDIM, IndiceEntry, SparseConvTensor
+from .modules import (_SEQUENCE_FORWARD, SparseSequential, _fold_length, _plain)
+from .pool import SparseMaxPool3d
+
+ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
+
+# csrc/ops.cpp, run_sequence: the layout of a step (STEP_INTS integers, the last one "folds a
+# batch norm").
+STEP_INTS = 21
+_CONV, _MAXPOOL = 0, 1
+_FROM_INDICES, _ON_OUTPUTS, _ON_INPUTS, _REUSE = 0, 1, 2, 3
+
+_CONVS = (SubMConv3d, SparseConv3d, SparseConvTranspose3d)
+_FLOATS = (torch.float32, torch.float64)
+_runner = None
+
+
+def _the_runner():
+    global _runner
+    if _runner is None:
+        _runner = torch.classes.spconv_c.SequenceRunner()
+    return _runner
+
+
+class _Walk:
+    """The steps of one call, and what the indice_key cache would hold after each."""
+
+    def __init__(self, input):
+        self.input = input
+        self.cache = input.indice_dict
+        features = input.features
+        self.dtype = features.dtype
+        self.channels = features.shape[1] if features.dim() == 2 else -1
+        self.sites = 0          # the current sites: 0 the input's, s + 1 step s's output
+        self.on_input = None    # the first step whose rulebook has the input's sites as input
+        self.keys = {}          # key -> (step, kind, kernel, dilation, sites): made by this call
+        self.known = []         # cached rulebooks the steps name (ref -1 - position)
+        self.ints, self.tensors, self.eps = [], [], []
+        self.layers = []        # per step: (kind, key or None, built, geometry)
+
+    def _known_ref(self, rulebook):
+        for n, rb in enumerate(self.known):
+            if rb is rulebook:
+                return -1 - n
+        self.known.append(rulebook)
+        return -len(self.known)
+
+    def _source(self, kind, key, geometry):
+        """(source, ref) of the layer's rulebook as rulebook_for would find or build it; None
+        where the per-layer path should decide (and, as the case may be, refuse)."""
+        kernel, _, _, dilation, _ = geometry
+        if kind == ops.SUBM and key is not None:
+            made = self.keys.get(key)
+            if made is not None:
+                step, made_kind, made_kernel, made_dilation, sites = made
+                if (made_kind != ops.SUBM or made_kernel != kernel
+                        or made_dilation != dilation or sites != self.sites):
+                    return None  # the layer raises its own error
+                return _REUSE, step
+            if key in self.cache:
+                if self.sites != 0:
+                    return None  # a cached key on sites this call makes: compared by value
+                try:
+                    _, rb, _, _ = rulebook_for(self.input, kind, *geometry, key, MAX_NDIM, False)
+                except (KeyError, ValueError, TypeError, RuntimeError):
+                    return None
+                return _REUSE, self._known_ref(rb)
+        if self.sites != 0:
+            return _ON_OUTPUTS, self.sites - 1
+        if self.on_input is not None:
+            return _ON_INPUTS, self.on_input
+        known = _known_sites(self.cache, self.input)
+        if known is not None:
+            return (_ON_OUTPUTS if known[1] else _ON_INPUTS), self._known_ref(known[0])
+        return _FROM_INDICES, 0
+
+    def add(self, what, kind, key, geometry, tensors=(None,) * 6, eps=0.0, relu=False,
+            fold=False):
+        source = self._source(kind, key, geometry)
+        if source is None:
+            return False
+        step = len(self.layers)
+        self.ints += [what, kind, source[0], source[1]]
+        for values in geometry:
+            self.ints += values
+        self.ints += [int(relu), int(fold)]
+        self.tensors += tensors
+        self.eps.append(float(eps))
+        built = source[0] != _REUSE
+        self.layers.append((kind, key, built, geometry))
+        if built:
+            if self.sites == 0 and self.on_input is None:
+                self.on_input = step
+            if key is not None:
+                self.keys[key] = (step, kind, geometry[0], geometry[3], self.sites)
+        if kind != ops.SUBM:
+            self.sites = step + 1
+        return True
+
+    def conv(self, module, modules, i, may_fold):
+        """The conv ``module`` = modules[i - 1], with what it folds; how many of modules[i:] it
+        took (0, 1 or 2), or None where the walk stops."""
+        if type(module) not in _CONVS or not _plain(module) or module.conv1x1:
+            return None
+        # The weight and bias as _forward reads them (a parametrization computes them).
+        params = module._parameters
+        weight = params.get("weight")
+        if weight is None:
+            weight = module.weight
+        bias = params["bias"] if "bias" in params else module.bias
+        if (module.in_channels != self.channels or weight.dtype != self.dtype
+                or (bias is not None and bias.dtype != self.dtype)):
+            return None
+        fold = _fold_length(module, modules, i, self.input) if may_fold else 0
+        tensors = [weight, bias, None, None, None, None]
+        eps = 0.0
+        if fold:
+            bn = modules[i]
+            tensors[2:] = [bn._parameters.get("weight"), bn._parameters.get("bias"),
+                           bn._buffers["running_mean"], bn._buffers["running_var"]]
+            eps = bn.eps
+        geometry = (module.kernel_size, module.stride, module.padding, module.dilation,
+                    module.output_padding)
+        if not self.add(_CONV, module._kind(), module.indice_key, geometry, tensors, eps,
+                        fold == 2, fold > 0):
+            return None
+        self.channels = module.out_channels
+        return fold
+
+    def pool(self, module):
+        if type(module) is not SparseMaxPool3d or not _plain(module):
+            return False
+        geometry = (module.kernel_size, module.stride, module.padding, module.dilation, [0, 0, 0])
+        return self.add(_MAXPOOL, ops.REGULAR, module.indice_key, geometry)
+
+    def _state(self):
+        return (len(self.ints), len(self.tensors), len(self.eps), len(self.layers),
+                len(self.known), dict(self.keys), self.sites, self.on_input, self.channels)
+
+    def _restore(self, state):
+        ints, tensors, eps, layers, known, self.keys, self.sites, self.on_input, \
+            self.channels = state
+        del self.ints[ints:], self.tensors[tensors:], self.eps[eps:], self.layers[layers:]
+        del self.known[known:]
+
+    def sequence(self, modules, may_fold, whole=True):
+        """Walk ``modules`` as SparseSequential._run would run them: how many of them the walk
+        takes, each whole (a conv with what it folds, a nested sequence with all of its
+        layers). ``whole``: all or none (a nested sequence's)."""
+        count = len(modules)
+        i = taken = 0
+        while i < count:
+            state = None if whole else self._state()
+            module = modules[i]
+            i += 1
+            kind = type(module)
+            if kind is SparseSequential:
+                inner = list(module._modules.values())
+                ok = (_plain(module) and SparseSequential.forward is _SEQUENCE_FORWARD
+                      and self.sequence(inner, len(inner) > 1) == len(inner))
+            elif kind is SparseMaxPool3d:
+                ok = self.pool(module)
+            else:
+                folded = self.conv(module, modules, i, may_fold)
+                ok = folded is not None
+                if ok:
+                    i += folded
+            if not ok:
+                if state is not None:
+                    self._restore(state)
+                return taken
+            taken = i
+        return taken
+
+    def run(self):
+        """The call, then the cache entries the layers would have stored, and the output."""
+        input = self.input
+        features, rulebooks, sites, shapes = _the_runner().run(
+            input.features, input.indices, list(input.spatial_shape), input.batch_size,
+            self.known, self.ints, self.tensors, self.eps)
+        indices, shape = input.indices, list(input.spatial_shape)
+        made = 0
+        for (kind, key, built, geometry), rb in zip(self.layers, rulebooks):
+            if kind == ops.SUBM:
+                out_indices, out_shape = indices, list(shape)
+            else:
+                out_indices, out_shape = sites[made], shapes[3 * made:3 * made + 3]
+                made += 1
+            if built and key is not None:
+                kernel, stride, padding, dilation, _ = geometry
+                self.cache[key] = IndiceEntry(rb, kind, indices, shape, out_indices, out_shape,
+                                              list(kernel), list(stride), list(padding),
+                                              list(dilation), input.batch_size, MAX_NDIM)
+            indices, shape = out_indices, out_shape
+        return input._derive(features, indices, shape)
+
+
+def run(input, modules):
+    """The first modules of ``modules`` (a SparseSequential's, in a call that may fold:
+    modules._fold_environment) that the walk takes, run on ``input`` in one call: (output, how
+    many modules it ran); (None, 0) where the per-layer path must run them all."""
+    if not isinstance(input, SparseConvTensor) or len(input.spatial_shape) != MAX_NDIM:
+        return None, 0
+    features = input.features
+    if (not isinstance(features, torch.Tensor) or features.dtype not in _FLOATS
+            or not features.is_cpu):
+        return None, 0
+    walk = _Walk(input)
+    taken = walk.sequence(modules, len(modules) > 1, whole=False)
+    if not walk.layers:
+        return None, 0
+    try:
+        return walk.run(), taken
+    except Exception:  # the layers, one by one, raise it with their own message
+        return None, 0

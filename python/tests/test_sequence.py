@@ -1,0 +1,355 @@
+"""An inference SparseSequential run in one call into C++ (pytorch/sequence.py) against the
+same sequence run layer by layer (SPCONV_C_SEQUENCE_CALL=0): the same output bits, the same
+sites, and an indice_key cache that later layers use as they would use the per-layer one (the
+same rulebooks, the same tensors shared between entries, the same recorded versions). Random
+sequences on random sites, seeds printed; the per-layer path itself is checked against dense
+PyTorch elsewhere (test_dense_oracle.py, test_fold_bn.py)."""
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import spconv_c.pytorch as spconv
+from spconv_c import ops
+from spconv_c.pytorch import sequence
+from helpers import random_sparse
+
+SHAPE = [11, 12, 13]
+
+
+class Calls:
+    """Records the steps of every one-call run (their integers, STEP_INTS a step)."""
+
+    def __enter__(self):
+        self.saved = sequence._runner
+        runner = sequence._the_runner()
+        self.steps = []
+        outer = self
+
+        class Runner:
+            def run(self, *args):
+                outer.steps.append(list(args[5]))
+                return runner.run(*args)
+        sequence._runner = Runner()
+        return self
+
+    def __exit__(self, *exc):
+        sequence._runner = self.saved
+
+    def counts(self):
+        return [len(s) // sequence.STEP_INTS for s in self.steps]
+
+    def sources(self):
+        return [s[i + 2] for s in self.steps for i in range(0, len(s), sequence.STEP_INTS)]
+
+
+def per_layer(fn):
+    saved = sequence.ENABLED
+    sequence.ENABLED = False
+    try:
+        return fn()
+    finally:
+        sequence.ENABLED = saved
+
+
+def random_bn(gen, c, dtype):
+    bn = nn.BatchNorm1d(c, eps=1e-3, affine=bool(torch.randint(0, 4, (1,), generator=gen)),
+                        dtype=dtype).eval()
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(c, generator=gen, dtype=dtype))
+        bn.running_var.copy_(torch.rand(c, generator=gen, dtype=dtype) * 2 + 0.1)
+        if bn.affine:
+            bn.weight.copy_(torch.randn(c, generator=gen, dtype=dtype))
+            bn.bias.copy_(torch.randn(c, generator=gen, dtype=dtype))
+    return bn
+
+
+def random_net(seed, dtype, c_in):
+    """A random inference sequence of what the one call takes: subm convs (keys shared at a
+    level of sites, or none), strided and transposed convs and max pools (each with a key),
+    blocks (a nested SparseSequential of conv, batch norm and perhaps a ReLU), batch norms
+    directly after a conv, biases or none. Returns (net, the keys of its strided layers)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    layers, strided = [], []
+    c = c_in
+    level_key = f"s{rng.randrange(100)}"
+    downs = ups = 0
+    for n in range(rng.randint(3, 8)):
+        what = rng.choice(["subm", "subm", "subm", "down", "up", "pool"])
+        if what == "down" and downs < 2:
+            downs += 1
+            key = f"d{n}"
+            strided.append(key)
+            c_out = rng.randint(1, 9)
+            layer = spconv.SparseConv3d(c, c_out, rng.choice([2, 3]), 2, rng.choice([0, 1]),
+                                        bias=rng.random() < 0.3, indice_key=key)
+            level_key = f"s{n}"
+        elif what == "up" and ups < 1:
+            ups += 1
+            key = f"u{n}"
+            strided.append(key)
+            c_out = rng.randint(1, 9)
+            layer = spconv.SparseConvTranspose3d(c, c_out, 2, 2, bias=rng.random() < 0.3,
+                                                 indice_key=key)
+            level_key = f"s{n}"
+        elif what == "pool" and downs < 2:
+            downs += 1
+            key = f"p{n}"
+            strided.append(key)
+            layers.append(spconv.SparseMaxPool3d(2, 2, indice_key=key))
+            level_key = f"s{n}"
+            continue
+        else:
+            c_out = rng.randint(1, 9)
+            layer = spconv.SubMConv3d(c, c_out, 3,
+                                      bias=rng.random() < 0.3,
+                                      indice_key=level_key if rng.random() < 0.8 else None)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+        layer = layer.to(dtype)
+        shape = rng.choice(["plain", "block", "block_relu", "bn"])
+        if shape == "plain":
+            layers.append(layer)
+        elif shape == "bn":
+            layers += [layer, random_bn(gen, c_out, dtype)]
+        else:
+            inner = [layer, random_bn(gen, c_out, dtype)]
+            if shape == "block_relu":
+                inner.append(nn.ReLU())
+            layers.append(spconv.SparseSequential(*inner))
+        c = c_out
+    return spconv.SparseSequential(*layers).eval(), strided
+
+
+def signature(out, x):
+    """What a later layer can tell of an output and its cache: the features' bits, the sites,
+    each entry's geometry, rulebook pairs, index values and recorded versions, and which
+    index tensors are the same object (numbered in order of appearance)."""
+    ids = {}
+
+    def tensor_id(t):
+        return ids.setdefault(id(t), len(ids))
+
+    sig = [out.features.dtype, out.features.shape, out.features.view(-1).tolist(),
+           out.indices.tolist(), list(out.spatial_shape), tensor_id(x.indices),
+           tensor_id(out.indices)]
+    for key, e in out.indice_dict.items():
+        rb = e.rulebook
+        sig.append((key, e.kind, e.ksize, e.stride, e.padding, e.dilation, e.batch_size,
+                    e.ndim, list(e.spatial_shape), list(e.out_spatial_shape),
+                    e.indices.tolist(), e.out_indices.tolist(), tensor_id(e.indices),
+                    tensor_id(e.out_indices), e.in_version, e.out_version,
+                    rb.pair_offsets().tolist(), rb.pairs_in().tolist(), rb.pairs_out().tolist()))
+    return sig
+
+
+def sparse_input(seed, dtype, c_in, count=220, batch=2):
+    gen = torch.Generator().manual_seed(seed + 1)
+    feats, idx = random_sparse(gen, batch, SHAPE, count, c_in, dtype)
+    return feats, idx
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_call_equals_layer_by_layer(seed, dtype):
+    for trial in range(6):
+        s = seed + 1000 * trial
+        c_in = 1 + s % 5
+        net, strided = random_net(s, dtype, c_in)
+        feats, idx = sparse_input(s, dtype, c_in)
+        with torch.no_grad(), Calls() as calls:
+            x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            got = net(x)
+        assert calls.counts() and sum(calls.counts()) >= 1, (s, net)
+        with torch.no_grad():
+            x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            want = per_layer(lambda: net(x_ref))
+        assert signature(got, x) == signature(want, x_ref), (s, net)
+        # The caches serve the layers after the sequence alike: a subm layer of the last
+        # level's key (reused, or built on known sites) and the inverse of the last strided
+        # layer (which needs the output to be that layer's sites, row for row, unchanged).
+        c = got.features.shape[1]
+        gen = torch.Generator().manual_seed(s + 7)
+        after = [spconv.SubMConv3d(c, 3, 3, indice_key="later").to(dtype)]
+        if strided and strided[-1] in got.indice_dict and not strided[-1].startswith("u"):
+            last = got.indice_dict[strided[-1]]
+            if last.out_indices is got.indices:
+                after.append(spconv.SparseInverseConv3d(3, 2, last.ksize, strided[-1]).to(dtype))
+        follow = spconv.SparseSequential(*after)
+        with torch.no_grad():
+            for p in follow.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype))
+            a = per_layer(lambda: follow(got))
+            b = per_layer(lambda: follow(want))
+        assert signature(a, x) == signature(b, x_ref), (s, net)
+
+
+def test_sources_follow_the_cache(seed):
+    """The walk takes a rulebook where the layers would: a subm key cached by an earlier call
+    on the same sites is reused (not rebuilt), a new key on sites a cached rulebook knows is
+    built on them (not from the checked rows), and only sites nothing knows are checked."""
+    dtype = torch.float64
+    feats, idx = sparse_input(seed, dtype, 3)
+    first = spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key="a"),
+                                    spconv.SubMConv3d(4, 4, 3, indice_key="a")).to(dtype)
+    second = spconv.SparseSequential(spconv.SubMConv3d(4, 4, 3, indice_key="a"),
+                                     spconv.SubMConv3d(4, 5, 3, indice_key="b"),
+                                     spconv.SparseConv3d(5, 2, 3, 2, 1, indice_key="c"),
+                                     spconv.SubMConv3d(2, 2, 3, indice_key="e")).to(dtype)
+    with torch.no_grad(), Calls() as calls:
+        y = first(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+        z = second(y)
+    # (A subm entry's output sites are its input's: conv._known_sites finds them as those.)
+    assert calls.sources() == [sequence._FROM_INDICES, sequence._REUSE, sequence._REUSE,
+                               sequence._ON_OUTPUTS, sequence._ON_INPUTS, sequence._ON_OUTPUTS]
+    assert z.indice_dict["a"] is y.indice_dict["a"]  # reused, not stored again
+    with torch.no_grad():
+        y_ref = per_layer(lambda: first(spconv.SparseConvTensor(feats, idx, SHAPE, 2)))
+        z_ref = per_layer(lambda: second(y_ref))
+    assert signature(z, y) == signature(z_ref, y_ref)
+
+
+def test_what_the_walk_leaves_to_the_layers(seed):
+    """A module the walk does not take ends the one call there: the layers before it run in
+    one call, the rest one by one; nothing the walk does not take ever runs in it."""
+    dtype = torch.float32
+    feats, idx = sparse_input(seed, dtype, 4)
+
+    def net(*middle):
+        return spconv.SparseSequential(
+            spconv.SparseSequential(spconv.SubMConv3d(4, 6, 3, indice_key="a"),
+                                    nn.BatchNorm1d(6).eval(), nn.ReLU()),
+            spconv.SparseConv3d(6, 5, 3, 2, 1, indice_key="d"),
+            *middle,
+            spconv.SubMConv3d(5, 5, 3, indice_key="b")).to(dtype)
+
+    class MySubM(spconv.SubMConv3d):
+        pass
+
+    hooked = spconv.SubMConv3d(5, 5, 3, indice_key="b")
+    hooked.register_forward_hook(lambda m, i, o: None)
+    cases = {"a ReLU on its own": nn.ReLU(), "an inverse conv": None,
+             "a subclass": MySubM(5, 5, 3, indice_key="b"), "a hook": hooked,
+             "a 1x1 conv": spconv.SubMConv3d(5, 5, 1, indice_key="one"),
+             "a batch norm in training mode": nn.BatchNorm1d(5),
+             "another weight dtype": spconv.SubMConv3d(5, 5, 3, indice_key="b").double()}
+    for name, middle in cases.items():
+        if middle is None:
+            model = spconv.SparseSequential(
+                spconv.SubMConv3d(4, 5, 3, indice_key="a"),
+                spconv.SparseConv3d(5, 5, 3, 2, 1, indice_key="d"),
+                spconv.SparseInverseConv3d(5, 5, 3, indice_key="d"),
+                spconv.SubMConv3d(5, 5, 3, indice_key="a")).to(dtype)
+        else:
+            model = net(middle)
+            if name == "another weight dtype":
+                model[2].double()
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        model.eval()
+        if name == "a batch norm in training mode":
+            model[2].train()
+        with torch.no_grad(), Calls() as calls:
+            x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            got = model(x)
+        assert calls.counts() == [2], (name, calls.counts())  # the first block and the strided
+        with torch.no_grad():
+            x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            if name == "a batch norm in training mode":
+                model[2].running_mean.zero_()
+                model[2].running_var.fill_(1)
+                model[2].num_batches_tracked.zero_()
+            want = per_layer(lambda: model(x_ref))
+        assert signature(got, x) == signature(want, x_ref), name
+
+
+def test_no_one_call_where_something_watches(seed):
+    """Gradients recorded, a 2-d sequence, half precision: the layers run one by one."""
+    feats, idx = sparse_input(seed, torch.float32, 3)
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key="a"),
+                                  spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"))
+    net2 = spconv.SparseSequential(spconv.SubMConv2d(3, 4, 3, indice_key="a"),
+                                   spconv.SparseConv2d(4, 4, 3, 2, 1, indice_key="d"))
+    with Calls() as calls:
+        out = net(spconv.SparseConvTensor(feats.requires_grad_(), idx, SHAPE, 2))
+        assert out.features.requires_grad
+        with torch.no_grad():
+            net.half()(spconv.SparseConvTensor(feats.half(), idx, SHAPE, 2))
+            rows = idx[:, [0, 2, 3]].unique(dim=0)
+            net2(spconv.SparseConvTensor(torch.ones(rows.shape[0], 3), rows, SHAPE[1:], 2))
+    assert calls.steps == []
+
+
+def test_errors_are_the_layers(seed):
+    """An error inside the one call is raised by the layers run one by one: the same message,
+    and the cache as far as the layers filled it."""
+    feats, idx = sparse_input(seed, torch.float64, 3)
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key="a"),
+                                  spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"),
+                                  spconv.SubMConv3d(4, 4, 3, indice_key="b")).double()
+    bad = idx.clone()
+    bad[5, 2] = SHAPE[1]  # outside the grid
+    messages, caches = [], []
+    for one_call in (True, False):
+        x = spconv.SparseConvTensor(feats, bad, SHAPE, 2)
+        with torch.no_grad(), pytest.raises(RuntimeError) as err:
+            if one_call:
+                net(x)
+            else:
+                per_layer(lambda: net(x))
+        messages.append(str(err.value))
+        caches.append(sorted(x.indice_dict))
+    assert messages[0] == messages[1] and "row 5" in messages[0]
+    assert caches[0] == caches[1]
+    # Channels that do not chain: the layer's own ValueError.
+    with torch.no_grad(), pytest.raises(ValueError, match=r"expects features \[N, 3\]"):
+        net(spconv.SparseConvTensor(feats[:, :2].contiguous(), idx, SHAPE, 2))
+
+
+def test_weights_are_read_every_call(seed):
+    """Nothing is kept between calls: a weight written in place, a parameter replaced, a batch
+    norm's statistics changed: the next call uses them."""
+    feats, idx = sparse_input(seed, torch.float64, 3)
+    net = spconv.SparseSequential(
+        spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key="a"),
+                                nn.BatchNorm1d(4).eval(), nn.ReLU()),
+        spconv.SparseConv3d(4, 2, 3, 2, 1, indice_key="d")).double().eval()
+
+    def both():
+        with torch.no_grad():
+            got = net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features
+            want = per_layer(lambda: net(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).features)
+        assert torch.equal(got, want)
+        return got
+
+    first = both()
+    with torch.no_grad():
+        net[0][0].weight.mul_(-1)
+    second = both()
+    net[1].weight = nn.Parameter(net[1].weight.detach() * 3)
+    third = both()
+    with torch.no_grad():
+        net[0][1].running_var.fill_(9)
+    fourth = both()
+    assert not torch.equal(first, second) and not torch.equal(second, third)
+    assert not torch.equal(third, fourth)
+
+
+def test_runner_refuses_malformed_steps():
+    """The runner is internal, but a malformed step list is an error, not a crash."""
+    runner = sequence._the_runner()
+    feats = torch.zeros(1, 1, dtype=torch.float64)
+    idx = torch.zeros(1, 4, dtype=torch.int32)
+    step = [0, ops.SUBM, sequence._REUSE, 5] + [3, 3, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0] + [0, 0]
+    with pytest.raises(RuntimeError, match="names rulebook 5"):
+        runner.run(feats, idx, [2, 2, 2], 1, [], step, [None] * 6, [0.0])
+    with pytest.raises(RuntimeError, match="whole steps"):
+        runner.run(feats, idx, [2, 2, 2], 1, [], step[:-1], [None] * 6, [0.0])
+    step[2] = sequence._FROM_INDICES
+    with pytest.raises(RuntimeError, match="without a weight"):
+        runner.run(feats, idx, [2, 2, 2], 1, [], step, [None] * 6, [0.0])
