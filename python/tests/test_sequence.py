@@ -345,7 +345,8 @@ def test_runner_refuses_malformed_steps():
     runner = sequence._the_runner()
     feats = torch.zeros(1, 1, dtype=torch.float64)
     idx = torch.zeros(1, 4, dtype=torch.int32)
-    step = [0, ops.SUBM, sequence._REUSE, 5] + [3, 3, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0] + [0, 0]
+    geometry = [3, 3, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+    step = [0, ops.SUBM, sequence._REUSE, 5] + geometry + [0, 0]
     with pytest.raises(RuntimeError, match="names rulebook 5"):
         runner.run(feats, idx, [2, 2, 2], 1, [], step, [None] * 6, [0.0])
     with pytest.raises(RuntimeError, match="whole steps"):
@@ -353,3 +354,28 @@ def test_runner_refuses_malformed_steps():
     step[2] = sequence._FROM_INDICES
     with pytest.raises(RuntimeError, match="without a weight"):
         runner.run(feats, idx, [2, 2, 2], 1, [], step, [None] * 6, [0.0])
+
+
+def test_to_dense_ends_the_call(seed):
+    """A ToDense in the outer sequence is the call's last step (the dense map of the sites so
+    far); what follows it takes the dense tensor, layer by layer. A ToDense inside a nested
+    sequence ends that sequence's call the same way."""
+    for trial in range(3):
+        s = seed + 1000 * trial
+        net, _ = random_net(s, torch.float32, 3)
+        feats, idx = sparse_input(s, torch.float32, 3)
+        model = spconv.SparseSequential(*net, spconv.ToDense(), nn.Flatten(1, 2))
+        nested = spconv.SparseSequential(spconv.SparseSequential(*net, spconv.ToDense()),
+                                         nn.Flatten(1, 2))
+        for m in (model, nested):
+            with torch.no_grad(), Calls() as calls:
+                x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+                got = m(x)
+            assert calls.steps and calls.steps[-1][-sequence.STEP_INTS] == sequence._TO_DENSE
+            with torch.no_grad():
+                x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+                want = per_layer(lambda: m(x_ref))
+            assert got.shape == want.shape and torch.equal(got, want), s
+            fake = got.new_zeros(0, 1)  # the caches compared through an output of no sites
+            assert (signature(x._derive(fake, x.indices, x.spatial_shape), x)
+                    == signature(x_ref._derive(fake, x_ref.indices, x_ref.spatial_shape), x_ref))

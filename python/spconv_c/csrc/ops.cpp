@@ -926,7 +926,7 @@ voxelize(const at::Tensor &points, std::vector<double> voxel_size, std::vector<d
 struct SequenceRunner : torch::CustomClassHolder {};
 
 // Each step is kStepInts integers:
-//   [0] what: kStepConv or kStepMaxPool
+//   [0] what: kStepConv, kStepMaxPool or kStepToDense
 //   [1] the rulebook's kind (REGULAR, SUBM or TRANSPOSED; a pool's is REGULAR)
 //   [2] where the rulebook comes from (kSource*), [3] the rulebook that names (ref, below)
 //   [4..18] kernel, stride, padding, dilation, output_padding (3 values each)
@@ -936,13 +936,15 @@ struct SequenceRunner : torch::CustomClassHolder {};
 // that earlier step of this call, a ref < 0 is known[-1 - ref] (one of the indice_key cache's).
 constexpr size_t kStepInts = 21;
 constexpr int64_t kStepConv = 0, kStepMaxPool = 1;
+constexpr int64_t kStepToDense = 2; // the last step only: the dense [B, C, D, H, W] (no rulebook)
 constexpr int64_t kSourceIndices = 0;  // build from @p indices (the input's sites), checking them
 constexpr int64_t kSourceOutputs = 1;  // build on the ref's output sites (build_rulebook_on)
 constexpr int64_t kSourceInputs = 2;   // build on the ref's input sites
 constexpr int64_t kSourceReuse = 3;    // the ref itself (a subm rulebook of the same key)
 
-// Returns the last step's features, each step's rulebook, the output sites of each step that
-// changes them (not subm), in order, and their spatial shapes (3 values each).
+// Returns the last step's features (a to-dense step's dense map), each step's rulebook (but a
+// to-dense step's), the output sites of each step that changes them (not subm), in order, and
+// their spatial shapes (3 values each).
 std::tuple<at::Tensor, std::vector<c10::intrusive_ptr<Rulebook>>, std::vector<at::Tensor>,
            std::vector<int64_t>>
 run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor features,
@@ -963,6 +965,16 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
     for (size_t i = 0; i < count; ++i) {
         const int64_t *s = steps.data() + i * kStepInts;
         const int64_t what = s[0], kind = s[1], source = s[2], ref = s[3];
+        if (what == kStepToDense) {
+            TORCH_CHECK(i + 1 == count, "spconv_c.", op, ": step ", i,
+                        " (to dense) is not the last");
+            const std::vector<int64_t> shape =
+                shapes.empty() ? spatial_shape
+                               : std::vector<int64_t>(shapes.end() - 3, shapes.end());
+            features = sparse_to_dense(features, sites.empty() ? indices : sites.back(), shape,
+                                       batch_size);
+            break;
+        }
         auto three = [&](size_t at) { return std::vector<int64_t>(s + at, s + at + 3); };
         auto tensor = [&](size_t slot) { return tensors.get(6 * i + slot); };
         c10::intrusive_ptr<Rulebook> from;
@@ -1007,7 +1019,7 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
             }
         } else {
             TORCH_CHECK(what == kStepMaxPool, "spconv_c.", op, ": step ", i, " is ", what,
-                        ", neither a conv (0) nor a max pool (1)");
+                        ", neither a conv (0), a max pool (1) nor a last to-dense (2)");
             features = maxpool_inference(rb, features);
         }
         made.push_back(std::move(rb));

@@ -3,18 +3,20 @@
 Between two layers the modules run some Python and call into C++ once or twice; a conv that has
 just streamed megabytes through the caches leaves that code cold, and each such call then costs
 0.05-0.1 ms (docs/pytorch.md, "The overhead on an AVX-512 Xeon"). Here a sequence of 3-d convs
-(each with the eval-mode batch norm and ReLU that _fold_length would fold into it) and max pools,
-nested plain SparseSequentials included, is first walked in Python, deciding for every layer
-what the layer itself would decide (which rulebook, built how, reused from where), and then run
-by the extension's SequenceRunner in one call, which calls the very C++ functions the per-layer
-ops call, in the same order. The output features, sites and indice_key cache entries are the
-ones the layers give one by one; tests/test_sequence.py compares the two bit for bit.
+(each with the eval-mode batch norm and ReLU that _fold_length would fold into it) and max
+pools, nested plain SparseSequentials included, and a ToDense that ends it, is first walked in
+Python, deciding for every layer what the layer itself would decide (which rulebook, built how,
+reused from where), and then run by the extension's SequenceRunner in one call, which calls the
+very C++ functions the per-layer ops call, in the same order. The output features, sites and
+indice_key cache entries are the ones the layers give one by one; tests/test_sequence.py
+compares the two bit for bit.
 
-Anything the walk does not take (a 1-d / 2-d layer, a 1x1 conv, an inverse conv, a layer on
-features that is not folded, a subclass, hooks, a weight of another dtype, a cached key on other
-sites) leaves the whole sequence to the per-layer path, and so does any error raised by the
-call: the layers then run one by one and raise their own errors, with the messages and the
-partly filled cache that the per-layer path gives. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
+The walk takes the longest run of whole modules it can from the start of the sequence. What it
+does not take (a 1-d / 2-d layer, a 1x1 conv, an inverse conv, a layer on features that is not
+folded, a subclass, hooks, a weight of another dtype, a cached key on sites the call makes) and
+what follows it run layer by layer, and so does the whole sequence after any error raised by
+the call: the layers then raise their own errors, with the messages and the partly filled
+cache that the per-layer path gives. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
 """
 
 import os
@@ -24,7 +26,7 @@ import torch
 from .. import ops
 from .conv import SparseConv3d, SparseConvTranspose3d, SubMConv3d, _known_sites, rulebook_for
 from .core import MAX_NDIM, IndiceEntry, SparseConvTensor
-from .modules import (_SEQUENCE_FORWARD, SparseSequential, _fold_length, _plain)
+from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length, _plain
 from .pool import SparseMaxPool3d
 
 ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
@@ -32,7 +34,7 @@ ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
 # csrc/ops.cpp, run_sequence: the layout of a step (STEP_INTS integers, the last one "folds a
 # batch norm").
 STEP_INTS = 21
-_CONV, _MAXPOOL = 0, 1
+_CONV, _MAXPOOL, _TO_DENSE = 0, 1, 2
 _FROM_INDICES, _ON_OUTPUTS, _ON_INPUTS, _REUSE = 0, 1, 2, 3
 
 _CONVS = (SubMConv3d, SparseConv3d, SparseConvTranspose3d)
@@ -62,6 +64,7 @@ class _Walk:
         self.known = []         # cached rulebooks the steps name (ref -1 - position)
         self.ints, self.tensors, self.eps = [], [], []
         self.layers = []        # per step: (kind, key or None, built, geometry)
+        self.to_dense = False   # a last step makes the dense map (ToDense)
 
     def _known_ref(self, rulebook):
         for n, rb in enumerate(self.known):
@@ -158,6 +161,17 @@ class _Walk:
         geometry = (module.kernel_size, module.stride, module.padding, module.dilation, [0, 0, 0])
         return self.add(_MAXPOOL, ops.REGULAR, module.indice_key, geometry)
 
+    def dense(self, module):
+        """A ToDense (SparseConvTensor.dense of the sites so far), as the call's last step."""
+        if (type(module) is not ToDense or not _plain(module)
+                or type(self.input).dense is not SparseConvTensor.dense):
+            return False
+        self.ints += [_TO_DENSE] + [0] * (STEP_INTS - 1)
+        self.tensors += [None] * 6
+        self.eps.append(0.0)
+        self.to_dense = True
+        return True
+
     def _state(self):
         return (len(self.ints), len(self.tensors), len(self.eps), len(self.layers),
                 len(self.known), dict(self.keys), self.sites, self.on_input, self.channels)
@@ -185,6 +199,12 @@ class _Walk:
                       and self.sequence(inner, len(inner) > 1) == len(inner))
             elif kind is SparseMaxPool3d:
                 ok = self.pool(module)
+            elif kind is ToDense:
+                # Only in the outer sequence, where the walk may stop after it: what follows
+                # takes a dense tensor, which the layers pass on as it is.
+                if not whole and self.dense(module):
+                    return i
+                ok = False
             else:
                 folded = self.conv(module, modules, i, may_fold)
                 ok = folded is not None
@@ -217,7 +237,7 @@ class _Walk:
                                               list(kernel), list(stride), list(padding),
                                               list(dilation), input.batch_size, MAX_NDIM)
             indices, shape = out_indices, out_shape
-        return input._derive(features, indices, shape)
+        return features if self.to_dense else input._derive(features, indices, shape)
 
 
 def run(input, modules):
