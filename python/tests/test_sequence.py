@@ -128,7 +128,9 @@ def random_net(seed, dtype, c_in):
 def signature(out, x):
     """What a later layer can tell of an output and its cache: the features' bits, the sites,
     each entry's geometry, rulebook pairs, index values and recorded versions, and which
-    index tensors are the same object (numbered in order of appearance)."""
+    index tensors and shape lists are the same object (numbered in order of appearance).
+    (Not Rulebook.sites_version(), which the one call leaves at -2 where the layers may have
+    built from rows they checked: docs/pytorch.md.)"""
     ids = {}
 
     def tensor_id(t):
@@ -136,13 +138,14 @@ def signature(out, x):
 
     sig = [out.features.dtype, out.features.shape, out.features.view(-1).tolist(),
            out.indices.tolist(), list(out.spatial_shape), tensor_id(x.indices),
-           tensor_id(out.indices)]
+           tensor_id(out.indices), tensor_id(x.spatial_shape), tensor_id(out.spatial_shape)]
     for key, e in out.indice_dict.items():
         rb = e.rulebook
         sig.append((key, e.kind, e.ksize, e.stride, e.padding, e.dilation, e.batch_size,
                     e.ndim, list(e.spatial_shape), list(e.out_spatial_shape),
                     e.indices.tolist(), e.out_indices.tolist(), tensor_id(e.indices),
-                    tensor_id(e.out_indices), e.in_version, e.out_version,
+                    tensor_id(e.out_indices), tensor_id(e.spatial_shape),
+                    tensor_id(e.out_spatial_shape), e.in_version, e.out_version,
                     rb.pair_offsets().tolist(), rb.pairs_in().tolist(), rb.pairs_out().tolist()))
     return sig
 
@@ -379,3 +382,96 @@ def test_to_dense_ends_the_call(seed):
             fake = got.new_zeros(0, 1)  # the caches compared through an output of no sites
             assert (signature(x._derive(fake, x.indices, x.spatial_shape), x)
                     == signature(x_ref._derive(fake, x_ref.indices, x_ref.spatial_shape), x_ref))
+
+
+def test_what_a_user_may_have_changed(seed, monkeypatch):
+    """Found by a hostile review: a SparseConvTensor subclass, tensor subclasses (whose own
+    dispatch sees the ops layer by layer), a layer class's method replaced, a geometry attribute
+    of another type, channel attributes that no longer describe the weights, and a cached key
+    reused from equal rows in another tensor: the same as layer by layer, and no one call where
+    it would skip what the user put there."""
+    feats, idx = sparse_input(seed, torch.float64, 3)
+
+    def make():
+        gen = torch.Generator().manual_seed(seed)
+        net = spconv.SparseSequential(
+            spconv.SubMConv3d(3, 4, 3, indice_key="a"), nn.BatchNorm1d(4).eval(), nn.ReLU(),
+            spconv.SparseConv3d(4, 5, 3, 2, 1, indice_key="d"),
+            spconv.SubMConv3d(5, 2, 3, indice_key="b")).double()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        return net
+
+    def both(net, make_input):
+        outcomes = []
+        for one_call in (True, False):
+            x = make_input()
+            with torch.no_grad(), Calls() as calls:
+                try:
+                    out = net(x) if one_call else per_layer(lambda: net(x))
+                    outcomes.append(("out", signature(out, x)))
+                except Exception as e:
+                    outcomes.append(("err", type(e), str(e), sorted(x.indice_dict)))
+            if one_call:
+                steps = calls.counts()
+        assert outcomes[0] == outcomes[1]
+        return steps
+
+    class MySparse(spconv.SparseConvTensor):
+        @property
+        def features(self):
+            return self._features.clamp(-1, 1)
+
+    class MyTensor(torch.Tensor):
+        pass
+
+    net = make()
+    assert both(net, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2)) == [3]
+    assert both(net, lambda: MySparse(feats, idx, SHAPE, 2)) == []
+    assert both(net, lambda: spconv.SparseConvTensor(feats.as_subclass(MyTensor), idx, SHAPE,
+                                                     2)) == []
+    # A forward replaced on a class (for logging, say) is called, as layer by layer.
+    seen = []
+    plain = spconv.SparseConv3d.forward
+    monkeypatch.setattr(spconv.SparseConv3d, "forward",
+                        lambda self, x: seen.append(1) or plain(self, x))
+    assert both(net, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2)) == [1]
+    assert len(seen) == 2
+    monkeypatch.undo()
+    # Attributes set to other types: what the layers make of them (here an error, with the
+    # cache as the layers leave it).
+    odd = make()
+    odd[3].padding = 1
+    assert both(odd, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2)) == []
+    # A weight replaced by one of other channels than the attributes say: the next layer's
+    # check of its features is the layers' ValueError.
+    stale = make()
+    stale[3].weight = nn.Parameter(torch.randn(6, 3, 3, 3, 4, dtype=torch.float64))
+    both(stale, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+    # A cached subm key reused from a tensor of equal rows: the layer hands on the cached
+    # entry's index tensor, and the entries after it name that one.
+    first = spconv.SparseSequential(spconv.SubMConv3d(3, 3, 3, indice_key="a"),
+                                    spconv.SubMConv3d(3, 3, 3, indice_key="a")).double()
+    with torch.no_grad():
+        cache = first(spconv.SparseConvTensor(feats, idx, SHAPE, 2)).indice_dict
+
+    def from_clone():
+        return spconv.SparseConvTensor(feats, idx.clone(), SHAPE, 2, indice_dict=dict(cache))
+    assert both(make(), from_clone) == [3]
+
+
+def test_a_profiler_sees_the_steps(seed):
+    """The call and each of its steps are recorded as the ops the layers would call."""
+    feats, idx = sparse_input(seed, torch.float32, 3)
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 4, 3, indice_key="a"), nn.BatchNorm1d(4).eval(),
+        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"), spconv.SparseMaxPool3d(2, 2),
+        spconv.ToDense())
+    with torch.no_grad(), torch.profiler.profile(activities=[
+            torch.profiler.ProfilerActivity.CPU]) as prof:
+        net(spconv.SparseConvTensor(feats, idx, SHAPE, 2))
+    names = {e.name for e in prof.events()}
+    assert {"spconv_c::run_sequence", "spconv_c::build_rulebook", "spconv_c::build_rulebook_on",
+            "spconv_c::conv_forward_bn", "spconv_c::conv_forward",
+            "spconv_c::maxpool_inference", "spconv_c::sparse_to_dense"} <= names, names

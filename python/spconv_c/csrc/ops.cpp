@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -952,6 +953,8 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
              std::vector<c10::intrusive_ptr<Rulebook>> known, std::vector<int64_t> steps,
              c10::List<c10::optional<at::Tensor>> tensors, std::vector<double> eps) {
     const char *op = "run_sequence";
+    // A profiler sees the call and, inside it, each step as the op its layer would call.
+    RECORD_FUNCTION("spconv_c::run_sequence", std::vector<c10::IValue>());
     const size_t count = steps.size() / kStepInts;
     TORCH_CHECK(steps.size() == count * kStepInts && tensors.size() == 6 * count &&
                     eps.size() == count,
@@ -971,6 +974,7 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
             const std::vector<int64_t> shape =
                 shapes.empty() ? spatial_shape
                                : std::vector<int64_t>(shapes.end() - 3, shapes.end());
+            RECORD_FUNCTION("spconv_c::sparse_to_dense", std::vector<c10::IValue>());
             features = sparse_to_dense(features, sites.empty() ? indices : sites.back(), shape,
                                        batch_size);
             break;
@@ -987,9 +991,11 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
         }
         c10::intrusive_ptr<Rulebook> rb;
         if (source == kSourceIndices) {
+            RECORD_FUNCTION("spconv_c::build_rulebook", std::vector<c10::IValue>());
             rb = build_named("build_rulebook", indices, spatial_shape, batch_size, kind, three(4),
                              three(7), three(10), three(13), three(16));
         } else if (source == kSourceOutputs || source == kSourceInputs) {
+            RECORD_FUNCTION("spconv_c::build_rulebook_on", std::vector<c10::IValue>());
             rb = std::get<0>(build_rulebook_on(from, source == kSourceOutputs, kind, three(4),
                                                three(7), three(10), three(13), three(16)));
         } else {
@@ -1011,15 +1017,18 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
                 const c10::optional<at::Tensor> mean = tensor(4), var = tensor(5);
                 TORCH_CHECK(mean.has_value() && var.has_value(), "spconv_c.", op, ": step ", i,
                             " folds a batch norm without running statistics");
+                RECORD_FUNCTION("spconv_c::conv_forward_bn", std::vector<c10::IValue>());
                 features = conv_forward_bn(rb, features, *weight, tensor(1), tensor(2), tensor(3),
                                            *mean, *var, eps[i], s[19] != 0, /*krsc=*/true);
             } else {
+                RECORD_FUNCTION("spconv_c::conv_forward", std::vector<c10::IValue>());
                 features = conv_forward_on(*rb, features, engine_weight(*weight, "conv_forward"),
                                            tensor(1), "conv_forward");
             }
         } else {
             TORCH_CHECK(what == kStepMaxPool, "spconv_c.", op, ": step ", i, " is ", what,
                         ", neither a conv (0), a max pool (1) nor a last to-dense (2)");
+            RECORD_FUNCTION("spconv_c::maxpool_inference", std::vector<c10::IValue>());
             features = maxpool_inference(rb, features);
         }
         made.push_back(std::move(rb));

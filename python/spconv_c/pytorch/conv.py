@@ -473,6 +473,12 @@ class SparseConvolution(SparseModule):
         return result
 
 
+# The methods as this module defines them: an inference sequence run in one call stands in for
+# them only while a class has them so (sequence._as_written).
+AS_DEFINED = (("forward", SparseConvolution.forward), ("_forward", SparseConvolution._forward),
+              ("_kind", SparseConvolution._kind))
+
+
 # spconv 2.x's layer classes, one per kind and ndim, with its constructor arguments. Each kind's
 # constructor is written once, in a private base whose subclasses only set NDIM, so that a
 # SubMConv2d is not an instance of SubMConv3d (user code tells layers apart by class).

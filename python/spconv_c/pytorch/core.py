@@ -381,3 +381,7 @@ class SparseConvTensor:
     def __repr__(self):
         return (f"SparseConvTensor[features={tuple(self._features.shape)}, "
                 f"spatial_shape={self.spatial_shape}, batch_size={self.batch_size}]")
+
+
+# As this module defines it (see conv.AS_DEFINED).
+DENSE_AS_DEFINED = SparseConvTensor.dense

@@ -344,6 +344,11 @@ class ToDense(SparseModule):
         return x.dense()
 
 
+# As this module defines them (see conv.AS_DEFINED), and nn.Module's call.
+TO_DENSE_AS_DEFINED = (("forward", ToDense.forward),)
+MODULE_CALL = nn.Module.__call__
+
+
 class RemoveGrid(SparseModule):
     def forward(self, x):
         x.grid = None

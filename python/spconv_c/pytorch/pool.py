@@ -53,6 +53,10 @@ class SparseMaxPool(_WindowPool):
         return input._derive(out, out_indices, out_shape, lifted)
 
 
+# As this module defines them (see conv.AS_DEFINED).
+MAXPOOL_AS_DEFINED = (("forward", SparseMaxPool.forward), ("_sites", _WindowPool._sites))
+
+
 class _FixedNdim:
     """spconv's constructor of the 1d / 2d / 3d pool classes (stride defaults to the kernel's
     size), for a pool class after it in the bases; NDIM is set by each class."""

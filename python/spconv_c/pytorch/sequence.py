@@ -24,6 +24,7 @@ import os
 import torch
 
 from .. import ops
+from . import conv as _conv, core as _core, modules as _modules, pool as _pool
 from .conv import SparseConv3d, SparseConvTranspose3d, SubMConv3d, _known_sites, rulebook_for
 from .core import MAX_NDIM, IndiceEntry, SparseConvTensor
 from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length, _plain
@@ -39,6 +40,10 @@ _FROM_INDICES, _ON_OUTPUTS, _ON_INPUTS, _REUSE = 0, 1, 2, 3
 
 _CONVS = (SubMConv3d, SparseConv3d, SparseConvTranspose3d)
 _FLOATS = (torch.float32, torch.float64)
+# Tensors the call may take: those of no subclass, whose ops a __torch_dispatch__ or
+# __torch_function__ of their own would see layer by layer.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_MODULE_CALL = _modules.MODULE_CALL
 _runner = None
 
 
@@ -47,6 +52,23 @@ def _the_runner():
     if _runner is None:
         _runner = torch.classes.spconv_c.SequenceRunner()
     return _runner
+
+
+def _plain_tensor(t):
+    return t is None or type(t) in _PLAIN_TENSORS
+
+
+def _as_written(module, methods):
+    """``module`` runs the methods its package defined: none replaced on its class (or a base,
+    for logging, say) or on the instance, no hooks (_plain)."""
+    cls = type(module)
+    return (_plain(module) and cls.__call__ is _MODULE_CALL
+            and all(getattr(cls, name) is method and name not in module.__dict__
+                    for name, method in methods))
+
+
+def _ints(values):
+    return [int(v) for v in values]
 
 
 class _Walk:
@@ -58,12 +80,21 @@ class _Walk:
         features = input.features
         self.dtype = features.dtype
         self.channels = features.shape[1] if features.dim() == 2 else -1
-        self.sites = 0          # the current sites: 0 the input's, s + 1 step s's output
+        # The current sites: 0 the input's, s + 1 step s's output. On the input's sites, the
+        # tensor a layer would get there (``view``): a reused cached subm key hands on its
+        # entry's index tensor and shape list, as rulebook_for does; ``generation`` counts
+        # such changes.
+        self.sites = 0
+        self.view = input
+        self.generation = 0
+        self.checked = None     # the index tensor a build from checked rows reads
         self.on_input = None    # the first step whose rulebook has the input's sites as input
-        self.keys = {}          # key -> (step, kind, kernel, dilation, sites): made by this call
+        self.keys = {}          # key -> (step, kind, kernel, dilation, sites, generation)
         self.known = []         # cached rulebooks the steps name (ref -1 - position)
         self.ints, self.tensors, self.eps = [], [], []
-        self.layers = []        # per step: (kind, key or None, built, geometry)
+        # per step: (kind, key or None, built, geometry, the entry a reuse takes its output
+        # sites from: a cached IndiceEntry, or ("made", key) for an entry this call makes)
+        self.layers = []
         self.to_dense = False   # a last step makes the dense map (ToDense)
 
     def _known_ref(self, rulebook):
@@ -74,36 +105,41 @@ class _Walk:
         return -len(self.known)
 
     def _source(self, kind, key, geometry):
-        """(source, ref) of the layer's rulebook as rulebook_for would find or build it; None
-        where the per-layer path should decide (and, as the case may be, refuse)."""
+        """(source, ref, reused) of the layer's rulebook as rulebook_for would find or build
+        it; None where the per-layer path should decide (and, as the case may be, refuse)."""
         kernel, _, _, dilation, _ = geometry
         if kind == ops.SUBM and key is not None:
             made = self.keys.get(key)
             if made is not None:
-                step, made_kind, made_kernel, made_dilation, sites = made
-                if (made_kind != ops.SUBM or made_kernel != kernel
-                        or made_dilation != dilation or sites != self.sites):
-                    return None  # the layer raises its own error
-                return _REUSE, step
+                step, made_kind, made_kernel, made_dilation, sites, generation = made
+                if (made_kind != ops.SUBM or made_kernel != kernel or made_dilation != dilation
+                        or sites != self.sites or generation != self.generation):
+                    return None  # the layer raises its own error, or compares rows by value
+                return _REUSE, step, ("made", key)
             if key in self.cache:
                 if self.sites != 0:
                     return None  # a cached key on sites this call makes: compared by value
                 try:
-                    _, rb, _, _ = rulebook_for(self.input, kind, *geometry, key, MAX_NDIM, False)
+                    entry, rb, _, _ = rulebook_for(self.view, kind, *geometry, key, MAX_NDIM,
+                                                   False)
                 except (KeyError, ValueError, TypeError, RuntimeError):
                     return None
-                return _REUSE, self._known_ref(rb)
+                return _REUSE, self._known_ref(rb), entry
         if self.sites != 0:
-            return _ON_OUTPUTS, self.sites - 1
+            return _ON_OUTPUTS, self.sites - 1, None
         if self.on_input is not None:
-            return _ON_INPUTS, self.on_input
-        known = _known_sites(self.cache, self.input)
+            return _ON_INPUTS, self.on_input, None
+        known = _known_sites(self.cache, self.view)
         if known is not None:
-            return (_ON_OUTPUTS if known[1] else _ON_INPUTS), self._known_ref(known[0])
-        return _FROM_INDICES, 0
+            return (_ON_OUTPUTS if known[1] else _ON_INPUTS), self._known_ref(known[0]), None
+        self.checked = self.view.indices
+        return _FROM_INDICES, 0, None
 
     def add(self, what, kind, key, geometry, tensors=(None,) * 6, eps=0.0, relu=False,
             fold=False):
+        geometry = tuple(_ints(values) for values in geometry)
+        if any(len(values) != MAX_NDIM for values in geometry):
+            return False
         source = self._source(kind, key, geometry)
         if source is None:
             return False
@@ -114,13 +150,21 @@ class _Walk:
         self.ints += [int(relu), int(fold)]
         self.tensors += tensors
         self.eps.append(float(eps))
-        built = source[0] != _REUSE
-        self.layers.append((kind, key, built, geometry))
-        if built:
+        reused = source[2]
+        self.layers.append((kind, key, reused is None, geometry, reused))
+        if reused is None:
             if self.sites == 0 and self.on_input is None:
                 self.on_input = step
             if key is not None:
-                self.keys[key] = (step, kind, geometry[0], geometry[3], self.sites)
+                self.keys[key] = (step, kind, geometry[0], geometry[3], self.sites,
+                                  self.generation)
+        elif isinstance(reused, IndiceEntry) and (reused.out_indices is not self.view.indices
+                                                  or reused.out_spatial_shape
+                                                  is not self.view.spatial_shape):
+            view = self.view.shadow_copy()
+            view.indices, view.spatial_shape = reused.out_indices, reused.out_spatial_shape
+            self.view = view
+            self.generation += 1
         if kind != ops.SUBM:
             self.sites = step + 1
         return True
@@ -128,7 +172,8 @@ class _Walk:
     def conv(self, module, modules, i, may_fold):
         """The conv ``module`` = modules[i - 1], with what it folds; how many of modules[i:] it
         took (0, 1 or 2), or None where the walk stops."""
-        if type(module) not in _CONVS or not _plain(module) or module.conv1x1:
+        if (type(module) not in _CONVS or not _as_written(module, _CONV_METHODS)
+                or module.conv1x1):
             return None
         # The weight and bias as _forward reads them (a parametrization computes them).
         params = module._parameters
@@ -136,8 +181,11 @@ class _Walk:
         if weight is None:
             weight = module.weight
         bias = params["bias"] if "bias" in params else module.bias
+        # _forward's check is of the features it gets: their channels are what the weight
+        # before made (KRSC: C_out first), whatever that layer's attribute says.
         if (module.in_channels != self.channels or weight.dtype != self.dtype
-                or (bias is not None and bias.dtype != self.dtype)):
+                or weight.dim() != 5 or not _plain_tensor(weight)
+                or (bias is not None and (bias.dtype != self.dtype or not _plain_tensor(bias)))):
             return None
         fold = _fold_length(module, modules, i, self.input) if may_fold else 0
         tensors = [weight, bias, None, None, None, None]
@@ -146,25 +194,26 @@ class _Walk:
             bn = modules[i]
             tensors[2:] = [bn._parameters.get("weight"), bn._parameters.get("bias"),
                            bn._buffers["running_mean"], bn._buffers["running_var"]]
+            if not all(_plain_tensor(t) for t in tensors[2:]):
+                return None
             eps = bn.eps
         geometry = (module.kernel_size, module.stride, module.padding, module.dilation,
                     module.output_padding)
         if not self.add(_CONV, module._kind(), module.indice_key, geometry, tensors, eps,
                         fold == 2, fold > 0):
             return None
-        self.channels = module.out_channels
+        self.channels = weight.shape[0]
         return fold
 
     def pool(self, module):
-        if type(module) is not SparseMaxPool3d or not _plain(module):
+        if not _as_written(module, _POOL_METHODS):
             return False
         geometry = (module.kernel_size, module.stride, module.padding, module.dilation, [0, 0, 0])
         return self.add(_MAXPOOL, ops.REGULAR, module.indice_key, geometry)
 
     def dense(self, module):
         """A ToDense (SparseConvTensor.dense of the sites so far), as the call's last step."""
-        if (type(module) is not ToDense or not _plain(module)
-                or type(self.input).dense is not SparseConvTensor.dense):
+        if not _as_written(module, _DENSE_METHODS) or SparseConvTensor.dense is not _core_dense:
             return False
         self.ints += [_TO_DENSE] + [0] * (STEP_INTS - 1)
         self.tensors += [None] * 6
@@ -174,11 +223,12 @@ class _Walk:
 
     def _state(self):
         return (len(self.ints), len(self.tensors), len(self.eps), len(self.layers),
-                len(self.known), dict(self.keys), self.sites, self.on_input, self.channels)
+                len(self.known), dict(self.keys), self.sites, self.on_input, self.channels,
+                self.view, self.generation, self.checked)
 
     def _restore(self, state):
-        ints, tensors, eps, layers, known, self.keys, self.sites, self.on_input, \
-            self.channels = state
+        (ints, tensors, eps, layers, known, self.keys, self.sites, self.on_input, self.channels,
+         self.view, self.generation, self.checked) = state
         del self.ints[ints:], self.tensors[tensors:], self.eps[eps:], self.layers[layers:]
         del self.known[known:]
 
@@ -196,6 +246,7 @@ class _Walk:
             if kind is SparseSequential:
                 inner = list(module._modules.values())
                 ok = (_plain(module) and SparseSequential.forward is _SEQUENCE_FORWARD
+                      and kind.__call__ is _MODULE_CALL
                       and self.sequence(inner, len(inner) > 1) == len(inner))
             elif kind is SparseMaxPool3d:
                 ok = self.pool(module)
@@ -218,43 +269,59 @@ class _Walk:
         return taken
 
     def run(self):
-        """The call, then the cache entries the layers would have stored, and the output."""
+        """The call, then the cache entries the layers would have stored, and the output: the
+        same entries, index tensors and shape lists as the layers make and hand on (a built
+        entry's input shape is a copy, its output shape the list the next layer gets; a reused
+        key hands on its entry's output sites)."""
         input = self.input
         features, rulebooks, sites, shapes = _the_runner().run(
-            input.features, input.indices, list(input.spatial_shape), input.batch_size,
-            self.known, self.ints, self.tensors, self.eps)
-        indices, shape = input.indices, list(input.spatial_shape)
-        made = 0
-        for (kind, key, built, geometry), rb in zip(self.layers, rulebooks):
-            if kind == ops.SUBM:
+            input.features, input.indices if self.checked is None else self.checked,
+            _ints(input.spatial_shape), input.batch_size, self.known, self.ints, self.tensors,
+            self.eps)
+        indices, shape = input.indices, input.spatial_shape
+        made, entries = 0, {}
+        for (kind, key, built, geometry, reused), rb in zip(self.layers, rulebooks):
+            if reused is not None:
+                entry = entries[reused[1]] if isinstance(reused, tuple) else reused
+                out_indices, out_shape = entry.out_indices, entry.out_spatial_shape
+            elif kind == ops.SUBM:
                 out_indices, out_shape = indices, list(shape)
             else:
                 out_indices, out_shape = sites[made], shapes[3 * made:3 * made + 3]
                 made += 1
             if built and key is not None:
                 kernel, stride, padding, dilation, _ = geometry
-                self.cache[key] = IndiceEntry(rb, kind, indices, shape, out_indices, out_shape,
-                                              list(kernel), list(stride), list(padding),
-                                              list(dilation), input.batch_size, MAX_NDIM)
+                entry = IndiceEntry(rb, kind, indices, list(shape), out_indices, out_shape,
+                                    list(kernel), list(stride), list(padding), list(dilation),
+                                    input.batch_size, MAX_NDIM)
+                self.cache[key] = entries[key] = entry
             indices, shape = out_indices, out_shape
         return features if self.to_dense else input._derive(features, indices, shape)
+
+
+# The methods the walk stands in for, as their modules defined them (a replacement on a class
+# is then seen: _as_written).
+_CONV_METHODS = _conv.AS_DEFINED
+_POOL_METHODS = _pool.MAXPOOL_AS_DEFINED
+_DENSE_METHODS = _modules.TO_DENSE_AS_DEFINED
+_core_dense = _core.DENSE_AS_DEFINED
 
 
 def run(input, modules):
     """The first modules of ``modules`` (a SparseSequential's, in a call that may fold:
     modules._fold_environment) that the walk takes, run on ``input`` in one call: (output, how
     many modules it ran); (None, 0) where the per-layer path must run them all."""
-    if not isinstance(input, SparseConvTensor) or len(input.spatial_shape) != MAX_NDIM:
+    if type(input) is not SparseConvTensor or len(input.spatial_shape) != MAX_NDIM:
         return None, 0
-    features = input.features
-    if (not isinstance(features, torch.Tensor) or features.dtype not in _FLOATS
-            or not features.is_cpu):
-        return None, 0
-    walk = _Walk(input)
-    taken = walk.sequence(modules, len(modules) > 1, whole=False)
-    if not walk.layers:
+    features, indices = input.features, input.indices
+    if (type(features) not in _PLAIN_TENSORS or type(indices) not in _PLAIN_TENSORS
+            or features.dtype not in _FLOATS or not features.is_cpu):
         return None, 0
     try:
+        walk = _Walk(input)
+        taken = walk.sequence(modules, len(modules) > 1, whole=False)
+        if not walk.layers:
+            return None, 0
         return walk.run(), taken
     except Exception:  # the layers, one by one, raise it with their own message
         return None, 0
