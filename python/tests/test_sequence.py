@@ -439,6 +439,12 @@ def test_what_a_user_may_have_changed(seed, monkeypatch):
     assert both(net, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2)) == [1]
     assert len(seen) == 2
     monkeypatch.undo()
+    # A ReLU whose forward is set on the instance, after a folded batch norm: called, both
+    # ways (the batch norm folds into the conv in one call; the ReLU runs as set).
+    block = make()
+    relu = block[2]
+    relu.forward = lambda x: nn.functional.relu(x) * 2
+    assert both(block, lambda: spconv.SparseConvTensor(feats, idx, SHAPE, 2)) == [1]
     # Attributes set to other types: what the layers make of them (here an error, with the
     # cache as the layers leave it).
     odd = make()

@@ -331,9 +331,10 @@ def _relu_in_place(previous, module):
     backward keeps its input and statistics, not its output), instead of writing a fresh tensor.
     The values are the same (the same op); what it saves is a tensor the size of the features,
     whose fresh pages cost more than the ReLU itself when the allocator returns large blocks to
-    the system (glibc's default). Global module hooks turn it off too."""
+    the system (glibc's default). Global module hooks turn it off too, and so does a forward
+    set on the ReLU instance (which is then called)."""
     return (type(module) is nn.ReLU and type(previous) in (nn.BatchNorm1d, nn.SyncBatchNorm)
-            and _no_hooks(module) and _no_hooks(previous)
+            and _plain(module) and _no_hooks(previous)
             and not _global_hooks())
 
 
