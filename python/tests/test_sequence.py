@@ -75,7 +75,7 @@ def random_net(seed, dtype, c_in):
     gen = torch.Generator().manual_seed(seed)
     layers, strided = [], []
     c = c_in
-    level_key = f"s{rng.randrange(100)}"
+    level_key = "s_in"  # (a name no later level takes: a key's subm layers share their sites)
     downs = ups = 0
     for n in range(rng.randint(3, 8)):
         what = rng.choice(["subm", "subm", "subm", "down", "up", "pool"])
@@ -171,6 +171,7 @@ def test_one_call_equals_layer_by_layer(seed, dtype):
             x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
             want = per_layer(lambda: net(x_ref))
         assert signature(got, x) == signature(want, x_ref), (s, net)
+        # (A network whose layers refuse it, one by one, is refused alike: test_errors_*.)
         # The caches serve the layers after the sequence alike: a subm layer of the last
         # level's key (reused, or built on known sites) and the inverse of the last strided
         # layer (which needs the output to be that layer's sites, row for row, unchanged).
