@@ -918,7 +918,7 @@ voxelize(const at::Tensor &points, std::vector<double> voxel_size, std::vector<d
 
 // What SparseSequential hands over to run a whole inference sequence of 3-d convs (each with its
 // folded batch norm and ReLU, where it has them) and max pools in one call from Python
-// (python/spconv_c/pytorch/modules.py, _one_call): the same functions the per-layer ops call,
+// (python/spconv_c/pytorch/sequence.py): the same functions the per-layer ops call,
 // in the same order, so the results and rulebooks are the ones the layers give one by one. What
 // it saves is the modules' Python and one call from Python into C++ per layer, each paid cold
 // after a conv has streamed its operands through the caches (docs/pytorch.md, "A sequence in

@@ -83,15 +83,17 @@ class SparseSequential(SparseModule):
         modules = list(self._modules.values())
         # Whether this call may fold a batch norm into the conv before it (_fold_length): the
         # call's environment, asked once.
-        may_fold = len(modules) > 1 and _fold_environment()
+        return self._run_all(input, modules, len(modules) > 1 and _fold_environment())
+
+    def _run_all(self, input, modules, may_fold):
+        """_run, after running in one call into C++ as many of the first modules as that can
+        run (sequence.py) where the call may fold (an inference)."""
+        taken = 0
         if may_fold and _sequence.ENABLED:
-            # An inference: the sequence's layers in one call into C++ as far as that can run
-            # them (sequence.py), the rest one by one.
             output, taken = _sequence.run(input, modules)
             if taken:
-                return self._run(output, modules[taken:], may_fold) if taken < len(modules) \
-                    else output
-        return self._run(input, modules, may_fold)
+                input = output
+        return self._run(input, modules[taken:], may_fold) if taken < len(modules) else input
 
     def _run(self, input, modules, may_fold):
         count = len(modules)
@@ -110,13 +112,7 @@ class SparseSequential(SparseModule):
                     # the environment again cost ~20 us a block after a conv had left the caches
                     # cold (docs/pytorch.md, "The overhead on an AVX-512 Xeon").
                     inner = list(module._modules.values())
-                    taken = 0
-                    if len(inner) > 1 and _sequence.ENABLED:
-                        output, taken = _sequence.run(input, inner)
-                        if taken:
-                            input = output
-                    if taken < len(inner):
-                        input = module._run(input, inner[taken:], len(inner) > 1)
+                    input = module._run_all(input, inner, len(inner) > 1)
                     previous = module
                     continue
                 fold = _fold_length(module, modules, i, input) if may_fold else 0

@@ -43,7 +43,6 @@ _FLOATS = (torch.float32, torch.float64)
 # Tensors the call may take: those of no subclass, whose ops a __torch_dispatch__ or
 # __torch_function__ of their own would see layer by layer.
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-_MODULE_CALL = _modules.MODULE_CALL
 _runner = None
 
 
@@ -62,7 +61,7 @@ def _as_written(module, methods):
     """``module`` runs the methods its package defined: none replaced on its class (or a base,
     for logging, say) or on the instance, no hooks (_plain)."""
     cls = type(module)
-    return (_plain(module) and cls.__call__ is _MODULE_CALL
+    return (_plain(module) and cls.__call__ is _modules.MODULE_CALL
             and all(getattr(cls, name) is method and name not in module.__dict__
                     for name, method in methods))
 
@@ -92,8 +91,9 @@ class _Walk:
         self.keys = {}          # key -> (step, kind, kernel, dilation, sites, generation)
         self.known = []         # cached rulebooks the steps name (ref -1 - position)
         self.ints, self.tensors, self.eps = [], [], []
-        # per step: (kind, key or None, built, geometry, the entry a reuse takes its output
-        # sites from: a cached IndiceEntry, or ("made", key) for an entry this call makes)
+        # per step: (kind, key or None, geometry, the entry a reuse takes its output sites
+        # from: a cached IndiceEntry, or ("made", key) for an entry this call makes; None for
+        # a rulebook the step builds)
         self.layers = []
         self.to_dense = False   # a last step makes the dense map (ToDense)
 
@@ -151,7 +151,7 @@ class _Walk:
         self.tensors += tensors
         self.eps.append(float(eps))
         reused = source[2]
-        self.layers.append((kind, key, reused is None, geometry, reused))
+        self.layers.append((kind, key, geometry, reused))
         if reused is None:
             if self.sites == 0 and self.on_input is None:
                 self.on_input = step
@@ -172,7 +172,7 @@ class _Walk:
     def conv(self, module, modules, i, may_fold):
         """The conv ``module`` = modules[i - 1], with what it folds; how many of modules[i:] it
         took (0, 1 or 2), or None where the walk stops."""
-        if (type(module) not in _CONVS or not _as_written(module, _CONV_METHODS)
+        if (type(module) not in _CONVS or not _as_written(module, _conv.AS_DEFINED)
                 or module.conv1x1):
             return None
         # The weight and bias as _forward reads them (a parametrization computes them).
@@ -206,14 +206,15 @@ class _Walk:
         return fold
 
     def pool(self, module):
-        if not _as_written(module, _POOL_METHODS):
+        if not _as_written(module, _pool.MAXPOOL_AS_DEFINED):
             return False
         geometry = (module.kernel_size, module.stride, module.padding, module.dilation, [0, 0, 0])
         return self.add(_MAXPOOL, ops.REGULAR, module.indice_key, geometry)
 
     def dense(self, module):
         """A ToDense (SparseConvTensor.dense of the sites so far), as the call's last step."""
-        if not _as_written(module, _DENSE_METHODS) or SparseConvTensor.dense is not _core_dense:
+        if (not _as_written(module, _modules.TO_DENSE_AS_DEFINED)
+                or SparseConvTensor.dense is not _core.DENSE_AS_DEFINED):
             return False
         self.ints += [_TO_DENSE] + [0] * (STEP_INTS - 1)
         self.tensors += [None] * 6
@@ -246,7 +247,7 @@ class _Walk:
             if kind is SparseSequential:
                 inner = list(module._modules.values())
                 ok = (_plain(module) and SparseSequential.forward is _SEQUENCE_FORWARD
-                      and kind.__call__ is _MODULE_CALL
+                      and kind.__call__ is _modules.MODULE_CALL
                       and self.sequence(inner, len(inner) > 1) == len(inner))
             elif kind is SparseMaxPool3d:
                 ok = self.pool(module)
@@ -280,7 +281,7 @@ class _Walk:
             self.eps)
         indices, shape = input.indices, input.spatial_shape
         made, entries = 0, {}
-        for (kind, key, built, geometry, reused), rb in zip(self.layers, rulebooks):
+        for (kind, key, geometry, reused), rb in zip(self.layers, rulebooks):
             if reused is not None:
                 entry = entries[reused[1]] if isinstance(reused, tuple) else reused
                 out_indices, out_shape = entry.out_indices, entry.out_spatial_shape
@@ -289,7 +290,7 @@ class _Walk:
             else:
                 out_indices, out_shape = sites[made], shapes[3 * made:3 * made + 3]
                 made += 1
-            if built and key is not None:
+            if reused is None and key is not None:
                 kernel, stride, padding, dilation, _ = geometry
                 entry = IndiceEntry(rb, kind, indices, list(shape), out_indices, out_shape,
                                     list(kernel), list(stride), list(padding), list(dilation),
@@ -297,14 +298,6 @@ class _Walk:
                 self.cache[key] = entries[key] = entry
             indices, shape = out_indices, out_shape
         return features if self.to_dense else input._derive(features, indices, shape)
-
-
-# The methods the walk stands in for, as their modules defined them (a replacement on a class
-# is then seen: _as_written).
-_CONV_METHODS = _conv.AS_DEFINED
-_POOL_METHODS = _pool.MAXPOOL_AS_DEFINED
-_DENSE_METHODS = _modules.TO_DENSE_AS_DEFINED
-_core_dense = _core.DENSE_AS_DEFINED
 
 
 def run(input, modules):
