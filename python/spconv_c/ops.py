@@ -16,6 +16,9 @@ token_rulebook      a token -> the Rulebook handle it stands for
 check_sites_token   (token, indices, version, message) -> a new token of the same rulebook, or a
                     ValueError with the message where the indices were written into since
                     (version: theirs at the build; -1 the build's own record)
+check_lifted_token  (token, rows [N, 4], indices [N, 1 + ndim], message) -> a new token of the
+                    same rulebook, or a ValueError with the message where the rows are not the
+                    1-d / 2-d indices lifted (b, 0, ..., coordinates), row for row
 build_rulebook_on   (Rulebook, output_side, kind, geometry) -> (the Rulebook build_rulebook gives on
                     that rulebook's input or output sites, its output sites, its output spatial
                     shape), without checking those rows again (the caller vouches that they are
@@ -124,6 +127,11 @@ def _(indices, spatial_shape, batch_size, kind, kernel_size, stride, padding, di
 
 @torch.library.register_fake("spconv_c::check_sites_token")
 def _(token, indices, version, what):
+    return token.new_empty(token.shape)
+
+
+@torch.library.register_fake("spconv_c::check_lifted_token")
+def _(token, rows, indices, what):
     return token.new_empty(token.shape)
 
 
@@ -567,6 +575,13 @@ def check_sites_token(token, indices, version, what):
     ``version`` (-1: the one the rulebook's build read; -2: nothing to compare) when the graph
     runs; else a ValueError saying ``what``. Traced inside compiled graphs."""
     return _ops.check_sites_token(token, indices, int(version), str(what))
+
+
+def check_lifted_token(token, rows, indices, what):
+    """``token`` again (a new tensor of the same rulebook) once ``rows``, the engine's [N, 4]
+    sites, are found to lift ``indices``, a 1-d / 2-d layer's [N, 1 + ndim] ones, row for row when
+    the graph runs; else a ValueError saying ``what``. Traced inside compiled graphs."""
+    return _ops.check_lifted_token(token, rows, indices, str(what))
 
 
 @torch.compiler.disable

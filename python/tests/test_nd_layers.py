@@ -10,6 +10,8 @@ magnitude, so the two orders of summation differ by far less than 1e-12; 1e-10 i
 oracle's tolerance elsewhere (test_dense_oracle.py), and a wrong pair or weight moves an output
 by O(1)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -309,6 +311,76 @@ def test_written_indices_are_lifted_again(seed):
     fresh = conv(spconv.SparseConvTensor(feats.detach(), x.indices.clone(), shape, batch))
     assert torch.equal(y.indices, fresh.indices)
     torch.testing.assert_close(y.features, fresh.features, rtol=0, atol=0)
+
+
+def free_site(indices, shape, batch):
+    """A site (b, *coordinates) inside ``shape`` that no row of ``indices`` holds, or None."""
+    taken = {tuple(r) for r in indices.tolist()}
+    for flat in range(batch * math.prod(shape)):
+        site = []
+        for n in reversed([batch] + list(shape)):
+            site.append(flat % n)
+            flat //= n
+        site.reverse()
+        if tuple(site) not in taken:
+            return site
+    return None
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",
+                                                     "strided-build-traced"])
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_writes_between_compiled_calls_are_refused_nd(seed, ndim, capture):
+    # A 1-d / 2-d layer runs on rows lifted from the nd indices and kept with them. Eager code
+    # lifts them again once the indices are written into (their version moves); compiled code
+    # cannot read versions and took the kept rows as they were, so an eager write between two
+    # compiled calls went unseen: every layer after it ran on the old sites, silently. Now the
+    # rows' values are compared with the indices where the graph runs (ops.check_lifted_token):
+    # a write that moves a site is refused (eager refuses it too where a cached rulebook is
+    # reused; a regular conv there builds on the new sites), one that keeps the values is not,
+    # and a dense output, which needs no cached rulebook, lifts anew and gives eager's.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, ndim, least=4)
+    feats = feats.detach()
+    conv, subm, _, inverse, _ = LAYERS[ndim]
+    first = subm(cin, 3, 3, indice_key="k").double()
+    down = conv(cin, 3, 3, 2, 1, indice_key="d").double()
+    cases = ((first, subm(3, 3, 3, indice_key="k").double(), "other sites"),
+             (down, inverse(3, 2, 3, indice_key="d").double(), "not the output sites"),
+             (first, conv(3, 2, 3, 2, 1).double(), None),
+             (first, spconv.ToDense(), None))
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture), torch.no_grad():
+        for make, use, eager_says in cases:
+            torch._dynamo.reset()
+            compiled_use = torch.compile(use, backend="aot_eager")
+            y = torch.compile(make, backend="aot_eager")(
+                spconv.SparseConvTensor(feats, idx.clone(), shape, batch))
+
+            def same(a, b):
+                a, b = (t if isinstance(t, torch.Tensor) else t.features for t in (a, b))
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+            same(compiled_use(y), use(y))
+            y.indices[0, 0] = y.indices[0, 0]  # a write in place that keeps the values
+            same(compiled_use(y), use(y))
+            site = free_site(y.indices, y.spatial_shape, batch)
+            if site is None:
+                continue  # every site is taken: nowhere to move a row to
+            y.indices[0] = torch.tensor(site, dtype=torch.int32)
+            if isinstance(use, spconv.ToDense):
+                same(compiled_use(y), use(y))
+                continue
+            with pytest.raises(ValueError, match="written into since their rows in the "
+                                                 "engine's 3-d space were made"):
+                compiled_use(y)
+            if eager_says is None:
+                want = use(spconv.SparseConvTensor(y.features, y.indices.clone(), y.spatial_shape,
+                                                   batch))
+                same(use(y), want)  # eager builds on the new sites
+            else:
+                with pytest.raises(ValueError, match=eager_says):
+                    use(y)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("capture", [False, True], ids=["strided-build-eager",

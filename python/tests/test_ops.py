@@ -346,6 +346,51 @@ def test_check_sites_token(seed):
     ops.check_sites_token(tk, frozen, 0, "an inference tensor has no version")
 
 
+def test_check_lifted_token(seed):
+    # check_lifted_token (compiled code's check that the rows a 1-d / 2-d layer's cached
+    # rulebook is used on still lift its nd indices): a new token of the same rulebook while
+    # they do, else a ValueError with the caller's words; shapes, dtypes and devices that
+    # cannot be compared are an error of their own. The modules' eager twin of it
+    # (conv._lifts, for a rulebook held as a handle) gives the same verdicts.
+    from spconv_c.pytorch.conv import _lifts
+    gen, feats, idx = small_input(seed, channels=3)
+
+    def verdict(tk, rows, nd_idx):
+        try:
+            checked = ops.check_lifted_token(tk, rows, nd_idx, "the indices moved")
+        except ValueError as e:
+            assert str(e) == "the indices moved" and not _lifts(rows, nd_idx)
+            return False
+        assert checked.data_ptr() == tk.data_ptr() and list(checked.shape) == list(tk.shape)
+        assert _lifts(rows, nd_idx)
+        return True
+
+    for nd in (1, 2):
+        nd_idx = torch.cat([idx[:, :1], idx[:, 4 - nd:]], 1).unique(dim=0)
+        rows = torch.cat([nd_idx[:, :1], torch.zeros(nd_idx.shape[0], 3 - nd, dtype=torch.int32),
+                          nd_idx[:, 1:]], 1)
+        tk = ops.build_subm_token(rows, SHAPE, 2, 3)
+        assert verdict(tk, rows, nd_idx)
+        nd_idx[0, 0] = nd_idx[0, 0]  # a write that keeps the values: no version is read
+        assert verdict(tk, rows, nd_idx)
+        assert verdict(tk, rows[:, :], nd_idx.t().contiguous().t())  # strided: the slow path
+        for col in range(nd + 1):
+            moved = nd_idx.clone()
+            moved[-1, col] += 1
+            assert not verdict(tk, rows, moved)
+            assert not verdict(tk, rows, moved.t().contiguous().t())
+        for col in range(1, 4 - nd):
+            raised = rows.clone()
+            raised[0, col] = 1  # a leading axis the rows must hold at 0
+            assert not verdict(tk, raised, nd_idx)
+        assert not verdict(tk, rows, nd_idx[1:])
+        with pytest.raises(RuntimeError, match=r"rows must be \[N, 4\] and indices \[N, 2\] "
+                                               r"or \[N, 3\], of one dtype"):
+            ops.check_lifted_token(tk, rows, nd_idx.long(), "moved")
+        with pytest.raises(RuntimeError, match="rows must be"):
+            ops.check_lifted_token(tk, nd_idx, rows, "moved")
+
+
 def test_output_shape_is_the_engines(seed):
     # ops.output_shape (what compiled code reads for a build inside the graph) against the
     # rulebook's own out_shape(), on random geometries of every kind the engine accepts.
@@ -449,6 +494,8 @@ def test_opcheck_every_op(seed):
     for op, args in cases:
         torch.library.opcheck(op, args)
     tk, pool_tk = rb.token(), pool_rb.token()
+    lifted = idx.clone()
+    lifted[:, 1] = 0  # rows as a 2-d layer's are (sites may now repeat: only the check reads them)
     token_cases = [
         (torch.ops.spconv_c.conv_forward_token.default, (tk, f, w, b)),
         (torch.ops.spconv_c.conv_forward_token.default, (rbs["subm"].token(), f, w, None)),
@@ -464,6 +511,8 @@ def test_opcheck_every_op(seed):
          (pool_tk, torch.ones_like(pooled).requires_grad_(True))),
         (torch.ops.spconv_c.inverse_token.default, (tk,)),
         (torch.ops.spconv_c.check_sites_token.default, (tk, idx, -1, "sites written into")),
+        (torch.ops.spconv_c.check_lifted_token.default,
+         (tk, lifted, lifted[:, [0, 2, 3]], "rows moved")),
     ]
     for op, args in token_cases:
         opcheck_uncopied(op, args)

@@ -869,6 +869,49 @@ at::Tensor check_sites_token(const at::Tensor &token, const at::Tensor &indices,
     return rulebook_token(rb);
 }
 
+// A new token of @p token's rulebook, after checking that @p rows, the engine's int32 [N, 4] sites
+// that a 1-d / 2-d layer's cached rulebook is about to be used on, still lift @p indices, the
+// layer's own int32 [N, 1 + ndim] sites: (b, 0, ..., coordinates), row for row; else a ValueError
+// saying @p what. Eager code lifts the rows again once the nd indices are written into (their
+// version moves); compiled code cannot read versions and keeps the rows it was given, so this
+// compares their values where the graph runs. The new token is what the conv takes, as with
+// check_sites_token.
+at::Tensor check_lifted_token(const at::Tensor &token, const at::Tensor &rows,
+                              const at::Tensor &indices, c10::string_view what) {
+    const c10::intrusive_ptr<Rulebook> rb = rulebook_of(token, "check_lifted_token");
+    TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4 && indices.dim() == 2 &&
+                    indices.size(1) >= 2 && indices.size(1) <= 3 &&
+                    rows.scalar_type() == indices.scalar_type() &&
+                    rows.device() == indices.device(),
+                "spconv_c.check_lifted_token: rows must be [N, 4] and indices [N, 2] or [N, 3], "
+                "of one dtype and device; got ", rows.sizes(), " ", rows.scalar_type(), " on ",
+                rows.device(), " and ", indices.sizes(), " ", indices.scalar_type(), " on ",
+                indices.device());
+    const int64_t nd = indices.size(1) - 1, n = rows.size(0);
+    bool same = n == indices.size(0);
+    if (same && rows.is_cpu() && rows.scalar_type() == at::kInt && rows.is_contiguous() &&
+        indices.is_contiguous()) {
+        // One pass over both (a few times faster than the slices' compares below).
+        const int32_t *r = rows.data_ptr<int32_t>(), *x = indices.data_ptr<int32_t>();
+        int32_t differ = 0;
+        if (nd == 2)
+            for (int64_t i = 0; i < n; ++i)
+                differ |= (r[4 * i] ^ x[3 * i]) | r[4 * i + 1] | (r[4 * i + 2] ^ x[3 * i + 1]) |
+                          (r[4 * i + 3] ^ x[3 * i + 2]);
+        else
+            for (int64_t i = 0; i < n; ++i)
+                differ |= (r[4 * i] ^ x[2 * i]) | r[4 * i + 1] | r[4 * i + 2] |
+                          (r[4 * i + 3] ^ x[2 * i + 1]);
+        same = differ == 0;
+    } else if (same) {
+        same = rows.select(1, 0).equal(indices.select(1, 0)) &&
+               rows.narrow(1, 4 - nd, nd).equal(indices.narrow(1, 1, nd)) &&
+               rows.narrow(1, 1, 3 - nd).count_nonzero().item<int64_t>() == 0;
+    }
+    TORCH_CHECK_VALUE(same, what);
+    return rulebook_token(rb);
+}
+
 // The handle a token stands for (eager code that holds a token made inside a compiled graph).
 c10::intrusive_ptr<Rulebook> token_rulebook(const at::Tensor &token) {
     return rulebook_of(token, "token_rulebook");
@@ -1132,6 +1175,7 @@ TORCH_LIBRARY(spconv_c, m) {
           "-> (Tensor, Tensor)");
     m.def("inverse_token(Tensor forward) -> Tensor");
     m.def("check_sites_token(Tensor token, Tensor indices, int version, str what) -> Tensor");
+    m.def("check_lifted_token(Tensor token, Tensor rows, Tensor indices, str what) -> Tensor");
     m.def("token_rulebook(Tensor token) -> __torch__.torch.classes.spconv_c.Rulebook");
     m.def("conv_forward_token(Tensor rulebook, Tensor features, Tensor weight, Tensor? bias) "
           "-> Tensor");
@@ -1166,6 +1210,7 @@ TORCH_LIBRARY_IMPL(spconv_c, CompositeExplicitAutograd, m) {
     m.impl("build_rulebook_token", &build_rulebook_token);
     m.impl("inverse_token", &inverse_token);
     m.impl("check_sites_token", &check_sites_token);
+    m.impl("check_lifted_token", &check_lifted_token);
     m.impl("token_rulebook", &token_rulebook);
     m.impl("conv_forward_token", &conv_forward_token);
     m.impl("conv_backward_token", &conv_backward_token);

@@ -243,6 +243,15 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
     return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
 
 
+def _lifts(rows, indices):
+    """Whether the engine's [N, 4] ``rows`` are the nd ``indices`` lifted, row for row (what
+    ops.check_lifted_token checks where the rulebook is a token)."""
+    nd = indices.shape[1] - 1
+    return (rows.shape[0] == indices.shape[0] and torch.equal(rows[:, 0], indices[:, 0])
+            and torch.equal(rows[:, MAX_NDIM + 1 - nd:], indices[:, 1:])
+            and not rows[:, 1:MAX_NDIM + 1 - nd].any())
+
+
 def check_ndim(module, input):
     """That ``input`` is a SparseConvTensor with as many spatial axes as the layer's."""
     if not isinstance(input, SparseConvTensor):
@@ -269,7 +278,7 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
                                                      output_padding, indice_key, ndim, token)
         return rb, out_indices, out_shape, None
     sites = input.shadow_copy()  # shares the indice_dict
-    sites.indices, sites.spatial_shape = input.lifted_sites()
+    sites.indices, sites.spatial_shape, unverified = input._lifted_rows()
     try:
         entry, rb, rows, shape = rulebook_for(
             sites, kind, lift_shape(ksize, 1), lift_shape(stride, 1), lift_shape(padding, 0),
@@ -280,6 +289,20 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         raise RuntimeError(f"{e} (a {ndim}-d layer runs in the engine as a 3-d one: sites (b, "
                            f"{'0, ' * lead}{axes}) in [{'1, ' * lead}{extents_of(ndim)}], kernel "
                            f"{[1] * lead + list(ksize)})") from e
+    if unverified:
+        # Rows kept with the nd indices, taken under torch.compile, which cannot read whether
+        # the indices were written into since (eager code lifts them again then): their values
+        # are compared with the indices, where the graph runs. (Lifting them anew would lose
+        # the identity by which the cache knows sites from layer to layer.)
+        what = (f"spconv_c: the indices of this {ndim}-d layer's input were written into since "
+                f"their rows in the engine's 3-d space were made (between two compiled calls, "
+                f"which cannot see such a write); give the tensor new indices "
+                f"(x.indices = x.indices.clone()) before writing into them, or run the module "
+                f"eagerly")
+        if isinstance(rb, torch.Tensor):
+            rb = ops.check_lifted_token(rb, sites.indices, input.indices, what)
+        elif not _lifts(sites.indices, input.indices):
+            raise ValueError(what)
     if kind == ops.SUBM:
         out = input.indices
     elif kind == ops.INVERSE and entry.nd_indices is not None:

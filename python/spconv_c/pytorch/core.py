@@ -317,17 +317,26 @@ class SparseConvTensor:
         even through a view; an inference tensor, which has no version, while it is the same
         tensor), so the rulebook cache, which knows sites by tensor identity, knows them from
         layer to layer."""
+        rows, shape, _ = self._lifted_rows()
+        return rows, shape
+
+    def _lifted_rows(self, again=False):
+        """lifted_sites, and whether the rows are unverified: kept rows taken under
+        torch.compile, which cannot read a version, so that it cannot tell whether the nd
+        indices were written into since (between two compiled calls); the caller then compares
+        their values (conv.layer_sites) or asks for them ``again``: lifted anew (not kept)."""
         shape = self.spatial_shape
         indices = self.indices
         ndim = len(shape)
         if ndim == MAX_NDIM:
-            return indices, shape
+            return indices, shape, False
         lifted = lift_shape(shape, 1)
         kept = self.__dict__.get("_lift")
-        if kept is not None and kept[0] is indices and unchanged_since(kept[1], indices):
+        if (not again and kept is not None and kept[0] is indices
+                and unchanged_since(kept[1], indices)):
             # (An inference tensor has no version: the same one is taken as unchanged, as the
             # indice_key cache takes it, conv._same_sites; so is any under torch.compile.)
-            return kept[2], lifted
+            return kept[2], lifted, torch.compiler.is_compiling()
         if (not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32
                 or indices.dim() != 2 or indices.shape[1] != ndim + 1):
             got = (f"{indices.dtype} {list(indices.shape)}" if isinstance(indices, torch.Tensor)
@@ -337,8 +346,9 @@ class SparseConvTensor:
         rows = indices.new_zeros((indices.shape[0], MAX_NDIM + 1))
         rows[:, 0] = indices[:, 0]
         rows[:, MAX_NDIM + 1 - ndim:] = indices[:, 1:]
-        self._lift = (indices, version_of(indices), rows)
-        return rows, lifted
+        if not again:
+            self._lift = (indices, version_of(indices), rows)
+        return rows, lifted, False
 
     @property
     def spatial_size(self):
@@ -364,7 +374,9 @@ class SparseConvTensor:
             out = ops.sparse_to_dense(self._features, self.indices, self.spatial_shape,
                                       self.batch_size)
         else:
-            indices, shape = self.lifted_sites()
+            indices, shape, unverified = self._lifted_rows()
+            if unverified:  # (needs no identity: no cached rulebook is used)
+                indices, shape, _ = self._lifted_rows(again=True)
             out = ops.sparse_to_dense(self._features, indices, shape, self.batch_size)
             out = out.reshape(out.shape[0], out.shape[1], *self.spatial_shape)
         return out if channels_first else out.movedim(1, -1).contiguous()
