@@ -1,7 +1,8 @@
 """Benchmark of the PyTorch binding, in the spirit of PyTorch's C++-extension tutorial (the same
 model as an extension and in plain Python): forward and forward+backward of spconv's
 ``bench_basic`` network, of the SECOND backbone (OpenPCDet VoxelBackBone8x) and of a pillar
-detector's 2-d backbone (``pillar``: OpenPCDet's PillarBackBone8x on the KITTI scan's pillars),
+detector's 2-d backbone (``pillar``: OpenPCDet's PillarBackBone8x on the KITTI scan's pillars)
+and of a small U-Net (``unet``: OpenPCDet's UNetV2 in shape, with a forward of its own),
 
   ours     spconv_c.pytorch modules (the C engine through torch.ops.spconv_c);
   plain    the same modules with the conv / pool products in plain PyTorch over our rulebooks
@@ -17,7 +18,7 @@ inference, as the C tool's forward is); with --backward it records the graph. --
 network and input and prints the binding's overhead over it. --in-process splits that overhead
 in one process, pass by pass (see in_process_overhead).
 
-  .venv/bin/python python/benchmarks/bench.py [--net basic|second|pillar|all] [--repeat 5]
+  .venv/bin/python python/benchmarks/bench.py [--net basic|second|pillar|unet|all] [--repeat 5]
       [--threads 1]
       [--backward] [--max-voxels N] [--overhead] [--in-process]
 """
@@ -97,7 +98,46 @@ def pillar_net(sp):
         sp.ToDense())
 
 
-NETS = {"basic": basic_net, "second": second_net, "pillar": pillar_net}
+class UNet(nn.Module):
+    """A small submanifold U-Net for per-voxel outputs, in the shape of OpenPCDet's UNetV2 and as
+    its users write one: stages called one by one in the module's own forward, inverse convs by
+    the encoder's keys, skip features concatenated in Python (current channels first), a 1x1
+    head; the C tool's "unet" (src/net/zoo_unet.c) layer for layer."""
+
+    def __init__(self, sp):
+        super().__init__()
+
+        def block(cin, cout, key):
+            return [sp.SubMConv3d(cin, cout, 3, bias=False, indice_key=key),
+                    nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01), nn.ReLU()]
+
+        def down(cin, cout, key):
+            return [sp.SparseConv3d(cin, cout, 3, 2, 1, bias=False, indice_key=key),
+                    nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01), nn.ReLU()]
+
+        def up(cin, cout, key):
+            return sp.SparseSequential(
+                sp.SparseInverseConv3d(cin, cout, 3, bias=False, indice_key=key),
+                nn.BatchNorm1d(cout, eps=1e-3, momentum=0.01), nn.ReLU())
+
+        self.conv_input = sp.SparseSequential(*block(4, 16, "subm1"))
+        self.conv2 = sp.SparseSequential(*down(16, 32, "spconv2"), *block(32, 32, "subm2"))
+        self.conv3 = sp.SparseSequential(*down(32, 64, "spconv3"), *block(64, 64, "subm3"))
+        self.up3, self.dec2 = up(64, 32, "spconv3"), sp.SparseSequential(*block(64, 32, "subm2"))
+        self.up2, self.dec1 = up(32, 16, "spconv2"), sp.SparseSequential(*block(32, 16, "subm1"))
+        self.head = sp.SubMConv3d(16, 16, 1, bias=True)
+
+    def forward(self, x):
+        x1 = self.conv_input(x)
+        x2 = self.conv2(x1)
+        x = self.up3(self.conv3(x2))
+        x = self.dec2(x.replace_feature(torch.cat([x.features, x2.features], 1)))
+        x = self.up2(x)
+        x = self.dec1(x.replace_feature(torch.cat([x.features, x1.features], 1)))
+        return self.head(x)
+
+
+NETS = {"basic": basic_net, "second": second_net, "pillar": pillar_net, "unet": UNet}
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -133,7 +173,8 @@ def pillar_input(max_voxels):
     return feats, idx.contiguous(), [496, 432]
 
 
-INPUTS = {"basic": basic_input, "second": second_input, "pillar": pillar_input}
+INPUTS = {"basic": basic_input, "second": second_input, "pillar": pillar_input,
+          "unet": second_input}
 
 
 # ---- the plain-PyTorch products over our rulebooks ---------------------------------------------
@@ -309,6 +350,22 @@ def _per_layer(net, feats, idx, shape):
         sequence.ENABLED = True
 
 
+def stage_by_stage(net, feats, idx, shape):
+    """SECOND's modules as OpenPCDet's VoxelBackBone8x runs them (a pass of it): conv_input,
+    conv1 .. conv4 and conv_out called one after the other, each a sequence of its own, then
+    the dense map as its HeightCompression asks for it."""
+    blocks = list(net.children())
+    stages = [ours.SparseSequential(*blocks[a:b]) for a, b in
+              ((0, 1), (1, 2), (2, 5), (5, 8), (8, 11), (11, 12))]
+
+    def run():
+        x = ours.SparseConvTensor(feats, idx, shape, 1)
+        for stage in stages:
+            x = stage(x)
+        return x.dense()
+    return run
+
+
 def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     """The binding's overhead split into its parts, in one process, the variants taking turns
     pass by pass (so the machine's drift weighs on all alike), in a shuffled order each pass
@@ -321,7 +378,12 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
       + torch BN   ... with torch's batch norm and ReLU where the network has them (the engine
                    runs its own, fused and in place): what the network's torch modules cost;
       ours         the spconv_c.pytorch modules: what their Python costs on top;
-      per layer    ... with each sequence run layer by layer, not in one call into C++.
+      per layer    ... with each sequence run layer by layer, not in one call into C++;
+      by stages    (SECOND) the same modules called as OpenPCDet's VoxelBackBone8x calls them:
+                   its stages one by one (sequences of 1, 1, 3, 3, 3 and 1 blocks), then the
+                   dense map (stage_by_stage).
+    A network with a forward of its own (unet) has no bare-ops variants: ops_only walks a plain
+    sequence.
     """
     engine = _EngineNet(name, feats, idx, shape, threads)
     variants = {"engine": engine,
@@ -331,6 +393,10 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
                 "per layer": lambda: _per_layer(net, feats, idx, shape)}
     if not any(isinstance(m, nn.BatchNorm1d) for m in net.modules()):
         del variants["+ torch BN"]
+    if not isinstance(net, ours.SparseSequential):
+        del variants["bare ops"], variants["+ torch BN"]
+    if name == "second":
+        variants["by stages"] = stage_by_stage(net, feats, idx, shape)
     times = {v: [] for v in variants}
     shuffle = random.Random(20261207)
     with torch.no_grad():
@@ -370,7 +436,7 @@ def keep_freed_memory():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--net", default="all", choices=["basic", "second", "pillar", "all"])
+    ap.add_argument("--net", default="all", choices=["basic", "second", "pillar", "unet", "all"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)

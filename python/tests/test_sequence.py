@@ -19,6 +19,16 @@ from helpers import random_sparse
 SHAPE = [11, 12, 13]
 
 
+@pytest.fixture(autouse=True)
+def every_length():
+    """The one call for sequences of any length here (short ones run layer by layer by
+    default, sequence.MIN_LAYERS: test_short_sequences_run_layer_by_layer)."""
+    saved = sequence.MIN_LAYERS
+    sequence.MIN_LAYERS = 1
+    yield
+    sequence.MIN_LAYERS = saved
+
+
 class Calls:
     """Records the steps of every one-call run (their integers, STEP_INTS a step)."""
 
@@ -189,6 +199,36 @@ def test_one_call_equals_layer_by_layer(seed, dtype):
             a = per_layer(lambda: follow(got))
             b = per_layer(lambda: follow(want))
         assert signature(a, x) == signature(b, x_ref), (s, net)
+
+
+def test_short_sequences_run_layer_by_layer(seed):
+    """A sequence of fewer sparse layers than sequence.MIN_LAYERS (3), nested ones counted,
+    runs layer by layer, with no walk (its walk and call cost what they save); one of that many
+    runs in one call; both give the same bits."""
+    sequence.MIN_LAYERS = 3
+    dtype = torch.float64
+    feats, idx = sparse_input(seed, dtype, 3)
+
+    def block(cin, cout, key):
+        return spconv.SparseSequential(spconv.SubMConv3d(cin, cout, 3, indice_key=key),
+                                       nn.BatchNorm1d(cout).eval(), nn.ReLU())
+    nets = {1: spconv.SparseSequential(block(3, 4, "a")),
+            2: spconv.SparseSequential(block(3, 4, "a"), spconv.SparseConv3d(4, 2, 3, 2, 1),
+                                       nn.ReLU()),
+            3: spconv.SparseSequential(block(3, 4, "a"), spconv.SparseSequential(
+                block(4, 4, "a"), spconv.SparseMaxPool3d(2, 2)))}
+    for layers, net in nets.items():
+        net = net.to(dtype).eval()
+        assert sequence._layer_count(net._modules.values(), 3) == layers
+        with torch.no_grad(), Calls() as calls:
+            x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            got = net(x)
+        assert calls.counts() == ([] if layers < 3 else [3]), layers
+        with torch.no_grad():
+            x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            want = per_layer(lambda: net(x_ref))
+        assert signature(got, x) == signature(want, x_ref), layers
+    assert sequence._layer_count([block(3, 3, None) for _ in range(5)], 2) == 2  # (stops)
 
 
 def test_sources_follow_the_cache(seed):

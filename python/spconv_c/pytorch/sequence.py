@@ -31,6 +31,12 @@ from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length,
 from .pool import SparseMaxPool3d
 
 ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
+# A sequence of fewer sparse layers than this runs layer by layer: there the walk and the call
+# cost what they save. Measured (docs/pytorch.md, "Short sequences"): on a U-Net whose sequences
+# hold one or two convs the one call was 1-3 points of the pass slower than the layers; on
+# OpenPCDet's stages of one to three convs, no faster; on SECOND's 12 in one sequence, 3-5
+# points faster.
+MIN_LAYERS = 3
 
 # csrc/ops.cpp, run_sequence: the layout of a step (STEP_INTS integers, the last one "folds a
 # batch norm").
@@ -300,6 +306,20 @@ class _Walk:
         return features if self.to_dense else input._derive(features, indices, shape)
 
 
+def _layer_count(modules, cap):
+    """How many sparse layers (convs and pools, nested sequences' too) ``modules`` hold, whether
+    or not the walk would take them, counted up to ``cap``."""
+    count = 0
+    for module in modules:
+        if isinstance(module, SparseSequential):
+            count += _layer_count(module._modules.values(), cap - count)
+        elif isinstance(module, (_conv.SparseConvolution, _pool._WindowPool)):
+            count += 1
+        if count >= cap:
+            break
+    return count
+
+
 def run(input, modules):
     """The first modules of ``modules`` (a SparseSequential's, in a call that may fold:
     modules._fold_environment) that the walk takes, run on ``input`` in one call: (output, how
@@ -309,6 +329,8 @@ def run(input, modules):
     features, indices = input.features, input.indices
     if (type(features) not in _PLAIN_TENSORS or type(indices) not in _PLAIN_TENSORS
             or features.dtype not in _FLOATS or not features.is_cpu):
+        return None, 0
+    if _layer_count(modules, MIN_LAYERS) < MIN_LAYERS:
         return None, 0
     try:
         walk = _Walk(input)
