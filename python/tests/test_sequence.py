@@ -17,6 +17,7 @@ from spconv_c.pytorch import sequence
 from helpers import random_sparse
 
 SHAPE = [11, 12, 13]
+SHAPES = {1: [29], 2: [17, 19], 3: SHAPE}
 
 
 @pytest.fixture(autouse=True)
@@ -76,11 +77,20 @@ def random_bn(gen, c, dtype):
     return bn
 
 
-def random_net(seed, dtype, c_in):
+def layer_classes(ndim):
+    """(SubMConv, SparseConv, SparseConvTranspose, SparseMaxPool, SparseInverseConv) of ndim."""
+    return tuple(getattr(spconv, f"{name}{ndim}d") for name in
+                 ("SubMConv", "SparseConv", "SparseConvTranspose", "SparseMaxPool",
+                  "SparseInverseConv"))
+
+
+def random_net(seed, dtype, c_in, ndim=3):
     """A random inference sequence of what the one call takes: subm convs (keys shared at a
     level of sites, or none), strided and transposed convs and max pools (each with a key),
     blocks (a nested SparseSequential of conv, batch norm and perhaps a ReLU), batch norms
-    directly after a conv, biases or none. Returns (net, the keys of its strided layers)."""
+    directly after a conv, biases or none; ``ndim``-d layers. Returns (net, the keys of its
+    strided layers)."""
+    subm_conv, sparse_conv, transposed_conv, max_pool, _ = layer_classes(ndim)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     layers, strided = [], []
@@ -94,29 +104,27 @@ def random_net(seed, dtype, c_in):
             key = f"d{n}"
             strided.append(key)
             c_out = rng.randint(1, 9)
-            layer = spconv.SparseConv3d(c, c_out, rng.choice([2, 3]), 2, rng.choice([0, 1]),
-                                        bias=rng.random() < 0.3, indice_key=key)
+            layer = sparse_conv(c, c_out, rng.choice([2, 3]), 2, rng.choice([0, 1]),
+                                bias=rng.random() < 0.3, indice_key=key)
             level_key = f"s{n}"
         elif what == "up" and ups < 1:
             ups += 1
             key = f"u{n}"
             strided.append(key)
             c_out = rng.randint(1, 9)
-            layer = spconv.SparseConvTranspose3d(c, c_out, 2, 2, bias=rng.random() < 0.3,
-                                                 indice_key=key)
+            layer = transposed_conv(c, c_out, 2, 2, bias=rng.random() < 0.3, indice_key=key)
             level_key = f"s{n}"
         elif what == "pool" and downs < 2:
             downs += 1
             key = f"p{n}"
             strided.append(key)
-            layers.append(spconv.SparseMaxPool3d(2, 2, indice_key=key))
+            layers.append(max_pool(2, 2, indice_key=key))
             level_key = f"s{n}"
             continue
         else:
             c_out = rng.randint(1, 9)
-            layer = spconv.SubMConv3d(c, c_out, 3,
-                                      bias=rng.random() < 0.3,
-                                      indice_key=level_key if rng.random() < 0.8 else None)
+            layer = subm_conv(c, c_out, 3, bias=rng.random() < 0.3,
+                              indice_key=level_key if rng.random() < 0.8 else None)
         with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
@@ -146,9 +154,14 @@ def signature(out, x):
     def tensor_id(t):
         return ids.setdefault(id(t), len(ids))
 
+    def lift(t):  # a 1-d / 2-d tensor's kept lifted rows (core.SparseConvTensor.lifted_sites)
+        kept = t.__dict__.get("_lift")
+        return kept and (tensor_id(kept[0]), kept[1], tensor_id(kept[2]), kept[2].tolist())
+
     sig = [out.features.dtype, out.features.shape, out.features.view(-1).tolist(),
            out.indices.tolist(), list(out.spatial_shape), tensor_id(x.indices),
-           tensor_id(out.indices), tensor_id(x.spatial_shape), tensor_id(out.spatial_shape)]
+           tensor_id(out.indices), tensor_id(x.spatial_shape), tensor_id(out.spatial_shape),
+           lift(x), lift(out)]
     for key, e in out.indice_dict.items():
         rb = e.rulebook
         sig.append((key, e.kind, e.ksize, e.stride, e.padding, e.dilation, e.batch_size,
@@ -156,29 +169,40 @@ def signature(out, x):
                     e.indices.tolist(), e.out_indices.tolist(), tensor_id(e.indices),
                     tensor_id(e.out_indices), tensor_id(e.spatial_shape),
                     tensor_id(e.out_spatial_shape), e.in_version, e.out_version,
-                    rb.pair_offsets().tolist(), rb.pairs_in().tolist(), rb.pairs_out().tolist()))
+                    rb.pair_offsets().tolist(), rb.pairs_in().tolist(), rb.pairs_out().tolist(),
+                    e.nd_indices is not None and (tensor_id(e.nd_indices),
+                                                  e.nd_indices.tolist()), e.nd_version))
     return sig
 
 
-def sparse_input(seed, dtype, c_in, count=220, batch=2):
+def sparse_input(seed, dtype, c_in, count=220, batch=2, ndim=3):
+    """Features and ``ndim``-d sites in SHAPES[ndim]."""
     gen = torch.Generator().manual_seed(seed + 1)
-    feats, idx = random_sparse(gen, batch, SHAPE, count, c_in, dtype)
-    return feats, idx
+    shape = SHAPES[ndim]
+    feats, idx = random_sparse(gen, batch, [1] * (3 - ndim) + shape, min(count, batch *
+                               int(torch.tensor(shape).prod()) // 2), c_in, dtype)
+    return feats, torch.cat([idx[:, :1], idx[:, 4 - ndim:]], 1).contiguous()
 
 
+@pytest.mark.parametrize("ndim", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_one_call_equals_layer_by_layer(seed, dtype):
+def test_one_call_equals_layer_by_layer(seed, dtype, ndim):
+    # (A 1-d / 2-d sequence runs on its lifted sites: its entries hold lifted sites and its
+    # strided layers' entries the nd indices their inverse conv gives back; the signature
+    # compares those and the rows kept with the output's nd indices.)
+    shape = SHAPES[ndim]
+    subm_conv, _, _, _, inverse_conv = layer_classes(ndim)
     for trial in range(6):
         s = seed + 1000 * trial
         c_in = 1 + s % 5
-        net, strided = random_net(s, dtype, c_in)
-        feats, idx = sparse_input(s, dtype, c_in)
+        net, strided = random_net(s, dtype, c_in, ndim)
+        feats, idx = sparse_input(s, dtype, c_in, ndim=ndim)
         with torch.no_grad(), Calls() as calls:
-            x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            x = spconv.SparseConvTensor(feats, idx, shape, 2)
             got = net(x)
         assert calls.counts() and sum(calls.counts()) >= 1, (s, net)
         with torch.no_grad():
-            x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+            x_ref = spconv.SparseConvTensor(feats, idx, shape, 2)
             want = per_layer(lambda: net(x_ref))
         assert signature(got, x) == signature(want, x_ref), (s, net)
         # (A network whose layers refuse it, one by one, is refused alike: test_errors_*.)
@@ -187,11 +211,12 @@ def test_one_call_equals_layer_by_layer(seed, dtype):
         # layer (which needs the output to be that layer's sites, row for row, unchanged).
         c = got.features.shape[1]
         gen = torch.Generator().manual_seed(s + 7)
-        after = [spconv.SubMConv3d(c, 3, 3, indice_key="later").to(dtype)]
+        after = [subm_conv(c, 3, 3, indice_key="later").to(dtype)]
         if strided and strided[-1] in got.indice_dict and not strided[-1].startswith("u"):
             last = got.indice_dict[strided[-1]]
-            if last.out_indices is got.indices:
-                after.append(spconv.SparseInverseConv3d(3, 2, last.ksize, strided[-1]).to(dtype))
+            sites = got.indices if ndim == 3 else got._lift[2]
+            if last.out_indices is sites:
+                after.append(inverse_conv(3, 2, last.ksize[3 - ndim:], strided[-1]).to(dtype))
         follow = spconv.SparseSequential(*after)
         with torch.no_grad():
             for p in follow.parameters():
@@ -313,19 +338,15 @@ def test_what_the_walk_leaves_to_the_layers(seed):
 
 
 def test_no_one_call_where_something_watches(seed):
-    """Gradients recorded, a 2-d sequence, half precision: the layers run one by one."""
+    """Gradients recorded, half precision: the layers run one by one."""
     feats, idx = sparse_input(seed, torch.float32, 3)
     net = spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key="a"),
                                   spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"))
-    net2 = spconv.SparseSequential(spconv.SubMConv2d(3, 4, 3, indice_key="a"),
-                                   spconv.SparseConv2d(4, 4, 3, 2, 1, indice_key="d"))
     with Calls() as calls:
         out = net(spconv.SparseConvTensor(feats.requires_grad_(), idx, SHAPE, 2))
         assert out.features.requires_grad
         with torch.no_grad():
             net.half()(spconv.SparseConvTensor(feats.half(), idx, SHAPE, 2))
-            rows = idx[:, [0, 2, 3]].unique(dim=0)
-            net2(spconv.SparseConvTensor(torch.ones(rows.shape[0], 3), rows, SHAPE[1:], 2))
     assert calls.steps == []
 
 
@@ -400,24 +421,27 @@ def test_runner_refuses_malformed_steps():
         runner.run(feats, idx, [2, 2, 2], 1, [], step, [None] * 6, [0.0])
 
 
-def test_to_dense_ends_the_call(seed):
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_to_dense_ends_the_call(seed, ndim):
     """A ToDense in the outer sequence is the call's last step (the dense map of the sites so
-    far); what follows it takes the dense tensor, layer by layer. A ToDense inside a nested
-    sequence ends that sequence's call the same way."""
+    far; a 1-d / 2-d one [B, C, *its spatial shape]); what follows it takes the dense tensor,
+    layer by layer. A ToDense inside a nested sequence ends that sequence's call the same
+    way."""
+    shape = SHAPES[ndim]
     for trial in range(3):
         s = seed + 1000 * trial
-        net, _ = random_net(s, torch.float32, 3)
-        feats, idx = sparse_input(s, torch.float32, 3)
+        net, _ = random_net(s, torch.float32, 3, ndim)
+        feats, idx = sparse_input(s, torch.float32, 3, ndim=ndim)
         model = spconv.SparseSequential(*net, spconv.ToDense(), nn.Flatten(1, 2))
         nested = spconv.SparseSequential(spconv.SparseSequential(*net, spconv.ToDense()),
                                          nn.Flatten(1, 2))
         for m in (model, nested):
             with torch.no_grad(), Calls() as calls:
-                x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+                x = spconv.SparseConvTensor(feats, idx, shape, 2)
                 got = m(x)
             assert calls.steps and calls.steps[-1][-sequence.STEP_INTS] == sequence._TO_DENSE
             with torch.no_grad():
-                x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
+                x_ref = spconv.SparseConvTensor(feats, idx, shape, 2)
                 want = per_layer(lambda: m(x_ref))
             assert got.shape == want.shape and torch.equal(got, want), s
             fake = got.new_zeros(0, 1)  # the caches compared through an output of no sites

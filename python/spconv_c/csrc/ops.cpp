@@ -959,8 +959,9 @@ voxelize(const at::Tensor &points, std::vector<double> voxel_size, std::vector<d
 
 // ---- an inference sequence in one call ---------------------------------------------------------
 
-// What SparseSequential hands over to run a whole inference sequence of 3-d convs (each with its
-// folded batch norm and ReLU, where it has them) and max pools in one call from Python
+// What SparseSequential hands over to run a whole inference sequence of convs (each with its
+// folded batch norm and ReLU, where it has them) and max pools, in the engine's 3-d space (a 1-d
+// or 2-d sequence's sites and geometry lifted, as its layers lift them), in one call from Python
 // (python/spconv_c/pytorch/sequence.py): the same functions the per-layer ops call,
 // in the same order, so the results and rulebooks are the ones the layers give one by one. What
 // it saves is the modules' Python and one call from Python into C++ per layer, each paid cold

@@ -2,9 +2,10 @@
 
 Between two layers the modules run some Python and call into C++ once or twice; a conv that has
 just streamed megabytes through the caches leaves that code cold, and each such call then costs
-0.05-0.1 ms (docs/pytorch.md, "The overhead on an AVX-512 Xeon"). Here a sequence of 3-d convs
-(each with the eval-mode batch norm and ReLU that _fold_length would fold into it) and max
-pools, nested plain SparseSequentials included, and a ToDense that ends it, is first walked in
+0.05-0.1 ms (docs/pytorch.md, "The overhead on an AVX-512 Xeon"). Here a sequence of 1-d, 2-d
+or 3-d convs (each with the eval-mode batch norm and ReLU that _fold_length would fold into it)
+and max pools, nested plain SparseSequentials included, and a ToDense that ends it, is first
+walked in
 Python, deciding for every layer what the layer itself would decide (which rulebook, built how,
 reused from where), and then run by the extension's SequenceRunner in one call, which calls the
 very C++ functions the per-layer ops call, in the same order. The output features, sites and
@@ -12,8 +13,9 @@ indice_key cache entries are the ones the layers give one by one; tests/test_seq
 compares the two bit for bit.
 
 The walk takes the longest run of whole modules it can from the start of the sequence. What it
-does not take (a 1-d / 2-d layer, a 1x1 conv, an inverse conv, a layer on features that is not
-folded, a subclass, hooks, a weight of another dtype, a cached key on sites the call makes) and
+does not take (a layer of another ndim, a 1x1 conv, an inverse conv, a layer on features that
+is not folded, a subclass, hooks, a weight of another dtype, a cached key on sites the call
+makes) and
 what follows it run layer by layer, and so does the whole sequence after any error raised by
 the call: the layers then raise their own errors, with the messages and the partly filled
 cache that the per-layer path gives. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
@@ -25,10 +27,12 @@ import torch
 
 from .. import ops
 from . import conv as _conv, core as _core, modules as _modules, pool as _pool
-from .conv import SparseConv3d, SparseConvTranspose3d, SubMConv3d, _known_sites, rulebook_for
-from .core import MAX_NDIM, IndiceEntry, SparseConvTensor
+from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConvTranspose1d,
+                   SparseConvTranspose2d, SparseConvTranspose3d, SubMConv1d, SubMConv2d,
+                   SubMConv3d, _known_sites, rulebook_for)
+from .core import MAX_NDIM, IndiceEntry, SparseConvTensor, lift_shape, version_of
 from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length, _plain
-from .pool import SparseMaxPool3d
+from .pool import SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d
 
 ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
 # A sequence of fewer sparse layers than this runs layer by layer: there the walk and the call
@@ -44,7 +48,12 @@ STEP_INTS = 21
 _CONV, _MAXPOOL, _TO_DENSE = 0, 1, 2
 _FROM_INDICES, _ON_OUTPUTS, _ON_INPUTS, _REUSE = 0, 1, 2, 3
 
-_CONVS = (SubMConv3d, SparseConv3d, SparseConvTranspose3d)
+_CONVS = (SubMConv1d, SubMConv2d, SubMConv3d, SparseConv1d, SparseConv2d, SparseConv3d,
+          SparseConvTranspose1d, SparseConvTranspose2d, SparseConvTranspose3d)
+_POOLS = (SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d)
+# What a 1-d / 2-d layer's kernel, stride, padding, dilation and output padding get on the
+# leading axes its sites are lifted with (conv.layer_sites).
+_LIFT_FILL = (1, 1, 0, 1, 0)
 _FLOATS = (torch.float32, torch.float64)
 # Tensors the call may take: those of no subclass, whose ops a __torch_dispatch__ or
 # __torch_function__ of their own would see layer by layer.
@@ -76,12 +85,27 @@ def _ints(values):
     return [int(v) for v in values]
 
 
+def _lifted(geometry):
+    """A layer's kernel, stride, padding, dilation and output padding in the engine's 3-d space
+    (a 1-d / 2-d layer's with the values of the axes its sites are lifted with)."""
+    return tuple(lift_shape(_ints(values), fill) for values, fill in zip(geometry, _LIFT_FILL))
+
+
 class _Walk:
     """The steps of one call, and what the indice_key cache would hold after each."""
 
     def __init__(self, input):
         self.input = input
         self.cache = input.indice_dict
+        # A 1-d / 2-d sequence runs on its sites lifted to the engine's 3-d space, as each of
+        # its layers would (conv.layer_sites): the rows kept with the nd indices.
+        self.ndim = len(input.spatial_shape)
+        if self.ndim < MAX_NDIM:
+            lifted = input.shadow_copy()
+            lifted.indices, lifted.spatial_shape = input.lifted_sites()
+        else:
+            lifted = input
+        self.rows, self.shape = lifted.indices, lifted.spatial_shape
         features = input.features
         self.dtype = features.dtype
         self.channels = features.shape[1] if features.dim() == 2 else -1
@@ -90,7 +114,7 @@ class _Walk:
         # entry's index tensor and shape list, as rulebook_for does; ``generation`` counts
         # such changes.
         self.sites = 0
-        self.view = input
+        self.view = lifted
         self.generation = 0
         self.checked = None     # the index tensor a build from checked rows reads
         self.on_input = None    # the first step whose rulebook has the input's sites as input
@@ -126,7 +150,7 @@ class _Walk:
                 if self.sites != 0:
                     return None  # a cached key on sites this call makes: compared by value
                 try:
-                    entry, rb, _, _ = rulebook_for(self.view, kind, *geometry, key, MAX_NDIM,
+                    entry, rb, _, _ = rulebook_for(self.view, kind, *geometry, key, self.ndim,
                                                    False)
                 except (KeyError, ValueError, TypeError, RuntimeError):
                     return None
@@ -178,8 +202,8 @@ class _Walk:
     def conv(self, module, modules, i, may_fold):
         """The conv ``module`` = modules[i - 1], with what it folds; how many of modules[i:] it
         took (0, 1 or 2), or None where the walk stops."""
-        if (type(module) not in _CONVS or not _as_written(module, _conv.AS_DEFINED)
-                or module.conv1x1):
+        if (type(module) not in _CONVS or module.ndim != self.ndim
+                or not _as_written(module, _conv.AS_DEFINED) or module.conv1x1):
             return None
         # The weight and bias as _forward reads them (a parametrization computes them).
         params = module._parameters
@@ -190,7 +214,7 @@ class _Walk:
         # _forward's check is of the features it gets: their channels are what the weight
         # before made (KRSC: C_out first), whatever that layer's attribute says.
         if (module.in_channels != self.channels or weight.dtype != self.dtype
-                or weight.dim() != 5 or not _plain_tensor(weight)
+                or weight.dim() != self.ndim + 2 or not _plain_tensor(weight)
                 or (bias is not None and (bias.dtype != self.dtype or not _plain_tensor(bias)))):
             return None
         fold = _fold_length(module, modules, i, self.input) if may_fold else 0
@@ -203,8 +227,8 @@ class _Walk:
             if not all(_plain_tensor(t) for t in tensors[2:]):
                 return None
             eps = bn.eps
-        geometry = (module.kernel_size, module.stride, module.padding, module.dilation,
-                    module.output_padding)
+        geometry = _lifted((module.kernel_size, module.stride, module.padding, module.dilation,
+                            module.output_padding))
         if not self.add(_CONV, module._kind(), module.indice_key, geometry, tensors, eps,
                         fold == 2, fold > 0):
             return None
@@ -212,9 +236,10 @@ class _Walk:
         return fold
 
     def pool(self, module):
-        if not _as_written(module, _pool.MAXPOOL_AS_DEFINED):
+        if module.ndim != self.ndim or not _as_written(module, _pool.MAXPOOL_AS_DEFINED):
             return False
-        geometry = (module.kernel_size, module.stride, module.padding, module.dilation, [0, 0, 0])
+        geometry = _lifted((module.kernel_size, module.stride, module.padding, module.dilation,
+                            [0] * self.ndim))
         return self.add(_MAXPOOL, ops.REGULAR, module.indice_key, geometry)
 
     def dense(self, module):
@@ -255,7 +280,7 @@ class _Walk:
                 ok = (_plain(module) and SparseSequential.forward is _SEQUENCE_FORWARD
                       and kind.__call__ is _modules.MODULE_CALL
                       and self.sequence(inner, len(inner) > 1) == len(inner))
-            elif kind is SparseMaxPool3d:
+            elif kind in _POOLS:
                 ok = self.pool(module)
             elif kind is ToDense:
                 # Only in the outer sequence, where the walk may stop after it: what follows
@@ -279,15 +304,19 @@ class _Walk:
         """The call, then the cache entries the layers would have stored, and the output: the
         same entries, index tensors and shape lists as the layers make and hand on (a built
         entry's input shape is a copy, its output shape the list the next layer gets; a reused
-        key hands on its entry's output sites)."""
-        input = self.input
+        key hands on its entry's output sites). A 1-d / 2-d sequence's entries hold lifted
+        sites, as its layers' do, and each strided layer's output gets its nd indices (a copy
+        of the engine's rows without the leading axes), which the next strided layer's entry
+        records as the sites its inverse conv gives back (conv.layer_sites)."""
+        input, ndim = self.input, self.ndim
         features, rulebooks, sites, shapes = _the_runner().run(
-            input.features, input.indices if self.checked is None else self.checked,
-            _ints(input.spatial_shape), input.batch_size, self.known, self.ints, self.tensors,
-            self.eps)
-        indices, shape = input.indices, input.spatial_shape
+            input.features, self.rows if self.checked is None else self.checked,
+            _ints(self.shape), input.batch_size, self.known, self.ints, self.tensors, self.eps)
+        indices, shape, nd = self.rows, self.shape, input.indices
+        columns = [0, *range(MAX_NDIM + 1 - ndim, MAX_NDIM + 1)]
         made, entries = 0, {}
         for (kind, key, geometry, reused), rb in zip(self.layers, rulebooks):
+            out_nd = nd
             if reused is not None:
                 entry = entries[reused[1]] if isinstance(reused, tuple) else reused
                 out_indices, out_shape = entry.out_indices, entry.out_spatial_shape
@@ -296,14 +325,23 @@ class _Walk:
             else:
                 out_indices, out_shape = sites[made], shapes[3 * made:3 * made + 3]
                 made += 1
+                if ndim < MAX_NDIM:
+                    out_nd = out_indices[:, columns]
             if reused is None and key is not None:
                 kernel, stride, padding, dilation, _ = geometry
                 entry = IndiceEntry(rb, kind, indices, list(shape), out_indices, out_shape,
                                     list(kernel), list(stride), list(padding), list(dilation),
-                                    input.batch_size, MAX_NDIM)
+                                    input.batch_size, ndim)
+                if ndim < MAX_NDIM and kind != ops.SUBM:
+                    entry.nd_indices, entry.nd_version = nd, version_of(nd)
                 self.cache[key] = entries[key] = entry
-            indices, shape = out_indices, out_shape
-        return features if self.to_dense else input._derive(features, indices, shape)
+            indices, shape, nd = out_indices, out_shape, out_nd
+        if ndim == MAX_NDIM:
+            return features if self.to_dense else input._derive(features, indices, shape)
+        if self.to_dense:  # [B, C, 1, ..., *nd shape] as SparseConvTensor.dense gives it
+            return features.reshape(features.shape[0], features.shape[1],
+                                    *shape[MAX_NDIM - ndim:])
+        return input._derive(features, nd, shape[MAX_NDIM - ndim:], indices)
 
 
 def _layer_count(modules, cap):
@@ -324,7 +362,7 @@ def run(input, modules):
     """The first modules of ``modules`` (a SparseSequential's, in a call that may fold:
     modules._fold_environment) that the walk takes, run on ``input`` in one call: (output, how
     many modules it ran); (None, 0) where the per-layer path must run them all."""
-    if type(input) is not SparseConvTensor or len(input.spatial_shape) != MAX_NDIM:
+    if type(input) is not SparseConvTensor or not 1 <= len(input.spatial_shape) <= MAX_NDIM:
         return None, 0
     features, indices = input.features, input.indices
     if (type(features) not in _PLAIN_TENSORS or type(indices) not in _PLAIN_TENSORS
