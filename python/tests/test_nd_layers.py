@@ -313,6 +313,44 @@ def test_written_indices_are_lifted_again(seed):
     torch.testing.assert_close(y.features, fresh.features, rtol=0, atol=0)
 
 
+def test_rows_written_through_the_cache_are_lifted_again(seed):
+    # Found by a hostile review: the lifted rows kept with a tensor's nd indices are also its
+    # cache entries' sites (spconv's find_indice_pair(key).indices hands them out), and a
+    # write into them went unseen (only the nd indices' version was compared): the next layer
+    # built on the written rows. Now their own version is compared too: the next layer lifts
+    # the nd indices again, and a subm layer of the key refuses the written entry.
+    gen = torch.Generator().manual_seed(seed)
+    feats, idx, shape, batch, cin = sparse_input(gen, 2, least=4)
+    feats = feats.detach()
+    first = spconv.SubMConv2d(cin, 2, 3, indice_key="k").double()
+    other = spconv.SubMConv2d(2, 2, 3, indice_key="other").double()
+    with torch.no_grad():
+        y = first(spconv.SparseConvTensor(feats, idx.clone(), shape, batch))
+        rows = y.find_indice_pair("k").indices
+        assert rows is y._lift[2]
+        site = free_site(y.indices, shape, batch)
+        if site is None:
+            pytest.skip("every site is active: no free site to move a row to")
+        rows[0] = torch.tensor([site[0], 0, *site[1:]], dtype=torch.int32)  # the rows only
+        want = other(spconv.SparseConvTensor(y.features, y.indices.clone(), shape, batch))
+        torch.testing.assert_close(other(y).features, want.features, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="holds a subm rulebook of other sites"):
+            spconv.SubMConv2d(2, 2, 3, indice_key="k").double()(y)
+
+
+def test_lifted_sites_under_compile_are_not_stale():
+    # Found by a hostile review: SparseConvTensor.lifted_sites() under torch.compile returned
+    # the rows kept with the indices as they were before an eager write; it lifts anew there.
+    x = spconv.SparseConvTensor(torch.ones(2, 1), torch.tensor([[0, 1, 1], [0, 5, 5]],
+                                                                dtype=torch.int32), [12, 12], 1)
+    x.lifted_sites()
+    x.indices[0, 1] = 7
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: t.lifted_sites()[0] + 0, backend="aot_eager")(x)
+    torch._dynamo.reset()
+    assert got.tolist() == x.lifted_sites()[0].tolist() == [[0, 0, 7, 1], [0, 0, 5, 5]]
+
+
 def free_site(indices, shape, batch):
     """A site (b, *coordinates) inside ``shape`` that no row of ``indices`` holds, or None."""
     taken = {tuple(r) for r in indices.tolist()}

@@ -156,7 +156,8 @@ def signature(out, x):
 
     def lift(t):  # a 1-d / 2-d tensor's kept lifted rows (core.SparseConvTensor.lifted_sites)
         kept = t.__dict__.get("_lift")
-        return kept and (tensor_id(kept[0]), kept[1], tensor_id(kept[2]), kept[2].tolist())
+        return kept and (tensor_id(kept[0]), kept[1], tensor_id(kept[2]), kept[2].tolist(),
+                         kept[3])
 
     sig = [out.features.dtype, out.features.shape, out.features.view(-1).tolist(),
            out.indices.tolist(), list(out.spatial_shape), tensor_id(x.indices),
@@ -254,6 +255,23 @@ def test_short_sequences_run_layer_by_layer(seed):
             want = per_layer(lambda: net(x_ref))
         assert signature(got, x) == signature(want, x_ref), layers
     assert sequence._layer_count([block(3, 3, None) for _ in range(5)], 2) == 2  # (stops)
+
+
+def test_a_walk_that_takes_nothing_leaves_the_input(seed):
+    """Found by a hostile review: the walk of a 2-d sequence lifted its input's sites (and kept
+    the rows with its indices) before it knew that it would take a layer; when it took none
+    (a ReLU first), the layers after shared the input's rows, not rows of their own."""
+    feats, idx = sparse_input(seed, torch.float64, 3, ndim=2)
+    net = spconv.SparseSequential(nn.ReLU(), *[spconv.SubMConv2d(3, 3, 3, indice_key="b")
+                                               for _ in range(3)]).double().eval()
+    with torch.no_grad(), Calls() as calls:
+        x = spconv.SparseConvTensor(feats, idx, SHAPES[2], 2)
+        got = net(x)
+    assert calls.steps == [] and "_lift" not in x.__dict__
+    with torch.no_grad():
+        x_ref = spconv.SparseConvTensor(feats, idx, SHAPES[2], 2)
+        want = per_layer(lambda: net(x_ref))
+    assert signature(got, x) == signature(want, x_ref)
 
 
 def test_sources_follow_the_cache(seed):

@@ -295,10 +295,9 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         # are compared with the indices, where the graph runs. (Lifting them anew would lose
         # the identity by which the cache knows sites from layer to layer.)
         what = (f"spconv_c: the indices of this {ndim}-d layer's input were written into since "
-                f"their rows in the engine's 3-d space were made (between two compiled calls, "
-                f"which cannot see such a write); give the tensor new indices "
-                f"(x.indices = x.indices.clone()) before writing into them, or run the module "
-                f"eagerly")
+                f"their rows in the engine's 3-d space were made, which compiled code cannot "
+                f"see; give the tensor new indices (x.indices = x.indices.clone()) before "
+                f"writing into them, or run the module eagerly")
         if isinstance(rb, torch.Tensor):
             rb = ops.check_lifted_token(rb, sites.indices, input.indices, what)
         elif not _lifts(sites.indices, input.indices):

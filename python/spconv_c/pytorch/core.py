@@ -304,7 +304,7 @@ class SparseConvTensor:
         new = self.shadow_copy()
         new._features, new.indices, new.spatial_shape = features, indices, spatial_shape
         if lifted is not None:
-            new._lift = (indices, version_of(indices), lifted)
+            new._lift = (indices, version_of(indices), lifted, version_of(lifted))
         else:
             new.__dict__.pop("_lift", None)  # another tensor's rows: of no use here
         return new
@@ -313,18 +313,23 @@ class SparseConvTensor:
         """(indices [N, 4], spatial shape [3]): this tensor's sites in the engine's 3-d space.
         A 3-d tensor's are its own. A 1-d / 2-d tensor's are an int32 [N, 4] copy with zeros on
         the leading axes, made once: it is kept with the nd indices it came from and used again
-        while they are the same tensor at the same version (nothing has written into them, not
-        even through a view; an inference tensor, which has no version, while it is the same
-        tensor), so the rulebook cache, which knows sites by tensor identity, knows them from
-        layer to layer."""
-        rows, shape, _ = self._lifted_rows()
+        while both are the same tensors at the same versions (nothing has written into them,
+        not even through a view or an indice_dict entry's ``indices``; an inference tensor,
+        which has no version, while it is the same tensor), so the rulebook cache, which knows
+        sites by tensor identity, knows them from layer to layer. (Under torch.compile, which
+        cannot read versions, lifted anew.)"""
+        rows, shape, unverified = self._lifted_rows()
+        if unverified:  # (needs no identity: no cached rulebook is used)
+            rows, shape, _ = self._lifted_rows(again=True)
         return rows, shape
 
-    def _lifted_rows(self, again=False):
-        """lifted_sites, and whether the rows are unverified: kept rows taken under
-        torch.compile, which cannot read a version, so that it cannot tell whether the nd
-        indices were written into since (between two compiled calls); the caller then compares
-        their values (conv.layer_sites) or asks for them ``again``: lifted anew (not kept)."""
+    def _lifted_rows(self, again=False, keep=True):
+        """(rows, spatial shape, unverified): lifted_sites, where ``unverified`` says that they
+        are kept rows taken under torch.compile, which cannot read a version, so that it cannot
+        tell whether the nd indices (or the rows) were written into since; the caller then
+        compares their values (conv.layer_sites) or asks for them ``again``: lifted anew, and
+        not kept. ``keep``: keep rows it makes with the indices (else the caller does:
+        sequence._Walk)."""
         shape = self.spatial_shape
         indices = self.indices
         ndim = len(shape)
@@ -333,7 +338,7 @@ class SparseConvTensor:
         lifted = lift_shape(shape, 1)
         kept = self.__dict__.get("_lift")
         if (not again and kept is not None and kept[0] is indices
-                and unchanged_since(kept[1], indices)):
+                and unchanged_since(kept[1], indices) and unchanged_since(kept[3], kept[2])):
             # (An inference tensor has no version: the same one is taken as unchanged, as the
             # indice_key cache takes it, conv._same_sites; so is any under torch.compile.)
             return kept[2], lifted, torch.compiler.is_compiling()
@@ -346,9 +351,13 @@ class SparseConvTensor:
         rows = indices.new_zeros((indices.shape[0], MAX_NDIM + 1))
         rows[:, 0] = indices[:, 0]
         rows[:, MAX_NDIM + 1 - ndim:] = indices[:, 1:]
-        if not again:
-            self._lift = (indices, version_of(indices), rows)
+        if keep and not again:
+            self._keep_lifted(rows)
         return rows, lifted, False
+
+    def _keep_lifted(self, rows):
+        """Keep ``rows``, the lift of this tensor's indices as they are now, with them."""
+        self._lift = (self.indices, version_of(self.indices), rows, version_of(rows))
 
     @property
     def spatial_size(self):
@@ -374,9 +383,7 @@ class SparseConvTensor:
             out = ops.sparse_to_dense(self._features, self.indices, self.spatial_shape,
                                       self.batch_size)
         else:
-            indices, shape, unverified = self._lifted_rows()
-            if unverified:  # (needs no identity: no cached rulebook is used)
-                indices, shape, _ = self._lifted_rows(again=True)
+            indices, shape = self.lifted_sites()
             out = ops.sparse_to_dense(self._features, indices, shape, self.batch_size)
             out = out.reshape(out.shape[0], out.shape[1], *self.spatial_shape)
         return out if channels_first else out.movedim(1, -1).contiguous()

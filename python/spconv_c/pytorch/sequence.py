@@ -99,10 +99,12 @@ class _Walk:
         self.cache = input.indice_dict
         # A 1-d / 2-d sequence runs on its sites lifted to the engine's 3-d space, as each of
         # its layers would (conv.layer_sites): the rows kept with the nd indices.
+        # (Rows it makes are kept with the input's indices only once the call runs: a walk that
+        # takes nothing leaves the input as it was.)
         self.ndim = len(input.spatial_shape)
         if self.ndim < MAX_NDIM:
             lifted = input.shadow_copy()
-            lifted.indices, lifted.spatial_shape = input.lifted_sites()
+            lifted.indices, lifted.spatial_shape, _ = input._lifted_rows(keep=False)
         else:
             lifted = input
         self.rows, self.shape = lifted.indices, lifted.spatial_shape
@@ -309,6 +311,8 @@ class _Walk:
         of the engine's rows without the leading axes), which the next strided layer's entry
         records as the sites its inverse conv gives back (conv.layer_sites)."""
         input, ndim = self.input, self.ndim
+        if ndim < MAX_NDIM and input.__dict__.get("_lift", (None,) * 3)[2] is not self.rows:
+            input._keep_lifted(self.rows)  # as the first layer would
         features, rulebooks, sites, shapes = _the_runner().run(
             input.features, self.rows if self.checked is None else self.checked,
             _ints(self.shape), input.batch_size, self.known, self.ints, self.tensors, self.eps)
