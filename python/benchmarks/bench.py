@@ -421,6 +421,54 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
               f" {100 * (paired[v] - 1):+6.1f}% pass by pass")
 
 
+def as_3d(net):
+    """A 2-d network's twin in 3-d: each 2-d conv as the 3-d conv of kernel (1, KH, KW), stride
+    (1, SH, SW), padding (0, PH, PW) on sites (b, 0, y, x) in [1, H, W], with the same weights
+    ([C_out, 1, KH, KW, C_in]); it gives the same bits (the engine runs a 2-d layer so)."""
+    if isinstance(net, ours.SparseSequential):
+        return ours.SparseSequential(*[as_3d(m) for m in net.children()])
+    twins = {ours.SubMConv2d: ours.SubMConv3d, ours.SparseConv2d: ours.SparseConv3d}
+    if type(net) not in twins:
+        return net
+    conv = twins[type(net)](net.in_channels, net.out_channels, [1, *net.kernel_size],
+                            [1, *net.stride], [0, *net.padding], [1, *net.dilation],
+                            bias=net.bias is not None, indice_key=net.indice_key)
+    with torch.no_grad():
+        conv.weight.copy_(net.weight.unsqueeze(1))
+        if net.bias is not None:
+            conv.bias.copy_(net.bias)
+    return conv
+
+
+def in_process_2d(name, net, feats, idx, shape, passes, warmup):
+    """The C tool has no 2-d network; in one process, the 2-d modules (in one call, and layer by
+    layer) against their 3-d twin (as_3d) in one call, which is the engine's own network but
+    for the one call's overhead (+2-3% on SECOND), taking turns pass by pass as above."""
+    twin = as_3d(net).eval()
+    idx3 = torch.cat([idx[:, :1], torch.zeros_like(idx[:, :1]), idx[:, 1:]], 1).contiguous()
+    variants = {"3-d twin": lambda: twin(ours.SparseConvTensor(feats, idx3, [1, *shape], 1)),
+                "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1)),
+                "per layer": lambda: _per_layer(net, feats, idx, shape)}
+    times = {v: [] for v in variants}
+    shuffle = random.Random(20261207)
+    with torch.no_grad():
+        a, b = variants["ours"](), variants["3-d twin"]()
+        assert torch.equal(a, b.reshape(a.shape)), "the 3-d twin gives other bits"
+        for i in range(warmup + passes):
+            for v in shuffle.sample(list(variants), len(variants)):
+                t0 = time.perf_counter()
+                variants[v]()
+                if i >= warmup:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+    base = times["3-d twin"]
+    print(f"{name:7s} in one process, median of {passes} passes each, taking turns (ratio of "
+          "medians; median of the per-pass ratios):")
+    for v, t in times.items():
+        m, paired = statistics.median(t), statistics.median(a / b for a, b in zip(t, base))
+        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / statistics.median(base) - 1):+6.1f}%"
+              f" over the 3-d twin; {100 * (paired - 1):+6.1f}% pass by pass")
+
+
 def keep_freed_memory():
     """What the C tool does for itself (tools/spconv/main.c), so that both run alike: glibc serves
     blocks above its mmap threshold (at most 32 MiB) with fresh mmaps that fault in page by page
@@ -481,6 +529,8 @@ def main():
         if theirs is None and "spconv" in variants:
             print(f"{name:7s} spconv   (not installed)")
             variants.remove("spconv")
+        if args.in_process and not args.max_voxels and not in_c_tool:
+            in_process_2d(name, ref, feats, idx, shape, args.repeat * args.rounds, args.warmup)
         if args.in_process and not args.max_voxels and in_c_tool:
             in_process_overhead(name, ref, feats, idx, shape, args.threads,
                                 args.repeat * args.rounds, args.warmup)
