@@ -5,20 +5,19 @@ just streamed megabytes through the caches leaves that code cold, and each such 
 0.05-0.1 ms (docs/pytorch.md, "The overhead on an AVX-512 Xeon"). Here a sequence of 1-d, 2-d
 or 3-d convs (each with the eval-mode batch norm and ReLU that _fold_length would fold into it)
 and max pools, nested plain SparseSequentials included, and a ToDense that ends it, is first
-walked in
-Python, deciding for every layer what the layer itself would decide (which rulebook, built how,
-reused from where), and then run by the extension's SequenceRunner in one call, which calls the
-very C++ functions the per-layer ops call, in the same order. The output features, sites and
-indice_key cache entries are the ones the layers give one by one; tests/test_sequence.py
-compares the two bit for bit.
+walked in Python, deciding for every layer what the layer itself would decide (which rulebook,
+built how, reused from where), and then run by the extension's SequenceRunner in one call,
+which calls the very C++ functions the per-layer ops call, in the same order. The output
+features, sites and indice_key cache entries are the ones the layers give one by one;
+tests/test_sequence.py compares the two bit for bit.
 
 The walk takes the longest run of whole modules it can from the start of the sequence. What it
 does not take (a layer of another ndim, a 1x1 conv, an inverse conv, a layer on features that
 is not folded, a subclass, hooks, a weight of another dtype, a cached key on sites the call
-makes) and
-what follows it run layer by layer, and so does the whole sequence after any error raised by
-the call: the layers then raise their own errors, with the messages and the partly filled
-cache that the per-layer path gives. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
+makes) and what follows it run layer by layer, and so does the whole sequence after any error
+raised by the call: the layers then raise their own errors, with the messages and the partly
+filled cache that the per-layer path gives. A sequence of fewer than MIN_LAYERS sparse layers
+runs layer by layer from the start. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
 """
 
 import os
