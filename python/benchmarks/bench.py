@@ -392,9 +392,10 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
                 "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1)),
                 "per layer": lambda: _per_layer(net, feats, idx, shape)}
     if not any(isinstance(m, nn.BatchNorm1d) for m in net.modules()):
-        del variants["+ torch BN"]
+        variants.pop("+ torch BN")
     if not isinstance(net, ours.SparseSequential):
-        del variants["bare ops"], variants["+ torch BN"]
+        variants.pop("bare ops")
+        variants.pop("+ torch BN", None)
     if name == "second":
         variants["by stages"] = stage_by_stage(net, feats, idx, shape)
     times = {v: [] for v in variants}
@@ -522,7 +523,7 @@ def main():
     for name in nets:
         feats, idx, shape = INPUTS[name](args.max_voxels)
         build = NETS[name]
-        in_c_tool = name != "pillar"  # the C tool's zoo has basic and SECOND, no 2-d network
+        in_c_tool = name != "pillar"  # the C tool's zoo has basic, SECOND and unet, no 2-d net
         torch.manual_seed(0)
         ref = build(ours).eval()
         variants = [v for v in args.variants.split(",")]

@@ -294,13 +294,18 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         # the indices were written into since (eager code lifts them again then): their values
         # are compared with the indices, where the graph runs. (Lifting them anew would lose
         # the identity by which the cache knows sites from layer to layer.)
-        what = (f"spconv_c: the indices of this {ndim}-d layer's input were written into since "
-                f"their rows in the engine's 3-d space were made, which compiled code cannot "
-                f"see; give the tensor new indices (x.indices = x.indices.clone()) before "
-                f"writing into them, or run the module eagerly")
+        # A refused call may leave behind an entry that a strided build stored (outside the
+        # graph) on the rows as they were; nothing holds its output sites.
+        what = (f"spconv_c: the indices of this {ndim}-d layer's input, or the rows in the "
+                f"engine's 3-d space kept with them, were written into since those rows were "
+                f"made, which compiled code cannot see; give the tensor new indices "
+                f"(x.indices = x.indices.clone()) before writing into them, or run the module "
+                f"eagerly")
         if isinstance(rb, torch.Tensor):
             rb = ops.check_lifted_token(rb, sites.indices, input.indices, what)
         elif not _lifts(sites.indices, input.indices):
+            # (A handle: rulebook_for ran eagerly, in a frame Dynamo skipped, while the rows
+            # were taken in a compiled one.)
             raise ValueError(what)
     if kind == ops.SUBM:
         out = input.indices

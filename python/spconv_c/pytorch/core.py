@@ -337,10 +337,12 @@ class SparseConvTensor:
             return indices, shape, False
         lifted = lift_shape(shape, 1)
         kept = self.__dict__.get("_lift")
-        if (not again and kept is not None and kept[0] is indices
+        if (not again and kept is not None and len(kept) == 4 and kept[0] is indices
                 and unchanged_since(kept[1], indices) and unchanged_since(kept[3], kept[2])):
             # (An inference tensor has no version: the same one is taken as unchanged, as the
-            # indice_key cache takes it, conv._same_sites; so is any under torch.compile.)
+            # indice_key cache takes it, conv._same_sites; so is any under torch.compile. Rows
+            # kept by an older version of this class, without their own version, are lifted
+            # again.)
             return kept[2], lifted, torch.compiler.is_compiling()
         if (not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32
                 or indices.dim() != 2 or indices.shape[1] != ndim + 1):

@@ -341,7 +341,7 @@ class _Walk:
             indices, shape, nd = out_indices, out_shape, out_nd
         if ndim == MAX_NDIM:
             return features if self.to_dense else input._derive(features, indices, shape)
-        if self.to_dense:  # [B, C, 1, ..., *nd shape] as SparseConvTensor.dense gives it
+        if self.to_dense:  # [B, C, 1, (1,) *nd shape] -> [B, C, *nd shape], as .dense() does
             return features.reshape(features.shape[0], features.shape[1],
                                     *shape[MAX_NDIM - ndim:])
         return input._derive(features, nd, shape[MAX_NDIM - ndim:], indices)
