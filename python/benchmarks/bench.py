@@ -350,6 +350,21 @@ def _per_layer(net, feats, idx, shape):
         sequence.ENABLED = True
 
 
+def take_turns(variants, passes, warmup):
+    """Each variant's pass times (ms, after ``warmup`` passes), the variants taking turns pass
+    by pass in a shuffled order (seeded), under torch.no_grad()."""
+    times = {v: [] for v in variants}
+    shuffle = random.Random(20261207)
+    with torch.no_grad():
+        for i in range(warmup + passes):
+            for v in shuffle.sample(list(variants), len(variants)):
+                t0 = time.perf_counter()
+                variants[v]()
+                if i >= warmup:
+                    times[v].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def stage_by_stage(net, feats, idx, shape):
     """SECOND's modules as OpenPCDet's VoxelBackBone8x runs them (a pass of it): conv_input,
     conv1 .. conv4 and conv_out called one after the other, each a sequence of its own, then
@@ -398,15 +413,7 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
         variants.pop("+ torch BN", None)
     if name == "second":
         variants["by stages"] = stage_by_stage(net, feats, idx, shape)
-    times = {v: [] for v in variants}
-    shuffle = random.Random(20261207)
-    with torch.no_grad():
-        for i in range(warmup + passes):
-            for v in shuffle.sample(list(variants), len(variants)):
-                t0 = time.perf_counter()
-                variants[v]()
-                if i >= warmup:
-                    times[v].append((time.perf_counter() - t0) * 1e3)
+    times = take_turns(variants, passes, warmup)
     engine.close()
     med = {v: statistics.median(t) for v, t in times.items()}
     base = med["engine"]
@@ -450,17 +457,10 @@ def in_process_2d(name, net, feats, idx, shape, passes, warmup):
     variants = {"3-d twin": lambda: twin(ours.SparseConvTensor(feats, idx3, [1, *shape], 1)),
                 "ours": lambda: net(ours.SparseConvTensor(feats, idx, shape, 1)),
                 "per layer": lambda: _per_layer(net, feats, idx, shape)}
-    times = {v: [] for v in variants}
-    shuffle = random.Random(20261207)
     with torch.no_grad():
         a, b = variants["ours"](), variants["3-d twin"]()
-        assert torch.equal(a, b.reshape(a.shape)), "the 3-d twin gives other bits"
-        for i in range(warmup + passes):
-            for v in shuffle.sample(list(variants), len(variants)):
-                t0 = time.perf_counter()
-                variants[v]()
-                if i >= warmup:
-                    times[v].append((time.perf_counter() - t0) * 1e3)
+    assert torch.equal(a, b.reshape(a.shape)), "the 3-d twin gives other bits"
+    times = take_turns(variants, passes, warmup)
     base = times["3-d twin"]
     print(f"{name:7s} in one process, median of {passes} passes each, taking turns (ratio of "
           "medians; median of the per-pass ratios):")
