@@ -228,9 +228,11 @@ def test_one_call_equals_layer_by_layer(seed, dtype, ndim):
 
 
 def test_short_sequences_run_layer_by_layer(seed):
-    """A sequence of fewer sparse layers than sequence.MIN_LAYERS (3), nested ones counted,
-    runs layer by layer, with no walk (its walk and call cost what they save); one of that many
-    runs in one call; both give the same bits."""
+    """A sequence that starts with fewer sparse layers the walk could take than
+    sequence.MIN_LAYERS (3), nested ones counted, runs layer by layer, with no walk (its walk
+    and call cost what they save); one of that many runs in one call; both give the same
+    bits. The count stops at a layer the walk never takes (here an inverse conv, a 1x1 conv,
+    a module on features it does not fold)."""
     sequence.MIN_LAYERS = 3
     dtype = torch.float64
     feats, idx = sparse_input(seed, dtype, 3)
@@ -238,14 +240,20 @@ def test_short_sequences_run_layer_by_layer(seed):
     def block(cin, cout, key):
         return spconv.SparseSequential(spconv.SubMConv3d(cin, cout, 3, indice_key=key),
                                        nn.BatchNorm1d(cout).eval(), nn.ReLU())
-    nets = {1: spconv.SparseSequential(block(3, 4, "a")),
-            2: spconv.SparseSequential(block(3, 4, "a"), spconv.SparseConv3d(4, 2, 3, 2, 1),
-                                       nn.ReLU()),
-            3: spconv.SparseSequential(block(3, 4, "a"), spconv.SparseSequential(
-                block(4, 4, "a"), spconv.SparseMaxPool3d(2, 2)))}
-    for layers, net in nets.items():
+    nets = [(1, spconv.SparseSequential(block(3, 4, "a"))),
+            (2, spconv.SparseSequential(block(3, 4, "a"), spconv.SparseConv3d(4, 2, 3, 2, 1,
+                                                                              indice_key="d"),
+                                        nn.ReLU(), spconv.SparseInverseConv3d(2, 2, 3, "d"),
+                                        spconv.SubMConv3d(2, 2, 3))),
+            (1, spconv.SparseSequential(block(3, 4, "a"), spconv.SubMConv3d(4, 4, 1),
+                                        block(4, 4, "a"), block(4, 4, "a"))),
+            (0, spconv.SparseSequential(nn.Dropout(0.0), block(3, 4, "a"), block(4, 4, "a"),
+                                        block(4, 4, "a"))),
+            (3, spconv.SparseSequential(block(3, 4, "a"), spconv.SparseSequential(
+                block(4, 4, "a"), spconv.SparseMaxPool3d(2, 2))))]
+    for layers, net in nets:
         net = net.to(dtype).eval()
-        assert sequence._layer_count(net._modules.values(), 3) == layers
+        assert sequence._layer_count(net._modules.values(), 3)[0] == layers
         with torch.no_grad(), Calls() as calls:
             x = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
             got = net(x)
@@ -254,13 +262,14 @@ def test_short_sequences_run_layer_by_layer(seed):
             x_ref = spconv.SparseConvTensor(feats, idx, SHAPE, 2)
             want = per_layer(lambda: net(x_ref))
         assert signature(got, x) == signature(want, x_ref), layers
-    assert sequence._layer_count([block(3, 3, None) for _ in range(5)], 2) == 2  # (stops)
+    assert sequence._layer_count([block(3, 3, None) for _ in range(5)], 2) == (2, False)
 
 
 def test_a_walk_that_takes_nothing_leaves_the_input(seed):
     """Found by a hostile review: the walk of a 2-d sequence lifted its input's sites (and kept
     the rows with its indices) before it knew that it would take a layer; when it took none
     (a ReLU first), the layers after shared the input's rows, not rows of their own."""
+    sequence.MIN_LAYERS = 0  # (walk whatever the count: a ReLU first ends it at 0)
     feats, idx = sparse_input(seed, torch.float64, 3, ndim=2)
     net = spconv.SparseSequential(nn.ReLU(), *[spconv.SubMConv2d(3, 3, 3, indice_key="b")
                                                for _ in range(3)]).double().eval()

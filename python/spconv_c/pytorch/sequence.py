@@ -16,8 +16,9 @@ does not take (a layer of another ndim, a 1x1 conv, an inverse conv, a layer on 
 is not folded, a subclass, hooks, a weight of another dtype, a cached key on sites the call
 makes) and what follows it run layer by layer, and so does the whole sequence after any error
 raised by the call: the layers then raise their own errors, with the messages and the partly
-filled cache that the per-layer path gives. A sequence of fewer than MIN_LAYERS sparse layers
-runs layer by layer from the start. ``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
+filled cache that the per-layer path gives. A sequence that starts with fewer than MIN_LAYERS
+sparse layers the walk could take runs layer by layer from the start.
+``SPCONV_C_SEQUENCE_CALL=0`` turns this off.
 """
 
 import os
@@ -34,11 +35,11 @@ from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length,
 from .pool import SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d
 
 ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
-# A sequence of fewer sparse layers than this runs layer by layer: there the walk and the call
-# cost what they save. Measured (docs/pytorch.md, "Short sequences"): on a U-Net whose sequences
-# hold one or two convs the one call was 1-3 points of the pass slower than the layers; on
-# OpenPCDet's stages of one to three convs, no faster; on SECOND's 12 in one sequence, 3-5
-# points faster.
+# A sequence that starts with fewer sparse layers the walk could take than this runs layer by
+# layer (_layer_count): there the walk and the call cost what they save. Measured
+# (docs/pytorch.md, "Short sequences"): on a U-Net whose sequences hold one or two convs the
+# one call was 1-3 points of the pass slower than the layers; on OpenPCDet's stages of one to
+# three convs, no faster; on SECOND's 12 in one sequence, 3-5 points faster.
 MIN_LAYERS = 3
 
 # csrc/ops.cpp, run_sequence: the layout of a step (STEP_INTS integers, the last one "folds a
@@ -50,6 +51,7 @@ _FROM_INDICES, _ON_OUTPUTS, _ON_INPUTS, _REUSE = 0, 1, 2, 3
 _CONVS = (SubMConv1d, SubMConv2d, SubMConv3d, SparseConv1d, SparseConv2d, SparseConv3d,
           SparseConvTranspose1d, SparseConvTranspose2d, SparseConvTranspose3d)
 _POOLS = (SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d)
+_FOLDABLE = (torch.nn.BatchNorm1d, torch.nn.ReLU)  # what a conv may fold (_fold_length)
 # What a 1-d / 2-d layer's kernel, stride, padding, dilation and output padding get on the
 # leading axes its sites are lifted with (conv.layer_sites).
 _LIFT_FILL = (1, 1, 0, 1, 0)
@@ -348,17 +350,27 @@ class _Walk:
 
 
 def _layer_count(modules, cap):
-    """How many sparse layers (convs and pools, nested sequences' too) ``modules`` hold, whether
-    or not the walk would take them, counted up to ``cap``."""
+    """(count, stopped): how many sparse layers (convs and max pools, nested sequences' too)
+    the walk could take from the start of ``modules``, counted up to ``cap``, and whether a
+    module it never takes stopped the count (an inverse or 1x1 conv, another pool, a subclass,
+    a module on features other than a batch norm or ReLU it may fold, a ToDense, which ends a
+    call). Whether the walk takes the layers counted (their ndim, dtypes, hooks, ...) it does
+    not ask."""
     count = 0
     for module in modules:
-        if isinstance(module, SparseSequential):
-            count += _layer_count(module._modules.values(), cap - count)
-        elif isinstance(module, (_conv.SparseConvolution, _pool._WindowPool)):
+        kind = type(module)
+        if kind is SparseSequential:
+            inner, stopped = _layer_count(module._modules.values(), cap - count)
+            count += inner
+            if stopped:
+                return count, True
+        elif (kind in _CONVS and not module.conv1x1) or kind in _POOLS:
             count += 1
+        elif kind not in _FOLDABLE:
+            return count, True
         if count >= cap:
             break
-    return count
+    return count, False
 
 
 def run(input, modules):
@@ -371,7 +383,7 @@ def run(input, modules):
     if (type(features) not in _PLAIN_TENSORS or type(indices) not in _PLAIN_TENSORS
             or features.dtype not in _FLOATS or not features.is_cpu):
         return None, 0
-    if _layer_count(modules, MIN_LAYERS) < MIN_LAYERS:
+    if _layer_count(modules, MIN_LAYERS)[0] < MIN_LAYERS:
         return None, 0
     try:
         walk = _Walk(input)
