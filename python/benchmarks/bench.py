@@ -365,6 +365,23 @@ def take_turns(variants, passes, warmup):
     return times
 
 
+def report_turns(name, times, base):
+    """Prints each variant's median and its overhead over variant ``base``: as the ratio of the
+    medians, and as the median of the per-pass ratios. Pass i of every variant ran within a few
+    hundred ms of the others': the latter leaves out the machine's drift from minute to minute,
+    which the former keeps whenever the variants' passes fell unevenly into fast and slow
+    minutes."""
+    passes = len(times[base])
+    print(f"{name:7s} in one process, median of {passes} passes each, taking turns "
+          "(ratio of medians; median of the per-pass ratios):")
+    base_median = statistics.median(times[base])
+    for v, t in times.items():
+        m = statistics.median(t)
+        paired = statistics.median(a / b for a, b in zip(t, times[base]))
+        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / base_median - 1):+6.1f}% over the "
+              f"{base}; {100 * (paired - 1):+6.1f}% pass by pass")
+
+
 def stage_by_stage(net, feats, idx, shape):
     """SECOND's modules as OpenPCDet's VoxelBackBone8x runs them (a pass of it): conv_input,
     conv1 .. conv4 and conv_out called one after the other, each a sequence of its own, then
@@ -415,18 +432,7 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
         variants["by stages"] = stage_by_stage(net, feats, idx, shape)
     times = take_turns(variants, passes, warmup)
     engine.close()
-    med = {v: statistics.median(t) for v, t in times.items()}
-    base = med["engine"]
-    # Pass i of every variant ran within a few hundred ms of the others': the median of the
-    # per-pass ratios leaves out the machine's drift from minute to minute, which the ratio of
-    # the medians keeps whenever the variants' passes fell unevenly into fast and slow minutes.
-    paired = {v: statistics.median(a / b for a, b in zip(t, times["engine"]))
-              for v, t in times.items()}
-    print(f"{name:7s} in one process, median of {passes} passes each, taking turns "
-          "(ratio of medians; median of the per-pass ratios):")
-    for v, m in med.items():
-        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / base - 1):+6.1f}% over the engine;"
-              f" {100 * (paired[v] - 1):+6.1f}% pass by pass")
+    report_turns(name, times, "engine")
 
 
 def as_3d(net):
@@ -460,14 +466,7 @@ def in_process_2d(name, net, feats, idx, shape, passes, warmup):
     with torch.no_grad():
         a, b = variants["ours"](), variants["3-d twin"]()
     assert torch.equal(a, b.reshape(a.shape)), "the 3-d twin gives other bits"
-    times = take_turns(variants, passes, warmup)
-    base = times["3-d twin"]
-    print(f"{name:7s} in one process, median of {passes} passes each, taking turns (ratio of "
-          "medians; median of the per-pass ratios):")
-    for v, t in times.items():
-        m, paired = statistics.median(t), statistics.median(a / b for a, b in zip(t, base))
-        print(f"{name:7s}   {v:11s} {m:8.2f} ms  {100 * (m / statistics.median(base) - 1):+6.1f}%"
-              f" over the 3-d twin; {100 * (paired - 1):+6.1f}% pass by pass")
+    report_turns(name, take_turns(variants, passes, warmup), "3-d twin")
 
 
 def keep_freed_memory():
