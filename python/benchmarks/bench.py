@@ -16,7 +16,8 @@ same threads, medians of --repeat runs after --warmup, rulebooks built in every 
 spconv's benchmark counts them). A forward alone runs under torch.no_grad() for every variant (an
 inference, as the C tool's forward is); with --backward it records the graph. --overhead also runs the C tool (`spconv bench`) on the same
 network and input and prints the binding's overhead over it. --in-process splits that overhead
-in one process, pass by pass (see in_process_overhead).
+in one process, pass by pass (see in_process_overhead); with --backward it also sets a training
+step of the modules against the engine's (in_process_training).
 
   .venv/bin/python python/benchmarks/bench.py [--net basic|second|pillar|unet|all] [--repeat 5]
       [--threads 1]
@@ -284,19 +285,42 @@ class _EngineNet:
                   "spconv_tensor_wrap")
             self.wrapped.append(out)
         self.shape = (C.c_int64 * 3)(*shape)
+        self.cpu, self.grad = cpu, None
 
-    def __call__(self):
+    def __call__(self, training=False):
+        """One pass: an inference forward, or with ``training`` a training forward (batch
+        statistics) and the backward of a fixed output gradient, as `spconv bench --backward`
+        times them (the input's gradient left out, as there)."""
         C, lib = self.C, self.lib
         sp, out = C.c_void_p(), C.c_void_p()
         self.check(lib.spconv_sparse_create(self.wrapped[0], self.wrapped[1], self.shape,
                                             C.c_int64(1), C.byref(sp)), "spconv_sparse_create")
-        self.check(lib.spconv_net_forward(self.ctx, self.net, sp, 0, C.byref(out), None),
-                   "spconv_net_forward")
+        self.check(lib.spconv_net_forward(self.ctx, self.net, sp, int(training), C.byref(out),
+                                          None), "spconv_net_forward")
+        if training:
+            self.check(lib.spconv_net_backward(self.ctx, self.net, self._grad(out), None),
+                       "spconv_net_backward")
         lib.spconv_tensor_release(out)
         lib.spconv_sparse_release(sp)
 
+    def _grad(self, out):
+        """A gradient of ``out``'s shape (made once, kept for every pass: its values do not
+        change the work)."""
+        C, lib = self.C, self.lib
+        if self.grad is None:
+            lib.spconv_tensor_sizes.restype = C.POINTER(C.c_int64)
+            ndim = lib.spconv_tensor_ndim(out)
+            sizes = lib.spconv_tensor_sizes(out)
+            sizes = [sizes[d] for d in range(ndim)]
+            self.grad_data = torch.randn(sizes, generator=torch.Generator().manual_seed(1))
+            self.grad = C.c_void_p()
+            self.check(lib.spconv_tensor_wrap(self.cpu, 2, ndim, (C.c_int64 * ndim)(*sizes),
+                                              None, C.c_void_p(self.grad_data.data_ptr()), None,
+                                              None, C.byref(self.grad)), "spconv_tensor_wrap")
+        return self.grad
+
     def close(self):
-        for t in self.wrapped:
+        for t in self.wrapped + ([self.grad] if self.grad is not None else []):
             self.lib.spconv_tensor_release(t)
         self.lib.spconv_net_destroy(self.net)
         self.lib.spconv_context_destroy(self.ctx)
@@ -350,12 +374,12 @@ def _per_layer(net, feats, idx, shape):
         sequence.ENABLED = True
 
 
-def take_turns(variants, passes, warmup):
+def take_turns(variants, passes, warmup, grad=False):
     """Each variant's pass times (ms, after ``warmup`` passes), the variants taking turns pass
-    by pass in a shuffled order (seeded), under torch.no_grad()."""
+    by pass in a shuffled order (seeded), under torch.no_grad() unless ``grad``."""
     times = {v: [] for v in variants}
     shuffle = random.Random(20261207)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         for i in range(warmup + passes):
             for v in shuffle.sample(list(variants), len(variants)):
                 t0 = time.perf_counter()
@@ -433,6 +457,43 @@ def in_process_overhead(name, net, feats, idx, shape, threads, passes, warmup):
     times = take_turns(variants, passes, warmup)
     engine.close()
     report_turns(name, times, "engine")
+
+
+def in_process_training(name, net, feats, idx, shape, threads, passes, warmup):
+    """The binding's overhead in training, in one process, taking turns as above: a training
+    step's forward (batch norm on batch statistics) and backward of a fixed gradient of the
+    output, the input's gradient left out, as `spconv bench --backward` times it:
+
+      engine     the C engine's network (spconv_net_forward in training mode, then
+                 spconv_net_backward);
+      ours       the spconv_c.pytorch modules in train mode, with torch's batch norm and ReLU
+                 (what a detector trains with), then autograd's backward; the parameters'
+                 gradients set to None first, as an optimizer's zero_grad() does;
+      by stages  (SECOND) the same, its stages called one by one (stage_by_stage).
+    """
+    engine = _EngineNet(name, feats, idx, shape, threads)
+    net = net.train()
+    with torch.no_grad():
+        out = net(ours.SparseConvTensor(feats, idx, shape, 1))
+    grad = torch.randn(out.shape if isinstance(out, torch.Tensor) else out.features.shape,
+                       generator=torch.Generator().manual_seed(1))
+    params = list(net.parameters())
+
+    def step(forward):
+        def run():
+            for p in params:
+                p.grad = None
+            out = forward()
+            (out if isinstance(out, torch.Tensor) else out.features).backward(grad)
+        return run
+    variants = {"engine": lambda: engine(training=True),
+                "ours": step(lambda: net(ours.SparseConvTensor(feats, idx, shape, 1)))}
+    if name == "second":
+        variants["by stages"] = step(stage_by_stage(net, feats, idx, shape))
+    times = take_turns(variants, passes, warmup, grad=True)
+    engine.close()
+    net.eval()
+    report_turns(f"{name} training", times, "engine")
 
 
 def as_3d(net):
@@ -534,6 +595,9 @@ def main():
         if args.in_process and not args.max_voxels and in_c_tool:
             in_process_overhead(name, ref, feats, idx, shape, args.threads,
                                 args.repeat * args.rounds, args.warmup)
+            if args.backward:
+                in_process_training(name, ref, feats, idx, shape, args.threads,
+                                    args.repeat * args.rounds, args.warmup)
         for backward in modes:
             phase = "fwd+bwd" if backward else "forward"
             nets_of = {}
