@@ -57,6 +57,39 @@ def test_legacy_1x1_reads_krsc_as_cin_cout(seed):
     torch.testing.assert_close(conv(x).features, x.features @ w.reshape(3, 5))
 
 
+def test_inverse_1x1_inverts_unless_legacy(seed):
+    """A kernel-volume-1 inverse conv goes back to the sites of the layer under its key, its
+    KRSC weight read as what it says; with legacy_1x1 it is spconv 2.x's 1x1 path: the product
+    on its input's sites, the weight read as a [C_in, C_out] reshape, the key unread
+    (test_spconv_compat.py holds that to spconv itself)."""
+    x = tensor(seed)
+    pool = spconv.SparseMaxPool3d(1, 2, indice_key="p")
+    inv = spconv.SparseInverseConv3d(3, 5, 1, indice_key="p", bias=False)
+    w = inv.weight.detach()  # [5, 1, 1, 1, 3]
+    y = pool(x)
+    assert y.indices.shape[0] < x.indices.shape[0], "the pool dropped no site: nothing shown"
+    back = inv(y)
+    assert torch.equal(back.indices, x.indices) and back.spatial_shape == SHAPE
+    # Each pooled site goes back to the one site it came from; the others get zeros.
+    expect = torch.zeros(x.indices.shape[0], 5)
+    rb = y.find_indice_pair("p").rulebook
+    pin, pout = rb.pairs_in().long(), rb.pairs_out().long()
+    expect[pin] = y.features[pout] @ w.reshape(5, 3).t()
+    torch.testing.assert_close(back.features, expect)
+    inv.legacy_1x1 = True
+    same = inv(y)
+    assert torch.equal(same.indices, y.indices) and same.spatial_shape == y.spatial_shape
+    torch.testing.assert_close(same.features, y.features @ w.reshape(3, 5))
+
+
+def test_inverse_of_a_transposed_conv_is_refused_by_name(seed):
+    x = tensor(seed)
+    up = spconv.SparseConvTranspose3d(3, 3, 3, 2, indice_key="t")
+    with pytest.raises(ValueError, match="holds a transposed conv's rulebook; only regular "
+                                         "convs and pools invert"):
+        spconv.SparseInverseConv3d(3, 3, 3, indice_key="t")(up(x))
+
+
 class Block(spconv.SparseModule):
     """OpenPCDet's SparseBasicBlock shape: gets the SparseConvTensor, residual add."""
 

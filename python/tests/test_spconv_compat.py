@@ -88,6 +88,34 @@ def test_max_pool_starts_from_minus_infinity(one_thread):
     assert y.features.item() == -1.0
 
 
+def test_legacy_1x1_inverse_conv_same_as_spconv(data_dir, one_thread, seed):
+    # spconv 2.3.8 computes a kernel-volume-1 inverse conv on its 1x1 path (the product on its
+    # input's sites, the key unread); with legacy_1x1 ours does too (without it, ours inverts:
+    # test_compat_details.py), the same sites, shape and values.
+    feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
+    feats = feats.abs()  # spconv's CPU max pool starts from 0: no negative feature to pool
+    torch.manual_seed(seed)
+    outs = []
+    for lib in (spconv, ours):
+        net = lib.SparseSequential(lib.SparseMaxPool3d(1, 2, indice_key="p"),
+                                   lib.SparseInverseConv3d(feats.shape[1], 6, 1, indice_key="p",
+                                                           bias=False)).double()
+        if lib is spconv:
+            state = net.state_dict()
+        else:
+            net.load_state_dict(state)
+            net[1].legacy_1x1 = True
+        y = net(lib.SparseConvTensor(feats.double(), indices, shape, 1))
+        # The pool's output sites come in another order from spconv (its hash table's): both
+        # sorted by (b, z, y, x).
+        rows = y.indices.long()
+        key = ((rows[:, 0] * shape[0] + rows[:, 1]) * shape[1] + rows[:, 2]) * shape[2] + rows[:, 3]
+        order = torch.argsort(key)
+        outs.append((rows[order], list(y.spatial_shape), y.features.detach()[order]))
+    assert torch.equal(outs[1][0], outs[0][0]) and outs[1][1] == outs[0][1]
+    torch.testing.assert_close(outs[1][2], outs[0][2], rtol=0, atol=1e-12)
+
+
 def test_sparse_add_same_as_spconv(data_dir, one_thread, seed):
     # Two operands on partly shared sites of the KITTI scan: the same sites in the same (sorted)
     # order, the same sums (each site adds at most one value to another: the same bits).

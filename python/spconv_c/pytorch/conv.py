@@ -181,9 +181,12 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
             raise KeyError(f"spconv_c: inverse conv: unknown indice_key {indice_key!r} (known: "
                            f"{sorted(cache)}); the conv it inverts must run first with that key")
         entry = cache[indice_key]
-        if entry.is_subm:
+        if entry.kind != ops.REGULAR:
+            # spconv 2.3.8 also inverts a transposed conv (its pairs swapped, as here); the
+            # engine's inverse rulebook records the geometry of a regular conv only.
+            what = "submanifold" if entry.is_subm else "transposed conv's"
             raise ValueError(f"spconv_c: inverse conv: indice_key {indice_key!r} holds a "
-                             f"submanifold rulebook; only regular convs and pools invert")
+                             f"{what} rulebook; only regular convs and pools invert here")
         if list(entry.ksize) != list(ksize):
             raise ValueError(f"spconv_c: inverse conv: kernel {ksize} differs from the kernel "
                              f"{entry.ksize} of the conv under indice_key {indice_key!r}")
@@ -413,11 +416,17 @@ class SparseConvolution(SparseModule):
     def forward(self, input, add_input=None):
         return self._forward(input, add_input)
 
+    def _direct(self):
+        """Whether the layer is a plain product ``features @ W`` on its input's sites, with no
+        rulebook: a kernel-volume-1 layer with stride 1 (conv1x1), except an inverse one, which
+        goes back to the sites of the conv under its key; with legacy_1x1 an inverse one too, as
+        spconv 2.x computes it (its 1x1 path takes every conv1x1 layer, ignoring the key)."""
+        return self.conv1x1 and (not self.inverse or self.legacy_1x1)
+
     def _foldable(self):
         """Whether a following batch norm can be folded into this layer's op (_forward's bn):
         the layers that go through a rulebook and keep their own forward."""
-        return (type(self).forward is SparseConvolution.forward
-                and not (self.conv1x1 and not self.inverse))
+        return type(self).forward is SparseConvolution.forward and not self._direct()
 
     def _forward(self, input, add_input=None, bn=None, relu=False):
         """The layer, and with @p bn (an nn.BatchNorm1d in eval mode, inference only; see
@@ -442,7 +451,7 @@ class SparseConvolution(SparseModule):
             weight = weight.to(feats.dtype)
         if bias is not None and bias.dtype != feats.dtype:
             bias = bias.to(feats.dtype)
-        if self.conv1x1 and not self.inverse:
+        if self._direct():
             # No rulebook: every site maps to itself. The checks the engine makes on the other
             # paths that do not need the sites' coordinates: the dtypes and shapes (int features
             # would otherwise truncate the weights).
