@@ -33,6 +33,17 @@ def test_numpy_shape_and_settable_indices(seed):
     assert int(x.indices[:, 0].max()) == 0
 
 
+def test_spatial_shape_of_whole_numbers(seed):
+    x = tensor(seed)
+    for whole in ([6.0, 7.0, 8.0], np.array(SHAPE, dtype=np.float32), torch.tensor(SHAPE)):
+        y = spconv.SparseConvTensor(x.features, x.indices, whole, 2)
+        assert y.spatial_shape == SHAPE and all(type(v) is int for v in y.spatial_shape)
+    # spconv's int() would make it [6, 7, 8] without a word
+    for part in ([6.5, 7, 8], np.array([6, 7.25, 8]), torch.tensor([6.0, 7.0, 8.5])):
+        with pytest.raises(ValueError, match="spatial_shape must hold whole numbers"):
+            spconv.SparseConvTensor(x.features, x.indices, part, 2)
+
+
 def test_half_and_double_features(seed):
     """A float32 module takes 16-bit features: its weights take their dtype, so the output is
     the 16-bit module's, bit for bit (its accuracy is test_half.py's)."""

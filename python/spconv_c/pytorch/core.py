@@ -20,8 +20,12 @@ MAX_NDIM = 3
 
 def _spatial_shape(spatial_shape):
     """A spatial shape as a list of 1 to 3 Python ints (accepts lists, tuples, NumPy arrays,
-    tensors)."""
+    tensors). A whole float (41.0) is taken as spconv takes it; one with a fraction, which
+    spconv's int() truncates without a word, is refused."""
     shape = [int(v) for v in spatial_shape]
+    if any(bool(v != n) for v, n in zip(spatial_shape, shape)):
+        raise ValueError(f"spconv_c: spatial_shape must hold whole numbers of voxels, got "
+                         f"{list(spatial_shape)}")
     if not 1 <= len(shape) <= MAX_NDIM:
         raise ValueError(f"spconv_c: spatial_shape must have 1, 2 or 3 values ([W], [H, W] or "
                          f"[D, H, W]; the engine has no 4-d convolution), got {shape}")
