@@ -1206,6 +1206,8 @@ static void check_inverse(const spconv_rulebook *fwd) {
     spconv_rulebook *inv = NULL;
     SPCONV_ASSERT_OK(spconv_rulebook_inverse(fwd, &inv));
     assert_int_equal(spconv_rulebook_params(inv)->kind, SPCONV_CONV_INVERSE);
+    assert_int_equal(spconv_rulebook_forward_kind(inv), spconv_rulebook_params(fwd)->kind);
+    assert_int_equal(spconv_rulebook_forward_kind(fwd), spconv_rulebook_params(fwd)->kind);
     assert_int_equal(spconv_rulebook_num_in(inv), spconv_rulebook_num_out(fwd));
     assert_int_equal(spconv_rulebook_num_out(inv), spconv_rulebook_num_in(fwd));
     int64_t a[3], b[3];
@@ -1261,13 +1263,26 @@ static void test_inverse_rulebook(void **state) {
         spconv_rulebook_release(fwd);
         free(rows);
     }
+    /* A transposed conv's rulebook inverts the same way (spconv 2.x allows it). */
+    for (int trial = 0; trial < 8; ++trial) {
+        const spconv_conv_params p = spconv_test_random_params(SPCONV_CONV_TRANSPOSED, GRID);
+        const int64_t per_batch = spconv_test_rand_int(0, 200);
+        int32_t *rows = spconv_test_random_sites(2, GRID, per_batch);
+        spconv_tensor *indices = spconv_test_indices_tensor(rows, 2 * per_batch);
+        spconv_rulebook *fwd = NULL;
+        SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 2, &p, &fwd));
+        spconv_tensor_release(indices);
+        check_inverse(fwd);
+        spconv_rulebook_release(fwd);
+        free(rows);
+    }
     int32_t site[4] = {0, 1, 2, 3};
     spconv_tensor *indices = spconv_test_indices_tensor(site, 1);
     const spconv_conv_params subm = spconv_conv_params_default(SPCONV_CONV_SUBM);
     spconv_rulebook *rb = NULL, *inv = NULL;
     SPCONV_ASSERT_OK(spconv_rulebook_build(NULL, indices, GRID, 1, &subm, &rb));
     SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(rb, &inv), SPCONV_ERR_INVALID_ARGUMENT,
-                        "only a REGULAR conv or pool rulebook can be inverted");
+                        "only a REGULAR (conv or pool) or TRANSPOSED rulebook can be inverted");
     assert_null(inv);
     SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(NULL, &inv), SPCONV_ERR_NULL_POINTER, "'forward'");
     SPCONV_ASSERT_FAILS(spconv_rulebook_inverse(rb, NULL), SPCONV_ERR_NULL_POINTER, "'out'");

@@ -294,6 +294,25 @@ static void test_regular_rulebook_and_inverse_by_key(void **state) {
     spconv_rulebook_release(inv);
     spconv_rulebook_release(direct);
 
+    /* A transposed conv's key inverts too, back to its input sites and shape. */
+    const spconv_conv_params up = params_of(SPCONV_CONV_TRANSPOSED, 3, 2, 1);
+    spconv_rulebook *grown = NULL;
+    SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, sp, &up, "up1", &grown));
+    spconv_sparse_tensor *fine = outputs_of(sp, grown);
+    spconv_conv_params up_inverse = up;
+    up_inverse.kind = SPCONV_CONV_INVERSE;
+    SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, fine, &up_inverse, "up1", &inv));
+    assert_int_equal(spconv_rulebook_forward_kind(inv), SPCONV_CONV_TRANSPOSED);
+    spconv_test_check_rulebook(inv);
+    restored = outputs_of(fine, inv);
+    assert_ptr_equal(spconv_sparse_indices(restored), spconv_sparse_indices(sp));
+    spconv_sparse_spatial_shape(restored, shape);
+    assert_memory_equal(shape, GRID, sizeof shape);
+    spconv_sparse_release(restored);
+    spconv_rulebook_release(inv);
+    spconv_sparse_release(fine);
+    spconv_rulebook_release(grown);
+
     SPCONV_ASSERT_FAILS(spconv_sparse_get_rulebook(NULL, coarse, &inverse, "nope", &inv),
                         SPCONV_ERR_NOT_FOUND, "no rulebook is stored under indice_key 'nope'");
     SPCONV_ASSERT_FAILS(spconv_sparse_get_rulebook(NULL, coarse, &inverse, NULL, &inv),
@@ -310,7 +329,9 @@ static void test_regular_rulebook_and_inverse_by_key(void **state) {
     SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, coarse, &subm, "subm2", &again));
     spconv_rulebook_release(again);
     SPCONV_ASSERT_FAILS(spconv_sparse_get_rulebook(NULL, coarse, &inverse, "subm2", &inv),
-                        SPCONV_ERR_GEOMETRY_MISMATCH, "holds a SUBM rulebook");
+                        SPCONV_ERR_GEOMETRY_MISMATCH,
+                        "holds a SUBM rulebook; an INVERSE conv inverts a REGULAR or "
+                        "TRANSPOSED one");
     const spconv_conv_params other = params_of(SPCONV_CONV_REGULAR, 2, 2, 0);
     SPCONV_ASSERT_FAILS(spconv_sparse_get_rulebook(NULL, sp, &other, "down1", &again),
                         SPCONV_ERR_GEOMETRY_MISMATCH,

@@ -9,8 +9,8 @@
  *  - submanifold conv: output sites = input sites in the same order; stride 1, padding (K/2)*d
  *    (the params' stride and padding are ignored), odd K only;
  *  - transposed conv: o = i*s - p + k*d, out = (in-1)*s - 2p + d(K-1) + 1 + output_padding;
- *  - inverse conv: the rulebook of the regular conv it inverts with in and out swapped
- *    (spconv_rulebook_inverse); its outputs are that conv's input sites in their order.
+ *  - inverse conv: the rulebook of the regular (or transposed) conv it inverts with in and out
+ *    swapped (spconv_rulebook_inverse); its outputs are that conv's input sites in their order.
  * Kernel offsets are numbered k = (kz*KH + ky)*KW + kx. Axes are (z, y, x) = (D, H, W).
  *
  * Output sites of a regular or transposed conv are sorted by (b, z, y, x). Pairs are grouped by
@@ -34,7 +34,8 @@ typedef enum spconv_conv_kind {
     SPCONV_CONV_REGULAR = 0,    /**< strided sparse conv; also the geometry of max pooling */
     SPCONV_CONV_SUBM = 1,       /**< submanifold: outputs = inputs */
     SPCONV_CONV_TRANSPOSED = 2, /**< transposed (deconvolution) */
-    SPCONV_CONV_INVERSE = 3     /**< inverse of a stored regular conv/pool (by indice_key) */
+    SPCONV_CONV_INVERSE = 3     /**< inverse of a stored regular conv / pool or transposed conv
+                                     (by indice_key) */
 } spconv_conv_kind;
 
 /** Per-axis parameters, in (z, y, x) order. */
@@ -94,9 +95,14 @@ spconv_status spconv_rulebook_build_on(spconv_context *ctx, const spconv_ruleboo
                                        int output_side, const spconv_conv_params *params,
                                        spconv_rulebook **out);
 
-/** The rulebook of the inverse conv of @p forward (a regular conv or pool rulebook): pairs
- *  swapped, outputs = @p forward's input sites in their order. */
+/** The rulebook of the inverse conv of @p forward (a regular conv or pool rulebook, or a
+ *  transposed conv's): pairs swapped, outputs = @p forward's input sites in their order. Its
+ *  params are @p forward's with kind INVERSE (spconv_rulebook_forward_kind says which kind). */
 spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rulebook **out);
+/** The kind whose geometry rule the pairs of @p rb follow: for an INVERSE rulebook the kind of
+ *  the rulebook it inverts (REGULAR or TRANSPOSED; its pairs follow that rule with the sides
+ *  swapped), else its own kind. */
+spconv_conv_kind spconv_rulebook_forward_kind(const spconv_rulebook *rb);
 
 void spconv_rulebook_retain(spconv_rulebook *rb);
 void spconv_rulebook_release(spconv_rulebook *rb);

@@ -58,8 +58,9 @@ int64_t spconv_sparse_num_sites(const spconv_sparse_tensor *sp);
  *    SPCONV_ERR_GEOMETRY_MISMATCH; build and store it when the key is new;
  *  - REGULAR / TRANSPOSED: build; store under the key (a key already holding a rulebook of
  *    another geometry or other input sites is SPCONV_ERR_GEOMETRY_MISMATCH; the same is reused);
- *  - INVERSE: the inverse of the REGULAR rulebook stored under the key (SPCONV_ERR_NOT_FOUND when
- *    none); its outputs must be @p in's sites and its kernel must equal params->kernel.
+ *  - INVERSE: the inverse of the REGULAR or TRANSPOSED rulebook stored under the key
+ *    (SPCONV_ERR_NOT_FOUND when none); its outputs must be @p in's sites and its kernel must
+ *    equal params->kernel.
  * @p indice_key NULL or "" means no caching (INVERSE then needs a key). *out has one reference.
  */
 spconv_status spconv_sparse_get_rulebook(spconv_context *ctx, const spconv_sparse_tensor *in,

@@ -93,12 +93,35 @@ def test_inverse_1x1_inverts_unless_legacy(seed):
     torch.testing.assert_close(same.features, y.features @ w.reshape(3, 5))
 
 
-def test_inverse_of_a_transposed_conv_is_refused_by_name(seed):
-    x = tensor(seed)
-    up = spconv.SparseConvTranspose3d(3, 3, 3, 2, indice_key="t")
-    with pytest.raises(ValueError, match="holds a transposed conv's rulebook; only regular "
-                                         "convs and pools invert"):
-        spconv.SparseInverseConv3d(3, 3, 3, indice_key="t")(up(x))
+@pytest.mark.parametrize("ndim", [1, 2, 3])
+def test_inverse_of_a_transposed_conv_in_every_ndim(seed, ndim):
+    """Back to the transposed conv's input sites (its own index tensor) and shape, in 1-d, 2-d
+    and 3-d, the same in one call, layer by layer and compiled (test_dense_oracle.py holds the
+    values to dense conv3d, test_spconv_compat.py to spconv 2.3.8)."""
+    x3 = tensor(seed)
+    keep = [0, *range(4 - ndim, 4)]
+    idx = torch.unique(x3.indices[:, keep], dim=0)
+    x = spconv.SparseConvTensor(x3.features[:len(idx)].double(), idx, SHAPE[3 - ndim:], 2)
+    n = f"{ndim}d"
+    net = spconv.SparseSequential(
+        getattr(spconv, f"SparseConvTranspose{n}")(3, 4, 3, 2, 1, indice_key="t"),
+        getattr(spconv, f"SubMConv{n}")(4, 4, 3, indice_key="s"),
+        getattr(spconv, f"SparseInverseConv{n}")(4, 2, 3, indice_key="t")).double().eval()
+    outs = []
+    for one_call in (True, False):
+        sequence.ENABLED = one_call
+        try:
+            with torch.no_grad():
+                y = net(spconv.SparseConvTensor(x.features, x.indices, x.spatial_shape, 2))
+        finally:
+            sequence.ENABLED = True
+        assert y.indices is x.indices and y.spatial_shape == x.spatial_shape
+        outs.append(y.features)
+    assert torch.equal(outs[0], outs[1])
+    compiled = torch.compile(net, backend="aot_eager")(
+        spconv.SparseConvTensor(x.features, x.indices, x.spatial_shape, 2))
+    assert torch.equal(compiled.indices, x.indices)
+    torch.testing.assert_close(compiled.features, outs[0], rtol=0, atol=0)
 
 
 class Block(spconv.SparseModule):

@@ -145,6 +145,37 @@ def test_inverse_conv(seed, trial):
 
 
 @pytest.mark.parametrize("trial", range(6))
+def test_inverse_of_a_transposed_conv(seed, trial):
+    """An inverse conv on a transposed conv's key (as spconv 2.x allows) goes back to that conv's
+    input sites: y[i] = sum_k W_k x[i * s - p + k * d], the pairs of the transposed conv read the
+    other way, which is the dense regular conv with the same stride, padding and dilation over
+    the transposed conv's output, read at its input sites."""
+    gen = torch.Generator().manual_seed(seed + trial)
+    g = geometry(gen)
+    g["shape"] = [max(2, n // 2) for n in g["shape"]]
+    k = int(torch.randint(2, 4, (1,), generator=gen))
+    s = int(torch.randint(1, 3, (1,), generator=gen))
+    p = int(torch.randint(0, 2, (1,), generator=gen))
+    d = int(torch.randint(1, 3, (1,), generator=gen))
+    if any((n - 1) * s - 2 * p + d * (k - 1) + 1 <= 0 for n in g["shape"]):
+        pytest.skip("empty output for this geometry")
+    feats, idx = make_input(gen, g)
+    up = spconv.SparseConvTranspose3d(g["cin"], g["cout"], k, s, p, dilation=d, bias=False,
+                                      indice_key="t").double()
+    back = spconv.SparseInverseConv3d(g["cout"], g["cin"], k, indice_key="t").double()
+    mid = up(spconv.SparseConvTensor(feats, idx, g["shape"], g["batch"]))
+    mid_feats = mid.features.detach().clone().requires_grad_(True)
+    y = back(mid.replace_feature(mid_feats))
+    assert torch.equal(y.indices, idx) and y.spatial_shape == g["shape"]
+    f2, w2 = oracle_leaves(mid_feats, back.weight)
+    dense = F.conv3d(scatter_dense(f2, mid.indices, mid.spatial_shape, g["batch"]),
+                     krsc_to_oidhw(w2), back.bias.detach(), s, p, d)
+    at_sites = gather_dense(dense, idx)
+    torch.testing.assert_close(y.features, at_sites, **TOL)
+    check_grads(y.features, at_sites, [(mid_feats, f2), (back.weight, w2)], gen)
+
+
+@pytest.mark.parametrize("trial", range(6))
 def test_max_pool(seed, trial):
     gen = torch.Generator().manual_seed(seed + trial)
     g = geometry(gen)

@@ -22,11 +22,13 @@ def small_input(seed, channels=2, count=30, batch=2):
 
 def rulebooks(idx):
     regular = ops.build_rulebook(idx, SHAPE, 2, ops.REGULAR, 3, 2, 1)
+    transposed = ops.build_rulebook(idx, SHAPE, 2, ops.TRANSPOSED, 2, 2, 0)
     return {
         "regular": regular,
         "subm": ops.build_rulebook(idx, SHAPE, 2, ops.SUBM, 3),
-        "transposed": ops.build_rulebook(idx, SHAPE, 2, ops.TRANSPOSED, 2, 2, 0),
+        "transposed": transposed,
         "inverse": ops.inverse_rulebook(regular),
+        "inverse of transposed": ops.inverse_rulebook(transposed),
     }
 
 
@@ -46,12 +48,13 @@ def as_form(rb, form):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("order", [1, 2])
-@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse"])
+@pytest.mark.parametrize("kind", ["regular", "subm", "transposed", "inverse",
+                                  "inverse of transposed"])
 def test_conv_gradcheck(seed, kind, order, form):
     gen, feats, idx = small_input(seed, count=30 if order == 1 else 20)
     rb = rulebooks(idx)[kind]
     cin, cout = 2, 3
-    if kind == "inverse":  # its input lives on the regular conv's output sites
+    if kind.startswith("inverse"):  # its input lives on the inverted conv's output sites
         feats = torch.randn(rb.num_in(), cin, generator=gen, dtype=torch.float64)
     kv = rb.kernel_volume()
     w = torch.randn(kv, cin, cout, generator=gen, dtype=torch.float64, requires_grad=True)

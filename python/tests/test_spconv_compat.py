@@ -116,6 +116,37 @@ def test_legacy_1x1_inverse_conv_same_as_spconv(data_dir, one_thread, seed):
     torch.testing.assert_close(outs[1][2], outs[0][2], rtol=0, atol=1e-12)
 
 
+def test_inverse_of_a_transposed_conv_same_as_spconv(data_dir, one_thread, seed):
+    # An inverse conv on a transposed conv's key goes back to that conv's input sites, in their
+    # order (a subm conv between them, on the transposed conv's output sites, in whatever order
+    # each library makes them): the same rows and values as spconv 2.3.8's, and gradients.
+    feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
+    feats, indices = feats[:3000].double(), indices[:3000]
+    torch.manual_seed(seed)
+    results = []
+    for lib in (spconv, ours):
+        net = lib.SparseSequential(
+            lib.SparseConvTranspose3d(feats.shape[1], 8, 3, 2, 1, indice_key="t", bias=False),
+            lib.SubMConv3d(8, 8, 3, indice_key="s", bias=False),
+            lib.SparseInverseConv3d(8, 5, 3, indice_key="t", bias=True)).double()
+        if lib is spconv:
+            state = net.state_dict()
+        else:
+            net.load_state_dict(state)
+        f = feats.clone().requires_grad_(True)
+        y = net(lib.SparseConvTensor(f, indices, shape, 1))
+        gen = torch.Generator().manual_seed(0)
+        (y.features * torch.randn(y.features.shape, generator=gen, dtype=torch.float64)).sum()\
+            .backward()
+        results.append((y.indices, list(y.spatial_shape), y.features.detach(), f.grad,
+                        net[2].weight.grad))
+    assert torch.equal(results[1][0], results[0][0]) and results[1][1] == results[0][1]
+    for mine, theirs in zip(results[1][2:], results[0][2:]):
+        scale = theirs.abs().max().item()
+        assert scale > 0
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-9 * scale)
+
+
 def test_sparse_add_same_as_spconv(data_dir, one_thread, seed):
     # Two operands on partly shared sites of the KITTI scan: the same sites in the same (sorted)
     # order, the same sums (each site adds at most one value to another: the same bits).

@@ -110,6 +110,9 @@ void spconv_rulebook_release(spconv_rulebook *rb) {
 }
 
 const spconv_conv_params *spconv_rulebook_params(const spconv_rulebook *rb) { return &rb->params; }
+spconv_conv_kind spconv_rulebook_forward_kind(const spconv_rulebook *rb) {
+    return rb->params.kind == SPCONV_CONV_INVERSE ? rb->inverts : rb->params.kind;
+}
 int64_t spconv_rulebook_kernel_volume(const spconv_rulebook *rb) { return rb->kernel_volume; }
 int64_t spconv_rulebook_num_in(const spconv_rulebook *rb) { return rb->num_in; }
 int64_t spconv_rulebook_num_out(const spconv_rulebook *rb) { return rb->num_out; }
@@ -165,8 +168,14 @@ spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rul
     SPCONV_CHECK_NOT_NULL(func, out);
     *out = NULL;
     SPCONV_CHECK_NOT_NULL(func, forward);
-    SPCONV_RETURN_ERROR_IF(forward->params.kind != SPCONV_CONV_REGULAR, SPCONV_ERR_INVALID_ARGUMENT,
-                           "%s: only a REGULAR conv or pool rulebook can be inverted, got kind %d",
+    /* Per kernel offset a regular and a transposed rulebook pair each input row with at most one
+     * output row and each output row with at most one input row, so the sides swapped are a
+     * rulebook of the same form (the executors' per-offset scatter meets no row twice). */
+    SPCONV_RETURN_ERROR_IF(forward->params.kind != SPCONV_CONV_REGULAR &&
+                               forward->params.kind != SPCONV_CONV_TRANSPOSED,
+                           SPCONV_ERR_INVALID_ARGUMENT,
+                           "%s: only a REGULAR (conv or pool) or TRANSPOSED rulebook can be "
+                           "inverted, got kind %d",
                            func, (int)forward->params.kind);
     spconv_conv_params params = forward->params;
     params.kind = SPCONV_CONV_INVERSE;
@@ -180,6 +189,7 @@ spconv_status spconv_rulebook_inverse(const spconv_rulebook *forward, spconv_rul
         spconv_rulebook_release(rb);
         return st;
     }
+    rb->inverts = forward->params.kind;
     rb->num_in = forward->num_out;
     rb->num_out = forward->num_in;
     rb->pairs_in = forward->pairs_out;

@@ -9,6 +9,8 @@
 struct spconv_rulebook {
     int64_t refcount;             /* atomic, as tensors */
     spconv_conv_params params;    /* kind INVERSE for an inverse rulebook; the rest as given */
+    spconv_conv_kind inverts;     /* INVERSE: the kind of the rulebook it inverts (REGULAR or
+                                     TRANSPOSED), whose geometry params holds */
     int64_t in_shape[3];          /* spatial shape (D, H, W) of the input */
     int64_t out_shape[3];
     int64_t batch_size;

@@ -115,10 +115,12 @@ static spconv_status inverse_from_cache(spconv_context *ctx, const char *func, c
                            "%s: no rulebook is stored under indice_key '%s' for the INVERSE conv "
                            "to invert",
                            func, key);
-    SPCONV_RETURN_ERROR_IF(rb->params.kind != SPCONV_CONV_REGULAR, SPCONV_ERR_GEOMETRY_MISMATCH,
-                           "%s: indice_key '%s' holds a %s rulebook; an INVERSE conv inverts a "
-                           "REGULAR one",
-                           func, key, kind_name(rb->params.kind));
+    SPCONV_RETURN_ERROR_IF(
+        rb->params.kind != SPCONV_CONV_REGULAR && rb->params.kind != SPCONV_CONV_TRANSPOSED,
+        SPCONV_ERR_GEOMETRY_MISMATCH,
+        "%s: indice_key '%s' holds a %s rulebook; an INVERSE conv inverts a REGULAR or "
+        "TRANSPOSED one",
+        func, key, kind_name(rb->params.kind));
     SPCONV_RETURN_ERROR_IF(!same_shape(rb->params.kernel, params->kernel),
                            SPCONV_ERR_GEOMETRY_MISMATCH,
                            "%s: indice_key '%s' holds kernel " TRIPLE_FMT

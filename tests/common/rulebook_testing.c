@@ -68,6 +68,18 @@ int spconv_test_pair_follows_rule(const spconv_conv_params *params, const int32_
     return 1;
 }
 
+/* spconv_test_pair_follows_rule for @p rb's pair (in, out) at offset k; an inverse's pairs follow
+ * the rule of the kind it inverts, sides swapped. */
+static int pair_follows(const spconv_rulebook *rb, const int32_t *in, const int32_t *out,
+                        int64_t k) {
+    const spconv_conv_params *params = spconv_rulebook_params(rb);
+    if (params->kind != SPCONV_CONV_INVERSE)
+        return spconv_test_pair_follows_rule(params, in, out, k);
+    spconv_conv_params forward = *params;
+    forward.kind = spconv_rulebook_forward_kind(rb);
+    return spconv_test_pair_follows_rule(&forward, out, in, k);
+}
+
 static int compare_rows(const int32_t *a, const int32_t *b) {
     for (int f = 0; f < 4; ++f)
         if (a[f] != b[f]) return a[f] < b[f] ? -1 : 1;
@@ -88,9 +100,10 @@ static void check_sites(const spconv_rulebook *rb, const int32_t *in_rows,
     spconv_rulebook_in_shape(rb, in_shape);
     spconv_rulebook_out_shape(rb, out_shape);
     if (params->kind == SPCONV_CONV_INVERSE) {
-        /* The inverse's input shape is the output shape of the regular conv it inverts. */
+        /* The inverse's input shape is the output shape of the conv it inverts. */
         spconv_conv_params forward = *params;
-        forward.kind = SPCONV_CONV_REGULAR;
+        forward.kind = spconv_rulebook_forward_kind(rb);
+        assert_true(forward.kind == SPCONV_CONV_REGULAR || forward.kind == SPCONV_CONV_TRANSPOSED);
         SPCONV_ASSERT_OK(spconv_conv_output_shape(&forward, out_shape, expected));
         assert_memory_equal(expected, in_shape, sizeof expected);
     } else {
@@ -181,8 +194,7 @@ static void check_pairs(const spconv_rulebook *rb, const int32_t *in_rows,
             }
             assert_true(i >= 0 && i < spconv_rulebook_num_in(rb));
             assert_true(o >= 0 && o < num_out);
-            assert_true(
-                spconv_test_pair_follows_rule(params, in_rows + 4 * i, out_rows + 4 * o, k));
+            assert_true(pair_follows(rb, in_rows + 4 * i, out_rows + 4 * o, k));
             assert_true(last_offset[o] < k); /* out_row at most once per offset */
             last_offset[o] = k;
             reached[o] = 1;

@@ -1082,7 +1082,7 @@ run_sequence(const c10::intrusive_ptr<SequenceRunner> & /*self*/, at::Tensor fea
 
 // Pickling (deepcopy, torch.save, AOT tracing copies): a rulebook is rebuilt from what defines
 // it, its input sites and geometry, which gives the same rulebook (builds are deterministic).
-// An inverse rulebook is saved as the regular one it inverts.
+// An inverse rulebook is saved as the regular or transposed one it inverts.
 using RulebookState = std::tuple<at::Tensor, std::vector<int64_t>>;
 
 RulebookState rulebook_state(const c10::intrusive_ptr<Rulebook> &self) {
@@ -1092,7 +1092,7 @@ RulebookState rulebook_state(const c10::intrusive_ptr<Rulebook> &self) {
     int64_t shape[3];
     if (inverse) spconv_rulebook_out_shape(rb, shape);
     else spconv_rulebook_in_shape(rb, shape);
-    std::vector<int64_t> ints = {inverse ? int64_t(SPCONV_CONV_REGULAR) : int64_t(p->kind),
+    std::vector<int64_t> ints = {int64_t(spconv_rulebook_forward_kind(rb)),
                                  inverse ? 1 : 0, spconv_rulebook_batch_size(rb)};
     for (const int64_t *v : {static_cast<const int64_t *>(shape), p->kernel, p->stride, p->padding, p->dilation, p->output_padding})
         ints.insert(ints.end(), v, v + 3);

@@ -181,12 +181,10 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
             raise KeyError(f"spconv_c: inverse conv: unknown indice_key {indice_key!r} (known: "
                            f"{sorted(cache)}); the conv it inverts must run first with that key")
         entry = cache[indice_key]
-        if entry.kind != ops.REGULAR:
-            # spconv 2.3.8 also inverts a transposed conv (its pairs swapped, as here); the
-            # engine's inverse rulebook records the geometry of a regular conv only.
-            what = "submanifold" if entry.is_subm else "transposed conv's"
+        if entry.is_subm:
             raise ValueError(f"spconv_c: inverse conv: indice_key {indice_key!r} holds a "
-                             f"{what} rulebook; only regular convs and pools invert here")
+                             f"submanifold rulebook; only regular and transposed convs and pools "
+                             f"invert")
         if list(entry.ksize) != list(ksize):
             raise ValueError(f"spconv_c: inverse conv: kernel {ksize} differs from the kernel "
                              f"{entry.ksize} of the conv under indice_key {indice_key!r}")
