@@ -93,6 +93,30 @@ def test_inverse_1x1_inverts_unless_legacy(seed):
     torch.testing.assert_close(same.features, y.features @ w.reshape(3, 5))
 
 
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("kind", ["SparseConv3d", "SparseConvTranspose3d"])
+def test_inverse_1x1_of_a_1x1_layer(seed, kind, legacy):
+    """A 1x1 stride-1 layer stores no rulebook under its key (as in spconv); a 1x1 inverse on
+    that key goes back to its sites, which are its input's: the product there (spconv runs
+    that pair; it was a KeyError). A key nothing ran under is still refused."""
+    x = tensor(seed)
+    first = getattr(spconv, kind)(3, 4, 1, indice_key="k", bias=False)
+    inv = spconv.SparseInverseConv3d(4, 5, 1, indice_key="k", bias=False)
+    inv.legacy_1x1 = legacy
+    y = first(x)
+    assert "k" not in y.indice_dict and torch.equal(y.indices, x.indices)
+    back = inv(y)
+    w = inv.weight.detach()
+    assert torch.equal(back.indices, x.indices) and back.spatial_shape == SHAPE
+    expect = y.features @ (w.reshape(4, 5) if legacy else w.reshape(5, 4).t())
+    torch.testing.assert_close(back.features, expect)
+    other = spconv.SparseInverseConv3d(4, 5, 1, indice_key="nope", bias=False)
+    with torch.no_grad():  # inverse 1x1 layers that find no key run the product: see above
+        torch.testing.assert_close(other(y).features, y.features @ other.weight.reshape(5, 4).t())
+    with pytest.raises(KeyError, match="unknown indice_key 'nope'"):
+        spconv.SparseInverseConv3d(4, 5, 3, indice_key="nope")(y)
+
+
 @pytest.mark.parametrize("ndim", [1, 2, 3])
 def test_inverse_of_a_transposed_conv_in_every_ndim(seed, ndim):
     """Back to the transposed conv's input sites (its own index tensor) and shape, in 1-d, 2-d

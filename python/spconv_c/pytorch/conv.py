@@ -414,17 +414,25 @@ class SparseConvolution(SparseModule):
     def forward(self, input, add_input=None):
         return self._forward(input, add_input)
 
-    def _direct(self):
+    def _direct(self, input):
         """Whether the layer is a plain product ``features @ W`` on its input's sites, with no
         rulebook: a kernel-volume-1 layer with stride 1 (conv1x1), except an inverse one, which
         goes back to the sites of the conv under its key; with legacy_1x1 an inverse one too, as
-        spconv 2.x computes it (its 1x1 path takes every conv1x1 layer, ignoring the key)."""
-        return self.conv1x1 and (not self.inverse or self.legacy_1x1)
+        spconv 2.x computes it (its 1x1 path takes every conv1x1 layer, ignoring the key). A
+        1x1 layer stores no rulebook under its key, so an inverse 1x1 on a key that nothing
+        stored inverts such a layer (spconv runs that pair): that layer's output sites were its
+        input sites, and going back is the product on them too."""
+        if not self.conv1x1:
+            return False
+        if not self.inverse or self.legacy_1x1:
+            return True
+        return self.indice_key is not None and self.indice_key not in input.indice_dict
 
     def _foldable(self):
         """Whether a following batch norm can be folded into this layer's op (_forward's bn):
-        the layers that go through a rulebook and keep their own forward."""
-        return type(self).forward is SparseConvolution.forward and not self._direct()
+        the layers that go through a rulebook and keep their own forward (a 1x1 layer may not:
+        _direct)."""
+        return type(self).forward is SparseConvolution.forward and not self.conv1x1
 
     def _forward(self, input, add_input=None, bn=None, relu=False):
         """The layer, and with @p bn (an nn.BatchNorm1d in eval mode, inference only; see
@@ -449,7 +457,7 @@ class SparseConvolution(SparseModule):
             weight = weight.to(feats.dtype)
         if bias is not None and bias.dtype != feats.dtype:
             bias = bias.to(feats.dtype)
-        if self._direct():
+        if self._direct(input):
             # No rulebook: every site maps to itself. The checks the engine makes on the other
             # paths that do not need the sites' coordinates: the dtypes and shapes (int features
             # would otherwise truncate the weights).
