@@ -264,6 +264,19 @@ static void test_geometry_mismatch(void **state) {
     spconv_sparse_release(sp);
 }
 
+/* @p inv, the inverse rulebook on @p made's sites, is well formed and goes back to @p origin's
+ * sites (the same tensor) and spatial shape (GRID). */
+static void assert_inverse_goes_back(const spconv_sparse_tensor *made, const spconv_rulebook *inv,
+                                     const spconv_sparse_tensor *origin) {
+    spconv_test_check_rulebook(inv);
+    spconv_sparse_tensor *restored = outputs_of(made, inv);
+    assert_ptr_equal(spconv_sparse_indices(restored), spconv_sparse_indices(origin));
+    int64_t shape[3];
+    spconv_sparse_spatial_shape(restored, shape);
+    assert_memory_equal(shape, GRID, sizeof shape);
+    spconv_sparse_release(restored);
+}
+
 static void test_regular_rulebook_and_inverse_by_key(void **state) {
     (void)state;
     spconv_sparse_tensor *sp = random_sparse(spconv_test_rand_int(1, 300));
@@ -285,12 +298,7 @@ static void test_regular_rulebook_and_inverse_by_key(void **state) {
     SPCONV_ASSERT_OK(spconv_rulebook_inverse(rb, &direct));
     spconv_test_assert_rulebooks_equal(inv, direct);
     assert_ptr_equal(spconv_rulebook_out_indices(inv), spconv_sparse_indices(sp));
-    spconv_test_check_rulebook(inv);
-    spconv_sparse_tensor *restored = outputs_of(coarse, inv);
-    assert_ptr_equal(spconv_sparse_indices(restored), spconv_sparse_indices(sp));
-    spconv_sparse_spatial_shape(restored, shape);
-    assert_memory_equal(shape, GRID, sizeof shape);
-    spconv_sparse_release(restored);
+    assert_inverse_goes_back(coarse, inv, sp);
     spconv_rulebook_release(inv);
     spconv_rulebook_release(direct);
 
@@ -303,12 +311,7 @@ static void test_regular_rulebook_and_inverse_by_key(void **state) {
     up_inverse.kind = SPCONV_CONV_INVERSE;
     SPCONV_ASSERT_OK(spconv_sparse_get_rulebook(NULL, fine, &up_inverse, "up1", &inv));
     assert_int_equal(spconv_rulebook_forward_kind(inv), SPCONV_CONV_TRANSPOSED);
-    spconv_test_check_rulebook(inv);
-    restored = outputs_of(fine, inv);
-    assert_ptr_equal(spconv_sparse_indices(restored), spconv_sparse_indices(sp));
-    spconv_sparse_spatial_shape(restored, shape);
-    assert_memory_equal(shape, GRID, sizeof shape);
-    spconv_sparse_release(restored);
+    assert_inverse_goes_back(fine, inv, sp);
     spconv_rulebook_release(inv);
     spconv_sparse_release(fine);
     spconv_rulebook_release(grown);
