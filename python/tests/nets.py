@@ -47,7 +47,7 @@ def kitti_voxels(path, voxel=0.4):
     voxels, coords, num = gen(torch.from_numpy(pts))
     feats = voxels.sum(1) / num.view(-1, 1).float()
     indices = torch.cat([torch.zeros(coords.shape[0], 1, dtype=torch.int32), coords], 1)
-    shape = list(reversed(gen.grid_size))
+    shape = list(gen.grid_size)  # (z, y, x), as spconv's
     return feats, indices, shape
 
 

@@ -341,6 +341,76 @@ def test_minus_and_select_by_index(seed):
         x.q_scale()
 
 
+def point_to_voxel_oracle(pts, vsize, lo, hi, max_voxels, max_points):
+    """spconv's point-to-voxel rule, point by point in float32 (its arithmetic): the grid is
+    round((max - min) / size), halves away from zero; a point's cell floor((p - min) / size);
+    voxels numbered by their first point, at most max_voxels of them, each keeping its first
+    max_points points. (grid xyz, {cell zyx: row}, rows' points, each point's row or -1)."""
+    f32 = np.float32
+    grid = [int(np.floor(np.float64((f32(hi[a]) - f32(lo[a])) / f32(vsize[a])) + 0.5))
+            for a in range(3)]
+    cells, members, ids = {}, [], []
+    for p in pts.numpy():
+        c = [np.floor((f32(p[a]) - f32(lo[a])) / f32(vsize[a])) for a in range(3)]
+        if not all(np.isfinite(v) and 0 <= v < g for v, g in zip(c, grid)):
+            ids.append(-1)
+            continue
+        key = (int(c[2]), int(c[1]), int(c[0]))
+        if key not in cells:
+            if len(cells) == max_voxels:
+                ids.append(-1)
+                continue
+            cells[key] = len(cells)
+            members.append([])
+        row = cells[key]
+        if len(members[row]) < max_points:
+            members[row].append(p)
+        ids.append(row)
+    return grid, cells, members, ids
+
+
+def test_point_to_voxel_against_a_brute_force_oracle(seed):
+    # Random points, some outside the range or not finite, on grids whose extent is a whole
+    # number of voxels or ends half-way through one (rounded up, as spconv's): the voxels, their
+    # cells, counts, the points' rows and spconv's attributes (z, y, x) from the oracle, every
+    # cell inside grid_size (the spatial shape), and empty_mean's fill the mean of the points.
+    gen = torch.Generator().manual_seed(seed)
+    for vsize, lo, hi, max_voxels, max_points in (
+            ([0.4, 0.5, 0.25], [0, -1, -0.5], [1.0, 1.0, 0.75], 100, 3),  # 2.5, 4 and 5 cells
+            ([0.1, 0.1, 0.1], [0, 0, 0], [0.35, 0.25, 0.3], 40, 2),       # 3.5, 2.5 and 3 cells
+            ([0.3, 0.2, 0.5], [-1, -1, -1], [1.0, 1.0, 1.0], 5, 4)):      # voxels run out
+        pts = torch.rand(300, 5, generator=gen) * 3 - 1.2
+        pts[::37, 1] = float("nan")
+        pts[5::41, 2] = float("inf")
+        p2v = spconv.PointToVoxel(vsize, lo + hi, 5, max_voxels, max_points)
+        grid, cells, members, ids = point_to_voxel_oracle(pts, vsize, lo, hi, max_voxels,
+                                                          max_points)
+        assert p2v.grid_size == grid[::-1] and p2v.ndim == 3
+        assert p2v.grid_stride == [grid[0] * grid[1], grid[0], 1]
+        f32 = np.float32
+        assert p2v.vsize == [float(f32(v)) for v in vsize[::-1]]
+        assert p2v.coors_range == [float(f32(v)) for v in lo[::-1] + hi[::-1]]
+        voxels, coords, num, pc_ids = p2v.generate_voxel_with_id(pts)
+        assert coords.tolist() == [list(key) for key in cells]
+        assert (coords < torch.tensor(p2v.grid_size, dtype=torch.int32)).all()
+        assert num.tolist() == [len(m) for m in members]
+        assert pc_ids.tolist() == ids
+        want = torch.zeros(len(members), max_points, 5)
+        for row, kept in enumerate(members):
+            want[row, :len(kept)] = torch.from_numpy(np.stack(kept))
+        assert torch.equal(voxels, want)
+        filled, _, _ = p2v(pts, empty_mean=True)
+        for row, kept in enumerate(members):
+            assert torch.equal(filled[row, :len(kept)], want[row, :len(kept)])
+            mean = np.stack(kept).astype(np.float64).mean(0)
+            # a float32 of the mean: within one float32 spacing of it (the engine sums in
+            # double and rounds the quotient once; the double sum of at most 4 float32s
+            # is exact but for a few double units, far below that spacing)
+            bound = torch.from_numpy(np.spacing(np.abs(mean).astype(np.float32))).double()
+            err = (filled[row, len(kept):].double() - torch.from_numpy(mean)).abs()
+            assert (err <= bound).all(), (row, err.max())
+
+
 def test_gather_features_by_pc_voxel_id(seed):
     # Points back from their voxels: each point gets its voxel's row, a dropped point (-1) the
     # invalid value; gradients reach the voxel rows of the points that have one.
