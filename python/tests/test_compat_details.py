@@ -341,6 +341,19 @@ def test_minus_and_select_by_index(seed):
         x.q_scale()
 
 
+def test_any_conv_algo_runs_the_one_algorithm(seed):
+    # algo= as spconv's users pin it: every ConvAlgo value is taken and gives the same outputs
+    # (the engine has one algorithm); a layer without one says Native, as spconv's CPU build.
+    x = tensor(seed, dtype=torch.float64)
+    outs = []
+    for algo in (None, *spconv.ConvAlgo):
+        torch.manual_seed(0)
+        layer = spconv.SubMConv3d(3, 4, 3, algo=algo).double()
+        assert layer.algo is (spconv.ConvAlgo.Native if algo is None else algo)
+        outs.append(layer(x).features)
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
 def point_to_voxel_oracle(pts, vsize, lo, hi, max_voxels, max_points):
     """spconv's point-to-voxel rule, point by point in float32 (its arithmetic): the grid is
     round((max - min) / size), halves away from zero; a point's cell floor((p - min) / size);

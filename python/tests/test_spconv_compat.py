@@ -214,3 +214,6 @@ def test_every_public_name_of_spconv_pytorch_exists():
              and not inspect.ismodule(v) and n not in internal}
     missing = sorted(n for n in names if not hasattr(ours, n))
     assert not missing, f"spconv.pytorch names missing in spconv_c.pytorch: {missing}"
+    # ... and the enum a layer's algo= names (Cylinder3D, Pointcept: algo=ConvAlgo.Native)
+    assert [(m.name, m.value) for m in ours.ConvAlgo] == [(m.name, m.value)
+                                                          for m in spconv.ConvAlgo]

@@ -13,6 +13,7 @@ trained that way depend on it. ``SparseConvolution.legacy_1x1 = True`` (per modu
 outputs; the default reads KRSC as what it says it is.
 """
 
+import enum
 import math
 import os
 
@@ -321,6 +322,16 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
     return rb, out, shape[MAX_NDIM - ndim:], rows
 
 
+class ConvAlgo(enum.Enum):
+    """spconv's choice of conv algorithm (its ``spconv.core.ConvAlgo``, exported by
+    ``spconv.pytorch``), for code that names one (``algo=ConvAlgo.Native``). The engine has one
+    algorithm, gather, GEMM and scatter-add per kernel offset (spconv's Native): a layer takes any
+    of these and runs it."""
+    Native = 0
+    MaskImplicitGemm = 1
+    MaskSplitImplicitGemm = 2
+
+
 class SparseConvolution(SparseModule):
     """Base of every sparse conv (checkpoint loaders test isinstance against it)."""
 
@@ -347,7 +358,9 @@ class SparseConvolution(SparseModule):
         self.groups = groups
         self.subm, self.transposed, self.inverse = subm, transposed, inverse
         self.indice_key = indice_key
-        self.algo, self.fp32_accum = algo, fp32_accum  # accepted; the engine has one algorithm
+        # accepted; the engine has one algorithm (spconv's CPU build makes every layer Native)
+        self.algo = ConvAlgo.Native if algo is None else algo
+        self.fp32_accum = fp32_accum
         self.record_voxel_count = record_voxel_count
         self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
         self.large_kernel_fast_algo = large_kernel_fast_algo
