@@ -44,6 +44,16 @@ def check_grads(out_sparse, out_dense_at_sites, params, gen, **tolerance):
         torch.testing.assert_close(a, b, **tolerance)
 
 
+def krsc_as_read(layer, weight):
+    """The KRSC weight whose plain reading is what ``layer`` computes with ``weight``: a 1x1
+    layer with legacy_1x1 (spconv's reading, the default) takes its weight as a [C_in, C_out]
+    reshape, which KRSC writes transposed; any other layer reads KRSC as it is. Differentiable,
+    so an oracle's weight gradient flows back to ``weight``."""
+    if not (layer.conv1x1 and layer.legacy_1x1):
+        return weight
+    return weight.reshape(layer.in_channels, layer.out_channels).t().reshape(weight.shape)
+
+
 def krsc_to_oidhw(weight):
     return weight.permute(0, 4, 1, 2, 3)
 

@@ -59,13 +59,16 @@ def test_half_and_double_features(seed):
     torch.testing.assert_close(dbl.float(), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_legacy_1x1_reads_krsc_as_cin_cout(seed):
+def test_1x1_reads_krsc_as_cin_cout_unless_told(seed):
+    # spconv's reading by default (a spconv checkpoint gives spconv's outputs), KRSC's when
+    # legacy_1x1 is off
     conv = spconv.SubMConv3d(3, 5, 1, bias=False)
+    assert conv.legacy_1x1
     x = tensor(seed)
     w = conv.weight.detach()  # [5, 1, 1, 1, 3]
-    torch.testing.assert_close(conv(x).features, x.features @ w.reshape(5, 3).t())
-    conv.legacy_1x1 = True
     torch.testing.assert_close(conv(x).features, x.features @ w.reshape(3, 5))
+    conv.legacy_1x1 = False
+    torch.testing.assert_close(conv(x).features, x.features @ w.reshape(5, 3).t())
 
 
 def test_inverse_1x1_inverts_unless_legacy(seed):
@@ -76,6 +79,7 @@ def test_inverse_1x1_inverts_unless_legacy(seed):
     x = tensor(seed)
     pool = spconv.SparseMaxPool3d(1, 2, indice_key="p")
     inv = spconv.SparseInverseConv3d(3, 5, 1, indice_key="p", bias=False)
+    inv.legacy_1x1 = False
     w = inv.weight.detach()  # [5, 1, 1, 1, 3]
     y = pool(x)
     assert y.indices.shape[0] < x.indices.shape[0], "the pool dropped no site: nothing shown"
@@ -102,17 +106,19 @@ def test_inverse_1x1_of_a_1x1_layer(seed, kind, legacy):
     x = tensor(seed)
     first = getattr(spconv, kind)(3, 4, 1, indice_key="k", bias=False)
     inv = spconv.SparseInverseConv3d(4, 5, 1, indice_key="k", bias=False)
-    inv.legacy_1x1 = legacy
+    other = spconv.SparseInverseConv3d(4, 5, 1, indice_key="nope", bias=False)
+    inv.legacy_1x1 = other.legacy_1x1 = legacy
+
+    def read(layer):  # the weight as [C_in, C_out]
+        w = layer.weight.detach()
+        return w.reshape(4, 5) if legacy else w.reshape(5, 4).t()
     y = first(x)
     assert "k" not in y.indice_dict and torch.equal(y.indices, x.indices)
     back = inv(y)
-    w = inv.weight.detach()
     assert torch.equal(back.indices, x.indices) and back.spatial_shape == SHAPE
-    expect = y.features @ (w.reshape(4, 5) if legacy else w.reshape(5, 4).t())
-    torch.testing.assert_close(back.features, expect)
-    other = spconv.SparseInverseConv3d(4, 5, 1, indice_key="nope", bias=False)
+    torch.testing.assert_close(back.features, y.features @ read(inv))
     with torch.no_grad():  # inverse 1x1 layers that find no key run the product: see above
-        torch.testing.assert_close(other(y).features, y.features @ other.weight.reshape(5, 4).t())
+        torch.testing.assert_close(other(y).features, y.features @ read(other))
     with pytest.raises(KeyError, match="unknown indice_key 'nope'"):
         spconv.SparseInverseConv3d(4, 5, 3, indice_key="nope")(y)
 

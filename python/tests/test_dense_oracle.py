@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 import spconv_c.pytorch as spconv
 import helpers
-from helpers import gather_dense, krsc_to_iodhw, krsc_to_oidhw, random_sparse, scatter_dense
+from helpers import (gather_dense, krsc_as_read, krsc_to_iodhw, krsc_to_oidhw, random_sparse,
+                     scatter_dense)
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 
@@ -55,8 +56,8 @@ def test_regular_conv(seed, trial):
     x = spconv.SparseConvTensor(feats, idx, g["shape"], g["batch"])
     y = conv(x)
     f2, w2 = oracle_leaves(feats, conv.weight)
-    dense = F.conv3d(scatter_dense(f2, idx, g["shape"], g["batch"]), krsc_to_oidhw(w2),
-                     conv.bias.detach(), s, p, d)
+    dense = F.conv3d(scatter_dense(f2, idx, g["shape"], g["batch"]),
+                     krsc_to_oidhw(krsc_as_read(conv, w2)), conv.bias.detach(), s, p, d)
     assert list(dense.shape[2:]) == y.spatial_shape
     at_sites = gather_dense(dense, y.indices)
     torch.testing.assert_close(y.features, at_sites, **TOL)
@@ -80,8 +81,8 @@ def test_subm_conv(seed, trial):
     y = conv(spconv.SparseConvTensor(feats, idx, g["shape"], g["batch"]))
     assert torch.equal(y.indices, idx)  # outputs in the input's row order
     f2, w2 = oracle_leaves(feats, conv.weight)
-    dense = F.conv3d(scatter_dense(f2, idx, g["shape"], g["batch"]), krsc_to_oidhw(w2),
-                     None, 1, (k // 2) * d, d)
+    dense = F.conv3d(scatter_dense(f2, idx, g["shape"], g["batch"]),
+                     krsc_to_oidhw(krsc_as_read(conv, w2)), None, 1, (k // 2) * d, d)
     at_sites = gather_dense(dense, idx)
     torch.testing.assert_close(y.features, at_sites, **TOL)
     check_grads(y.features, at_sites, [(feats, f2), (conv.weight, w2)], gen)
@@ -107,7 +108,7 @@ def test_transposed_conv(seed, trial):
     y = conv(spconv.SparseConvTensor(feats, idx, g["shape"], g["batch"]))
     f2, w2 = oracle_leaves(feats, conv.weight)
     dense = F.conv_transpose3d(scatter_dense(f2, idx, g["shape"], g["batch"]),
-                               krsc_to_iodhw(w2), conv.bias.detach(), s, p)
+                               krsc_to_iodhw(krsc_as_read(conv, w2)), conv.bias.detach(), s, p)
     assert list(dense.shape[2:]) == y.spatial_shape
     at_sites = gather_dense(dense, y.indices)
     torch.testing.assert_close(y.features, at_sites, **TOL)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import spconv_c.pytorch as spconv
-from helpers import check_grads
+from helpers import check_grads, krsc_as_read
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 CONV = {1: F.conv1d, 2: F.conv2d}
@@ -137,7 +137,8 @@ def test_subm_conv(seed, ndim, trial):
     y = conv(x)
     assert y.indices is idx  # outputs in the input's rows, the same tensor
     f2, w2 = leaf(feats), leaf(conv.weight)
-    dense = CONV[ndim](to_dense(f2, idx, shape, batch), dense_weight(w2, False), None, 1,
+    dense = CONV[ndim](to_dense(f2, idx, shape, batch),
+                       dense_weight(krsc_as_read(conv, w2), False), None, 1,
                        [(kk // 2) * dd for kk, dd in zip(k, d)], d)
     ref = at(dense, idx)
     torch.testing.assert_close(y.features, ref, **TOL)
@@ -146,7 +147,8 @@ def test_subm_conv(seed, ndim, trial):
     again = LAYERS[ndim][1](cout, cout, k, dilation=d, bias=False, indice_key="s").double()
     z = again(y)
     dense2 = CONV[ndim](to_dense(y.features.detach(), idx, shape, batch),
-                        dense_weight(again.weight.detach(), False), None, 1,
+                        dense_weight(krsc_as_read(again, again.weight.detach()), False),
+                        None, 1,
                         [(kk // 2) * dd for kk, dd in zip(k, d)], d)
     torch.testing.assert_close(z.features, at(dense2, idx), **TOL)
 

@@ -55,8 +55,9 @@ def test_same_state_dict_same_results(data_dir, one_thread, seed, ndim):
     mine = make_net(ours, ndim=ndim)
     missing = mine.load_state_dict(theirs.state_dict())  # unchanged: KRSC weights
     assert not missing.missing_keys and not missing.unexpected_keys
-    # The pointwise layer: spconv reads its KRSC weight as a [C_in, C_out] reshape (#450).
-    mine.pw.legacy_1x1 = True
+    # The pointwise layer: spconv reads its KRSC weight as a [C_in, C_out] reshape (#450), and
+    # so do ours by default (legacy_1x1): the state_dict alone gives spconv's outputs.
+    assert mine.pw.conv1x1 and mine.pw.legacy_1x1
     # In float64, so that the two engines' different orders of summation cannot matter. In
     # float32 they did, by chance: the first layer's weight gradient sums ~1e5 products through
     # the BatchNorm's division by the batch std, and 1 element in ~2000 differed by up to 3e-4
@@ -90,8 +91,8 @@ def test_max_pool_starts_from_minus_infinity(one_thread):
 
 def test_legacy_1x1_inverse_conv_same_as_spconv(data_dir, one_thread, seed):
     # spconv 2.3.8 computes a kernel-volume-1 inverse conv on its 1x1 path (the product on its
-    # input's sites, the key unread); with legacy_1x1 ours does too (without it, ours inverts:
-    # test_compat_details.py), the same sites, shape and values.
+    # input's sites, the key unread); with legacy_1x1 (the default) ours does too (without it,
+    # ours inverts: test_compat_details.py), the same sites, shape and values.
     feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
     feats = feats.abs()  # spconv's CPU max pool starts from 0: no negative feature to pool
     torch.manual_seed(seed)
@@ -104,7 +105,6 @@ def test_legacy_1x1_inverse_conv_same_as_spconv(data_dir, one_thread, seed):
             state = net.state_dict()
         else:
             net.load_state_dict(state)
-            net[1].legacy_1x1 = True
         y = net(lib.SparseConvTensor(feats.double(), indices, shape, 1))
         # The pool's output sites come in another order from spconv (its hash table's): both
         # sorted by (b, z, y, x).

@@ -8,9 +8,10 @@ back through the same view.
 
 Kernel-volume-1 layers: spconv 2.x computes them as ``features @ weight.view(C_in, C_out)``, a
 plain reshape of the KRSC tensor rather than its transpose (spconv issue #450); checkpoints
-trained that way depend on it. ``SparseConvolution.legacy_1x1 = True`` (per module, or
-``SPCONV_C_LEGACY_1X1=1`` for every module) reads such weights that way and gives spconv's
-outputs; the default reads KRSC as what it says it is.
+trained that way depend on it, so that is the default here too (``legacy_1x1``), and a spconv
+checkpoint gives spconv's outputs. ``SparseConvolution.legacy_1x1 = False`` (per module, or
+``SPCONV_C_LEGACY_1X1=0`` for every module) reads such a weight as what KRSC says it is, as for
+any other kernel.
 """
 
 import enum
@@ -27,7 +28,8 @@ from .core import (MAX_NDIM, UNREAD, IndiceEntry, SparseConvTensor, axes_of, ext
                    lift_shape, unchanged_since, version_of)
 from .modules import SparseModule
 
-LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "0") == "1"
+# spconv's reading of kernel-volume-1 weights unless SPCONV_C_LEGACY_1X1=0 (the module docstring)
+LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "1") != "0"
 
 
 def expand_nd(ndim, value):
