@@ -3,6 +3,7 @@ shapes, settable indices, dtypes, the legacy 1x1 reading, SparseModule subclasse
 SparseSequential, and checkpoint-loader isinstance checks."""
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -345,6 +346,43 @@ def test_minus_and_select_by_index(seed):
     assert not x.is_quantized
     with pytest.raises(ValueError, match="not quantized"):
         x.q_scale()
+
+
+@pytest.mark.parametrize("kind", ["subm", "regular"])
+def test_indice_pairs_as_spconv_lays_them_out(seed, kind):
+    # indice_dict[key].indice_pairs: int32 [2, KV, N_in], offset k's pairs (input row, output
+    # row) packed from the left and -1 after; held to a brute-force oracle of the geometry
+    # (in = out * stride - padding + offset * dilation), with indice_pair_num their counts
+    # (a subm key's before the centre only, 0 from it on, as spconv counts them).
+    x = tensor(seed)
+    if kind == "subm":
+        layer = spconv.SubMConv3d(3, 4, (3, 1, 3), dilation=(1, 1, 2), indice_key="k")
+        stride, padding = [1, 1, 1], [1, 0, 2]
+    else:
+        layer = spconv.SparseConv3d(3, 4, (2, 3, 3), (2, 1, 2), (0, 1, 1), indice_key="k")
+        stride, padding = [2, 1, 2], [0, 1, 1]
+    y = layer(x)
+    entry = y.indice_dict["k"]
+    pairs, num = entry.indice_pairs, entry.indice_pair_num
+    kv = math.prod(layer.kernel_size)
+    assert pairs.dtype == num.dtype == torch.int32
+    assert list(pairs.shape) == [2, kv, x.indices.shape[0]] and list(num.shape) == [kv]
+    assert entry.algo is spconv.ConvAlgo.Native and entry.voxel_num is None
+    sites_in = {tuple(r): i for i, r in enumerate(x.indices.tolist())}
+    sites_out = y.indices.tolist()
+    for k in range(kv):
+        n = int((pairs[0, k] >= 0).sum())
+        assert (pairs[:, k, n:] == -1).all() and (pairs[:, k, :n] >= 0).all()
+        assert int(num[k]) == (0 if kind == "subm" and k >= kv // 2 else n)
+        offset = np.unravel_index(k, layer.kernel_size)
+        want = set()
+        for o, (b, *site) in enumerate(sites_out):
+            at = tuple([b] + [c * s - p + q * d for c, s, p, q, d in
+                              zip(site, stride, padding, offset, layer.dilation)])
+            if at in sites_in:
+                want.add((sites_in[at], o))
+        assert set(zip(pairs[0, k, :n].tolist(), pairs[1, k, :n].tolist())) == want
+        assert len(want) == n
 
 
 def test_any_conv_algo_runs_the_one_algorithm(seed):

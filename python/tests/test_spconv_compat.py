@@ -203,6 +203,37 @@ def test_point_to_voxel_same_as_spconv(data_dir, one_thread, scan, features, vsi
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
+def test_indice_pairs_same_as_spconv(data_dir, one_thread):
+    # What segmentation code reads from the cache (indice_dict[key].indice_pairs and
+    # indice_pair_num) on the KITTI scan, a subm key and a strided one: the same layout, counts
+    # (a subm key's only before the centre, as spconv counts them) and pairs. A strided conv's
+    # output rows come in another order from spconv (ours sorted), so its pairs are compared by
+    # sites; within an offset the order of the pairs is not.
+    feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
+    got = {}
+    for lib in (spconv, ours):
+        net = lib.SparseSequential(lib.SubMConv3d(4, 4, 3, indice_key="s"),
+                                   lib.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"))
+        with torch.no_grad():
+            y = net(lib.SparseConvTensor(feats, indices, shape, 1))
+        got[lib] = y.indice_dict
+    for key in ("s", "d"):
+        a, b = got[spconv][key], got[ours][key]
+        assert a.indice_pairs.shape == b.indice_pairs.shape
+        assert a.indice_pairs.dtype == b.indice_pairs.dtype
+        assert torch.equal(a.indice_pair_num, b.indice_pair_num)
+        assert a.algo.name == b.algo.name
+        for k in range(a.indice_pairs.shape[1]):
+            sides = []
+            for e in (a, b):
+                n = int((e.indice_pairs[0, k] >= 0).sum())  # packed from the left
+                assert (e.indice_pairs[:, k, n:] == -1).all()
+                rows_in = e.indice_pairs[0, k, :n].long()
+                sites_out = e.out_indices[e.indice_pairs[1, k, :n].long()]
+                sides.append(set(zip(rows_in.tolist(), map(tuple, sites_out.tolist()))))
+            assert sides[0] == sides[1], (key, k)
+
+
 def test_every_public_name_of_spconv_pytorch_exists():
     # A network written for spconv 2.x changes only its import: every class and function that
     # spconv.pytorch exports is here too, except its internals (C++ core, hash table, raw ops,

@@ -14,7 +14,6 @@ checkpoint gives spconv's outputs. ``SparseConvolution.legacy_1x1 = False`` (per
 any other kernel.
 """
 
-import enum
 import math
 import os
 
@@ -24,8 +23,8 @@ from torch.nn import init
 from torch.nn.parameter import Parameter
 
 from .. import ops
-from .core import (MAX_NDIM, UNREAD, IndiceEntry, SparseConvTensor, axes_of, extents_of,
-                   lift_shape, unchanged_since, version_of)
+from .core import (MAX_NDIM, UNREAD, ConvAlgo, IndiceEntry, SparseConvTensor, axes_of,
+                   extents_of, lift_shape, unchanged_since, version_of)
 from .modules import SparseModule
 
 # spconv's reading of kernel-volume-1 weights unless SPCONV_C_LEGACY_1X1=0 (the module docstring)
@@ -322,16 +321,6 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
         if kind != ops.INVERSE:
             entry.nd_indices, entry.nd_version = input.indices, version_of(input.indices)
     return rb, out, shape[MAX_NDIM - ndim:], rows
-
-
-class ConvAlgo(enum.Enum):
-    """spconv's choice of conv algorithm (its ``spconv.core.ConvAlgo``, exported by
-    ``spconv.pytorch``), for code that names one (``algo=ConvAlgo.Native``). The engine has one
-    algorithm, gather, GEMM and scatter-add per kernel offset (spconv's Native): a layer takes any
-    of these and runs it."""
-    Native = 0
-    MaskImplicitGemm = 1
-    MaskSplitImplicitGemm = 2
 
 
 class SparseConvolution(SparseModule):

@@ -9,6 +9,7 @@ axes. Along an axis of extent 1 a kernel of 1 pairs a site only with itself, so 
 rulebook has exactly the pairs of the nd conv, in the same order (the lifted sites sort as the
 nd ones do). See docs/pytorch.md, "1-d and 2-d layers"."""
 
+import enum
 import math
 
 import torch
@@ -97,6 +98,16 @@ def extents_of(ndim):
     return ", ".join(["D", "H", "W"][MAX_NDIM - ndim:])
 
 
+class ConvAlgo(enum.Enum):
+    """spconv's choice of conv algorithm (its ``spconv.core.ConvAlgo``, exported by
+    ``spconv.pytorch``), for code that names one (``algo=ConvAlgo.Native``). The engine has one
+    algorithm, gather, GEMM and scatter-add per kernel offset (spconv's Native): a layer takes any
+    of these and runs it."""
+    Native = 0
+    MaskImplicitGemm = 1
+    MaskSplitImplicitGemm = 2
+
+
 class IndiceEntry:
     """What ``indice_dict[key]`` holds: one layer's rulebook and the geometry it was built for.
 
@@ -148,6 +159,41 @@ class IndiceEntry:
         if self._rulebook is None:
             self._rulebook = ops.token_rulebook(self.token)
         return self._rulebook
+
+    # spconv 2.x's IndiceData fields beside the geometry above, for code that reads them (its
+    # layers run the one algorithm, Native; voxel_num is spconv's TensorRT-export count).
+    algo = ConvAlgo.Native
+    voxel_num = None
+
+    @property
+    def indice_pairs(self):
+        """The rulebook as spconv's IndiceData holds it: int32 [2, KV, N_in], for kernel offset
+        k the input rows (row 0) and output rows (row 1) of its pairs, packed from the left, -1
+        after them. A copy, made on each call (segmentation code pools point positions over
+        it, e.g. Stratified Transformer's get_downsample_info)."""
+        rb = self.rulebook
+        offsets = rb.pair_offsets()
+        counts = offsets.diff()
+        pairs_in, pairs_out = rb.pairs_in(), rb.pairs_out()
+        out = torch.full((2, counts.numel(), rb.num_in()), -1, dtype=torch.int32,
+                         device=pairs_in.device)
+        k = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+        slot = torch.arange(int(offsets[-1])) - offsets[:-1].repeat_interleave(counts)
+        k, slot = k.to(out.device), slot.to(out.device)
+        out[0, k, slot] = pairs_in.to(torch.int32)
+        out[1, k, slot] = pairs_out.to(torch.int32)
+        return out
+
+    @property
+    def indice_pair_num(self):
+        """int32 [KV]: the number of pairs of each kernel offset, as spconv's IndiceData counts
+        them: a subm key of an odd kernel counts only the offsets before the centre, and 0 from
+        the centre on (spconv's conv runs the centre as a direct product and offset k past it
+        with the count of offset KV - 1 - k, its mirror), though indice_pairs holds them all."""
+        counts = self.rulebook.pair_offsets().diff().to(torch.int32)
+        if self.is_subm and all(k % 2 for k in self.ksize):
+            counts[counts.numel() // 2:] = 0
+        return counts
 
     def _read_versions(self):
         """An entry made inside a compiled graph (conv._build_traced) recorded its versions as
