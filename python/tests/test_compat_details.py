@@ -385,6 +385,35 @@ def test_indice_pairs_as_spconv_lays_them_out(seed, kind):
         assert len(want) == n
 
 
+@pytest.mark.parametrize("one_call", [False, True])
+def test_a_layer_caches_for_its_output_only(seed, one_call):
+    # As spconv's layers (input.indice_dict.copy()): a layer's key is in its output's cache and
+    # in what derives from it, not in its input's or a sibling branch's, so two heads on one
+    # tensor may use one key name with kernels of their own (here that was an error). In an
+    # inference SparseSequential run in one call too.
+    x = tensor(seed, dtype=torch.float64)
+    teacher = spconv.SubMConv3d(3, 4, 3, indice_key="k").double()
+    student = spconv.SubMConv3d(3, 4, 5, indice_key="k").double()
+    a, b = teacher(x), student(x)
+    assert x.indice_dict == {}
+    assert a.indice_dict["k"].ksize == [3, 3, 3] and b.indice_dict["k"].ksize == [5, 5, 5]
+    c = spconv.SubMConv3d(4, 4, 3, indice_key="k").double()(a)
+    assert c.indice_dict["k"] is a.indice_dict["k"]  # downstream, the key is reused
+    net = spconv.SparseSequential(
+        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"), nn.BatchNorm1d(4), nn.ReLU(),
+        spconv.SubMConv3d(4, 4, 3, indice_key="s"),
+        spconv.SubMConv3d(4, 4, 3, indice_key="s"),
+        spconv.SparseInverseConv3d(4, 4, 3, indice_key="d")).double().eval()
+    sequence.ENABLED = one_call
+    try:
+        with torch.no_grad():
+            up = net(c)
+    finally:
+        sequence.ENABLED = True
+    assert set(c.indice_dict) == {"k"} and set(up.indice_dict) == {"k", "d", "s"}
+    assert torch.equal(up.indices, c.indices)  # the inverse conv found its key downstream
+
+
 def test_any_conv_algo_runs_the_one_algorithm(seed):
     # algo= as spconv's users pin it: every ConvAlgo value is taken and gives the same outputs
     # (the engine has one algorithm); a layer without one says Native, as spconv's CPU build.
@@ -520,17 +549,20 @@ def test_deepcopied_tensor_keeps_its_cache(seed):
     # A deepcopy writes into the copied indices (their version is 1, the cache recorded 0): the
     # copied cache must still take its copied sites, where the original took the original ones,
     # and refuse them where the original's had been written into before the copy.
+    # (The subm key is stored in the cache of the first subm layer's output, which the next
+    # one takes: a layer's entry is not seen by its input.)
     mid = strided_output(seed)
     sub = spconv.SubMConv3d(4, 4, 3, indice_key="s").double()
     with torch.no_grad():
-        want = sub(mid).features
-        twin = copy.deepcopy(mid)
+        first = sub(mid)
+        want = sub(first).features
+        twin = copy.deepcopy(first)
         assert torch.equal(sub(twin).features, want)
-        mid.indices[0, 0] = mid.indices[0, 0]  # a write in place, same values
+        first.indices[0, 0] = first.indices[0, 0]  # a write in place, same values
         with pytest.raises(ValueError, match="written into since"):
-            sub(mid)
+            sub(first)
         with pytest.raises(ValueError, match="written into since"):
-            sub(copy.deepcopy(mid))
+            sub(copy.deepcopy(first))
 
 
 def test_cache_pickled_before_graph_builds_loads(seed):

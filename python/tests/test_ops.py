@@ -600,7 +600,8 @@ def test_inference_calls_reach_modes(seed):
 
 def test_layer_outputs_keep_the_inputs_attributes(seed):
     """A layer's output is a shadow copy of its input with new sites (as spconv's layers make
-    it): the cache, grid, voxel_num, benchmark flag and record travel along."""
+    it): the grid, voxel_num, benchmark flag and record travel along, and the cache as a copy
+    with the keys the layers stored (the input's is left as it was, as spconv's)."""
     _, feats, idx = small_input(seed, channels=2)
     x = spconv.SparseConvTensor(feats.float(), idx, SHAPE, 2, grid=torch.zeros(1),
                                 voxel_num=torch.tensor([7]), benchmark=True)
@@ -608,7 +609,7 @@ def test_layer_outputs_keep_the_inputs_attributes(seed):
                                   torch.nn.ReLU(), spconv.SparseMaxPool3d(2, 2),
                                   spconv.SubMConv3d(3, 3, 3, indice_key="s"))
     out = net(x)
-    assert out is not x and out.indice_dict is x.indice_dict and set(x.indice_dict) == {"d", "s"}
+    assert out is not x and x.indice_dict == {} and set(out.indice_dict) == {"d", "s"}
     assert out.grid is x.grid and out.voxel_num is x.voxel_num and out.benchmark
     assert out.benchmark_record is x.benchmark_record and out.batch_size == 2
     assert out.features.shape == (out.indices.shape[0], 3)
@@ -709,12 +710,14 @@ def test_subm_key_after_indices_written_in_place(seed):
     gen = torch.Generator().manual_seed(seed)
     feats, idx = random_sparse(gen, 1, SHAPE, 20, 2)
     layer = spconv.SubMConv3d(2, 3, 3, indice_key="s").double()
+    then = spconv.SubMConv3d(3, 3, 3, indice_key="s").double()
     x = spconv.SparseConvTensor(feats, idx, SHAPE, 1)
-    y = layer(x)
-    x.spatial_shape = np.array(SHAPE)
-    again = layer(x)  # unchanged sites, the shape as an array: reused
-    assert again.features.data_ptr() != y.features.data_ptr()
-    assert torch.equal(again.features, y.features)
+    y = layer(x)  # its cache holds the key, on the sites of x (the same indices tensor)
+    assert y.indices is idx and "s" in y.indice_dict
+    y.spatial_shape = np.array(SHAPE)
+    again = then(y)  # unchanged sites, the shape as an array: reused
+    fresh = then(spconv.SparseConvTensor(y.features, idx.clone(), SHAPE, 1))
+    assert torch.equal(again.features, fresh.features)
     taken = {tuple(r) for r in idx.tolist()}
     free = [(0, z, 0, 0) for z in range(SHAPE[0]) if (0, z, 0, 0) not in taken]
     if not free:
@@ -722,7 +725,7 @@ def test_subm_key_after_indices_written_in_place(seed):
     x.indices[0] = torch.tensor(free[0], dtype=torch.int32)
     with pytest.raises(ValueError, match="holds a subm rulebook of other sites .*written into "
                                          "since"):
-        layer(x)
+        then(y)
 
 
 def test_inverse_on_other_sites():

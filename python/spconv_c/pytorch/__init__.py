@@ -17,8 +17,8 @@ from .utils import PointToVoxel, gather_features_by_pc_voxel_id  # noqa: F401
 from . import conv, core, functional, modules, pool, tables, utils  # noqa: F401
 
 __all__ = ["ConvAlgo", "SparseConvTensor", "SparseModule", "SparseSequential",
-           "SparseConvolution", "SparseConv1d", "SparseConv2d", "SparseConv3d", "SubMConv1d", "SubMConv2d",
-           "SubMConv3d", "SparseConvTranspose1d", "SparseConvTranspose2d",
+           "SparseConvolution", "SparseConv1d", "SparseConv2d", "SparseConv3d", "SubMConv1d",
+           "SubMConv2d", "SubMConv3d", "SparseConvTranspose1d", "SparseConvTranspose2d",
            "SparseConvTranspose3d", "SparseInverseConv1d", "SparseInverseConv2d",
            "SparseInverseConv3d", "SparseMaxPool", "SparseMaxPool1d", "SparseMaxPool2d",
            "SparseMaxPool3d", "SparseAvgPool", "SparseAvgPool1d", "SparseAvgPool2d",

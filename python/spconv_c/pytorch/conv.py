@@ -153,7 +153,7 @@ def _build_traced(cache, input, kind, ksize, stride, padding, dilation, output_p
 
 
 def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
-                 ndim=MAX_NDIM, token=None):
+                 ndim=MAX_NDIM, token=None, store=None):
     """The rulebook of a layer on ``input`` through its indice_key cache; returns (entry, rb,
     out_indices, out_spatial_shape). ``rb`` is the handle, or its token (Rulebook.token()) with
     ``token``, which defaults to "under torch.compile": there the ops take the token, which is a
@@ -238,12 +238,21 @@ def rulebook_for(input, kind, ksize, stride, padding, dilation, output_padding, 
         return entry, rb, entry.out_indices, entry.out_spatial_shape
     if token and torch.compiler.is_compiling() and (
             kind == ops.SUBM or torch._dynamo.config.capture_dynamic_output_shape_ops):
-        entry = _build_traced(cache, input, kind, ksize, stride, padding, dilation,
-                              output_padding, indice_key, ndim)
+        entry = _build_traced(cache if store is None else store, input, kind, ksize, stride,
+                              padding, dilation, output_padding, indice_key, ndim)
         return entry, entry.token, entry.out_indices, entry.out_spatial_shape
-    entry = _build(cache, input, kind, ksize, stride, padding, dilation, output_padding,
-                   indice_key, ndim, token)
+    entry = _build(cache if store is None else store, input, kind, ksize, stride, padding,
+                   dilation, output_padding, indice_key, ndim, token)
     return entry, entry.rulebook_arg(token), entry.out_indices, entry.out_spatial_shape
+
+
+def own_cache(input, indice_key):
+    """The cache a layer with ``indice_key`` stores its entry in and its output keeps: a copy of
+    its input's (None for no key: nothing stored, the output shares the input's). As spconv's
+    layers do (``input.indice_dict.copy()``), a key is then seen by the layer's output and what
+    derives from it, not by its input or the input's other branches: two heads on one tensor may
+    each use a key of their own geometry under one name."""
+    return None if indice_key is None else dict(input.indice_dict)
 
 
 def _lifts(rows, indices):
@@ -267,25 +276,28 @@ def check_ndim(module, input):
 
 
 def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, indice_key,
-                token=None):
+                token=None, store=None):
     """rulebook_for on ``input`` of any ndim: returns (rb, out_indices, out_spatial_shape, lifted)
     with the output's sites as the layer gives them (nd), and ``lifted`` their engine rows for
     _derive (None for a 3-d layer). A 1-d / 2-d layer works in the engine's 3-d space on the
     lifted sites (core.py's docstring); the cache under its indice_key holds those. Its outputs:
     a subm layer's are the input's own indices (the same tensor); an inverse conv's are the nd
     indices its paired conv took; others an int32 [M, ndim + 1] copy of the engine's rows.
-    ``rb`` is the handle or the token, as rulebook_for's ``token`` says."""
+    ``rb`` is the handle or the token, as rulebook_for's ``token`` says. A rulebook the layer
+    builds goes under its key into ``store`` (own_cache), else into the input's cache."""
     ndim = len(input.spatial_shape)
     if ndim == MAX_NDIM:
         _, rb, out_indices, out_shape = rulebook_for(input, kind, ksize, stride, padding, dilation,
-                                                     output_padding, indice_key, ndim, token)
+                                                     output_padding, indice_key, ndim, token,
+                                                     store)
         return rb, out_indices, out_shape, None
     sites = input.shadow_copy()  # shares the indice_dict
     sites.indices, sites.spatial_shape, unverified = input._lifted_rows()
     try:
         entry, rb, rows, shape = rulebook_for(
             sites, kind, lift_shape(ksize, 1), lift_shape(stride, 1), lift_shape(padding, 0),
-            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key, ndim, token)
+            lift_shape(dilation, 1), lift_shape(output_padding, 0), indice_key, ndim, token,
+            store)
     except RuntimeError as e:
         lead = MAX_NDIM - ndim
         axes = axes_of(ndim)
@@ -493,9 +505,10 @@ class SparseConvolution(SparseModule):
                     out = out + bias
             result = input.replace_feature(out)
         else:
+            store = own_cache(input, self.indice_key)
             rb, out_indices, out_shape, lifted = layer_sites(
                 input, self._kind(), self.kernel_size, self.stride, self.padding, self.dilation,
-                self.output_padding, self.indice_key)
+                self.output_padding, self.indice_key, store=store)
             if bn is not None and not isinstance(rb, torch.Tensor):
                 # Folded (inference, a handle): the op takes the KRSC weight as it is.
                 out = ops.indice_conv_bn(rb, feats, weight, bias, bn, relu, krsc=True)
@@ -513,7 +526,7 @@ class SparseConvolution(SparseModule):
                     out = bn(out)
                     if relu:
                         out = torch.relu(out)
-            result = input._derive(out, out_indices, out_shape, lifted)
+            result = input._derive(out, out_indices, out_shape, lifted, store)
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)
         return result

@@ -347,12 +347,15 @@ class SparseConvTensor:
         new.__dict__.update(self.__dict__)
         return new
 
-    def _derive(self, features, indices, spatial_shape, lifted=None):
+    def _derive(self, features, indices, spatial_shape, lifted=None, indice_dict=None):
         """A layer's output: this tensor's attributes with new sites (spatial_shape a list of
         ints). ``lifted``: for a 1-d / 2-d output, its sites as the engine's [M, 4] rows, which
-        the next layer takes as they are (see lifted_sites)."""
+        the next layer takes as they are (see lifted_sites). ``indice_dict``: the output's
+        cache, where the layer made one (conv.own_cache), else this tensor's."""
         new = self.shadow_copy()
         new._features, new.indices, new.spatial_shape = features, indices, spatial_shape
+        if indice_dict is not None:
+            new.indice_dict = indice_dict
         if lifted is not None:
             new._lift = (indices, version_of(indices), lifted, version_of(lifted))
         else:

@@ -5,7 +5,7 @@ all-negative windows give their maximum; ties go to the smallest offset."""
 import torch
 
 from .. import ops
-from .conv import MAX_NDIM, check_ndim, expand_nd, layer_sites
+from .conv import MAX_NDIM, check_ndim, expand_nd, layer_sites, own_cache
 from .core import SparseConvTensor
 from .modules import SparseModule
 
@@ -40,17 +40,18 @@ class _WindowPool(SparseModule):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
                 f"dilation={self.dilation}")
 
-    def _sites(self, input, token=None):
+    def _sites(self, input, token=None, store=None):
         check_ndim(self, input)
         return layer_sites(input, ops.REGULAR, self.kernel_size, self.stride, self.padding,
-                           self.dilation, [0] * self.ndim, self.indice_key, token)
+                           self.dilation, [0] * self.ndim, self.indice_key, token, store)
 
 
 class SparseMaxPool(_WindowPool):
     def forward(self, input):
-        rb, out_indices, out_shape, lifted = self._sites(input)
+        store = own_cache(input, self.indice_key) if isinstance(input, SparseConvTensor) else None
+        rb, out_indices, out_shape, lifted = self._sites(input, store=store)
         out = ops.indice_maxpool(rb, input.features)
-        return input._derive(out, out_indices, out_shape, lifted)
+        return input._derive(out, out_indices, out_shape, lifted, store)
 
 
 # As this module defines them (see conv.AS_DEFINED).
@@ -112,10 +113,11 @@ class SparseAvgPool(_WindowPool):
     KIND = "average"
 
     def forward(self, input):
-        rb, out_indices, out_shape, lifted = self._sites(input)
+        store = own_cache(input, self.indice_key) if isinstance(input, SparseConvTensor) else None
+        rb, out_indices, out_shape, lifted = self._sites(input, store=store)
         _check_features(self, input.features, input.indices.shape[0])
         return input._derive(ops.indice_avgpool(rb, input.features), out_indices, out_shape,
-                             lifted)
+                             lifted, store)
 
 
 class _SparseAvgPoolNd(_FixedNdim, SparseAvgPool):

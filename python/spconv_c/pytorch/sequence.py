@@ -320,6 +320,10 @@ class _Walk:
         indices, shape, nd = self.rows, self.shape, input.indices
         columns = [0, *range(MAX_NDIM + 1 - ndim, MAX_NDIM + 1)]
         made, entries = 0, {}
+        # The output's cache: a copy of the input's with the entries the layers store, as each
+        # layer gives its output (conv.own_cache); the input's is left as it was.
+        keyed = any(key is not None for _, key, _, _ in self.layers)
+        cache = dict(self.cache) if keyed else self.cache
         for (kind, key, geometry, reused), rb in zip(self.layers, rulebooks):
             out_nd = nd
             if reused is not None:
@@ -339,14 +343,17 @@ class _Walk:
                                     input.batch_size, ndim)
                 if ndim < MAX_NDIM and kind != ops.SUBM:
                     entry.nd_indices, entry.nd_version = nd, version_of(nd)
-                self.cache[key] = entries[key] = entry
+                cache[key] = entries[key] = entry
             indices, shape, nd = out_indices, out_shape, out_nd
-        if ndim == MAX_NDIM:
-            return features if self.to_dense else input._derive(features, indices, shape)
         if self.to_dense:  # [B, C, 1, (1,) *nd shape] -> [B, C, *nd shape], as .dense() does
-            return features.reshape(features.shape[0], features.shape[1],
-                                    *shape[MAX_NDIM - ndim:])
-        return input._derive(features, nd, shape[MAX_NDIM - ndim:], indices)
+            return features if ndim == MAX_NDIM else features.reshape(
+                features.shape[0], features.shape[1], *shape[MAX_NDIM - ndim:])
+        if ndim == MAX_NDIM:
+            out = input._derive(features, indices, shape)
+        else:
+            out = input._derive(features, nd, shape[MAX_NDIM - ndim:], indices)
+        out.indice_dict = cache
+        return out
 
 
 def _layer_count(modules, cap):
