@@ -414,6 +414,60 @@ def test_a_layer_caches_for_its_output_only(seed, one_call):
     assert torch.equal(up.indices, c.indices)  # the inverse conv found its key downstream
 
 
+def test_record_voxel_count_keeps_spconvs_buffer(seed):
+    # record_voxel_count=True: strided convs and pools keep spconv's max_num_voxels_during_training
+    # buffer (in their state_dict, so spconv's checkpoints load strictly), raised to each call's
+    # output site count; subm and inverse layers have none, as in spconv.
+    x = tensor(seed)
+    down = spconv.SparseConv3d(3, 4, 3, 2, 1, indice_key="d", record_voxel_count=True)
+    pool = spconv.SparseMaxPool3d(2, 2, record_voxel_count=True)
+    subm = spconv.conv.SparseConvolution(3, 3, 4, 3, subm=True, record_voxel_count=True)
+    net = spconv.SparseSequential(down, pool)
+    assert set(net.state_dict()) == {"0.weight", "0.bias", "0.max_num_voxels_during_training",
+                                     "1.max_num_voxels_during_training"}
+    assert subm.get_max_num_voxels() is None and "max_num_voxels_during_training" not in dict(
+        subm.named_buffers())
+    y = down(x)
+    z = pool(y)
+    assert down.get_max_num_voxels().tolist() == [y.indices.shape[0]]
+    assert pool.get_max_num_voxels().tolist() == [z.indices.shape[0]]
+    down(spconv.SparseConvTensor(x.features[:3], x.indices[:3], SHAPE, 2))  # fewer sites
+    assert down.get_max_num_voxels().tolist() == [y.indices.shape[0]]  # the most, kept
+    with torch.no_grad():
+        net.eval()(x)  # in inference too, and in one call (a walk leaves such layers out)
+    assert down.get_max_num_voxels().tolist() == [y.indices.shape[0]]
+    # a state_dict without the buffer (a model saved before it was on) loads: zeros
+    fresh = spconv.SparseConv3d(3, 4, 3, 2, 1, record_voxel_count=True)
+    fresh.load_state_dict({"weight": down.weight, "bias": down.bias})
+    assert fresh.get_max_num_voxels().tolist() == [0]
+
+
+def test_fused_activation_is_refused_not_left_out(seed):
+    # spconv's act_type (an activation fused into its GPU inference kernels; its CPU build
+    # refuses one): refused here too, with a message, rather than run without it.
+    class Activation:  # stands for cumm's tv.gemm.Activation members (a name)
+        def __init__(self, name):
+            self.name = name
+    x = tensor(seed)
+    spconv.conv.SparseConvolution(3, 3, 4, 3, subm=True, act_type=Activation("None_"))(x)
+    layer = spconv.conv.SparseConvolution(3, 3, 4, 3, subm=True, act_type=Activation("ReLU"))
+    with pytest.raises(NotImplementedError, match="act_type=.* is not supported"):
+        layer(x)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="act_type"):
+        spconv.SparseSequential(layer, spconv.SubMConv3d(4, 4, 3), spconv.SubMConv3d(4, 4, 3),
+                                spconv.SubMConv3d(4, 4, 3)).eval()(x)
+
+
+def test_sparse_module_name_and_feature_modules():
+    # spconv's SparseModule keeps its name; is_spconv_module counts its SparseBatchNorm and
+    # SparseReLU (a SparseSequential hands them the SparseConvTensor).
+    assert spconv.SubMConv3d(3, 4, 3, name="stem").name == "stem"
+    assert spconv.SparseMaxPool3d(2, name="p").name == "p" and spconv.Identity() is not None
+    from spconv_c.pytorch.modules import is_spconv_module
+    assert is_spconv_module(spconv.SparseBatchNorm(4)) and is_spconv_module(spconv.SparseReLU())
+    assert not is_spconv_module(nn.ReLU())
+
+
 def test_any_conv_algo_runs_the_one_algorithm(seed):
     # algo= as spconv's users pin it: every ConvAlgo value is taken and gives the same outputs
     # (the engine has one algorithm); a layer without one says Native, as spconv's CPU build.

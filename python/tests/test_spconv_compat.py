@@ -234,6 +234,27 @@ def test_indice_pairs_same_as_spconv(data_dir, one_thread):
             assert sides[0] == sides[1], (key, k)
 
 
+def test_record_voxel_count_state_dict_same_as_spconv(data_dir, one_thread):
+    # A checkpoint of layers made with record_voxel_count=True (spconv's TensorRT export path)
+    # loads strictly both ways, and a forward leaves the same counts in the buffers.
+    feats, indices, shape = kitti_voxels(data_dir / "kitti_000008.bin")
+    nets = {}
+    for lib in (spconv, ours):
+        torch.manual_seed(0)
+        nets[lib] = lib.SparseSequential(
+            lib.SparseConv3d(4, 8, 3, 2, 1, record_voxel_count=True),
+            lib.SparseMaxPool3d(2, 2, record_voxel_count=True),
+            lib.SubMConv3d(8, 8, 3))
+    assert list(nets[spconv].state_dict()) == list(nets[ours].state_dict())
+    nets[ours].load_state_dict(nets[spconv].state_dict(), strict=True)
+    nets[spconv].load_state_dict(nets[ours].state_dict(), strict=True)
+    for lib, net in nets.items():
+        with torch.no_grad():
+            net(lib.SparseConvTensor(feats, indices, shape, 1))
+    for a, b in zip(nets[spconv].buffers(), nets[ours].buffers()):
+        assert torch.equal(a, b) and int(a) > 0
+
+
 def test_every_public_name_of_spconv_pytorch_exists():
     # A network written for spconv 2.x changes only its import: every class and function that
     # spconv.pytorch exports is here too, except its internals (C++ core, hash table, raw ops,

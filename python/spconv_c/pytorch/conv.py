@@ -25,7 +25,7 @@ from torch.nn.parameter import Parameter
 from .. import ops
 from .core import (MAX_NDIM, UNREAD, ConvAlgo, IndiceEntry, SparseConvTensor, axes_of,
                    extents_of, lift_shape, unchanged_since, version_of)
-from .modules import SparseModule
+from .modules import MAX_NUM_VOXELS, SparseModule, VoxelCount
 
 # spconv's reading of kernel-volume-1 weights unless SPCONV_C_LEGACY_1X1=0 (the module docstring)
 LEGACY_1X1_DEFAULT = os.environ.get("SPCONV_C_LEGACY_1X1", "1") != "0"
@@ -335,10 +335,11 @@ def layer_sites(input, kind, ksize, stride, padding, dilation, output_padding, i
     return rb, out, shape[MAX_NDIM - ndim:], rows
 
 
-class SparseConvolution(SparseModule):
+class SparseConvolution(SparseModule, VoxelCount):
     """Base of every sparse conv (checkpoint loaders test isinstance against it)."""
 
     legacy_1x1 = LEGACY_1X1_DEFAULT
+    _fused_activation = False  # (modules pickled before there was one)
 
     def __init__(self, ndim, in_channels, out_channels, kernel_size=3, stride=1, padding=0,
                  dilation=1, groups=1, bias=True, subm=False, output_padding=0, transposed=False,
@@ -366,6 +367,10 @@ class SparseConvolution(SparseModule):
         self.fp32_accum = fp32_accum
         self.record_voxel_count = record_voxel_count
         self.act_type, self.act_alpha, self.act_beta = act_type, act_alpha, act_beta
+        # spconv fuses an activation given so into its GPU inference kernels (its CPU build
+        # refuses one). The engine has none fused: such a layer refuses to run, rather than run
+        # without it (apply the activation as a module after the layer).
+        self._fused_activation = getattr(act_type, "name", act_type) not in (None, "None_")
         self.large_kernel_fast_algo = large_kernel_fast_algo
         if in_channels < 0 or out_channels < 0:
             raise ValueError(f"spconv_c: channel counts must be >= 0, got in_channels="
@@ -385,6 +390,8 @@ class SparseConvolution(SparseModule):
             self.bias = Parameter(torch.zeros(out_channels, **kwargs))
         else:
             self.register_parameter("bias", None)
+        if record_voxel_count and not subm and not inverse:
+            self._add_voxel_count(device)
         self.reset_parameters()
 
     def _fan_in(self):
@@ -455,6 +462,11 @@ class SparseConvolution(SparseModule):
         modules._fold_length) that batch norm and, with @p relu, a ReLU applied to the output in
         the same op."""
         check_ndim(self, input)
+        if self._fused_activation:
+            raise NotImplementedError(f"spconv_c: {type(self).__name__}: act_type="
+                                      f"{self.act_type} (spconv's activation fused into its GPU "
+                                      f"inference kernels) is not supported; apply the "
+                                      f"activation as a module after the layer")
         feats = input.features
         shape = feats.shape
         if len(shape) != 2 or shape[1] != self.in_channels:
@@ -527,6 +539,7 @@ class SparseConvolution(SparseModule):
                     if relu:
                         out = torch.relu(out)
             result = input._derive(out, out_indices, out_shape, lifted, store)
+            self._count_voxels(out_indices.shape[0])
         if add_input is not None:
             result = result.replace_feature(result.features + add_input.features)
         return result

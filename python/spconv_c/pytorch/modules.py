@@ -20,11 +20,43 @@ class SparseModule(nn.Module):
 
     def __init__(self, name=None):
         super().__init__()
+        self.name = name
         self._sparse_unique_name = name or ""
 
 
 def is_spconv_module(module):
-    return isinstance(module, SparseModule)
+    """A module that a SparseSequential hands the SparseConvTensor (spconv's test: its sparse
+    modules and its SparseBatchNorm / SparseReLU, which take one)."""
+    return isinstance(module, (SparseModule, SparseBatchNorm, SparseReLU))
+
+
+# spconv's record of the most output sites a strided layer has made (record_voxel_count=True;
+# its TensorRT export reads it): a buffer, so that a spconv state_dict that holds it loads and
+# saves unchanged.
+MAX_NUM_VOXELS = "max_num_voxels_during_training"
+
+
+class VoxelCount:
+    """What spconv's strided convs and pools with record_voxel_count keep: the buffer above,
+    raised to each call's output site count (as spconv does, in training and inference alike),
+    ``get_max_num_voxels()``, and a state_dict without it loading as zeros."""
+
+    def _add_voxel_count(self, device=None):
+        self.register_buffer(MAX_NUM_VOXELS, torch.zeros(1, dtype=torch.int32, device=device))
+        self._register_load_state_dict_pre_hook(_zero_voxel_count)
+
+    def get_max_num_voxels(self):
+        return self._buffers.get(MAX_NUM_VOXELS)
+
+    def _count_voxels(self, sites):
+        count = self._buffers.get(MAX_NUM_VOXELS)
+        if count is not None:
+            with torch.no_grad():
+                count.clamp_(min=sites)
+
+
+def _zero_voxel_count(state_dict, prefix, *args):
+    state_dict.setdefault(prefix + MAX_NUM_VOXELS, torch.zeros(1, dtype=torch.int32))
 
 
 def assign_name_for_sparse_modules(module):

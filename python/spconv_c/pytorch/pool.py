@@ -7,10 +7,10 @@ import torch
 from .. import ops
 from .conv import MAX_NDIM, check_ndim, expand_nd, layer_sites, own_cache
 from .core import SparseConvTensor
-from .modules import SparseModule
+from .modules import SparseModule, VoxelCount
 
 
-class _WindowPool(SparseModule):
+class _WindowPool(SparseModule, VoxelCount):
     """What the max and average pools share: spconv's constructor, the window's geometry."""
 
     KIND = "max"
@@ -35,6 +35,8 @@ class _WindowPool(SparseModule):
         self.indice_key = indice_key
         self.algo = algo
         self.record_voxel_count = record_voxel_count
+        if record_voxel_count:
+            self._add_voxel_count()
 
     def extra_repr(self):
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -51,6 +53,7 @@ class SparseMaxPool(_WindowPool):
         store = own_cache(input, self.indice_key) if isinstance(input, SparseConvTensor) else None
         rb, out_indices, out_shape, lifted = self._sites(input, store=store)
         out = ops.indice_maxpool(rb, input.features)
+        self._count_voxels(out_indices.shape[0])
         return input._derive(out, out_indices, out_shape, lifted, store)
 
 
@@ -116,6 +119,7 @@ class SparseAvgPool(_WindowPool):
         store = own_cache(input, self.indice_key) if isinstance(input, SparseConvTensor) else None
         rb, out_indices, out_shape, lifted = self._sites(input, store=store)
         _check_features(self, input.features, input.indices.shape[0])
+        self._count_voxels(out_indices.shape[0])
         return input._derive(ops.indice_avgpool(rb, input.features), out_indices, out_shape,
                              lifted, store)
 

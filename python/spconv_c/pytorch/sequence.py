@@ -31,7 +31,8 @@ from .conv import (SparseConv1d, SparseConv2d, SparseConv3d, SparseConvTranspose
                    SparseConvTranspose2d, SparseConvTranspose3d, SubMConv1d, SubMConv2d,
                    SubMConv3d, _known_sites, rulebook_for)
 from .core import MAX_NDIM, IndiceEntry, SparseConvTensor, lift_shape, version_of
-from .modules import _SEQUENCE_FORWARD, SparseSequential, ToDense, _fold_length, _plain
+from .modules import (_SEQUENCE_FORWARD, MAX_NUM_VOXELS, SparseSequential, ToDense,
+                      _fold_length, _plain)
 from .pool import SparseMaxPool1d, SparseMaxPool2d, SparseMaxPool3d
 
 ENABLED = os.environ.get("SPCONV_C_SEQUENCE_CALL", "1") != "0"
@@ -206,7 +207,8 @@ class _Walk:
         """The conv ``module`` = modules[i - 1], with what it folds; how many of modules[i:] it
         took (0, 1 or 2), or None where the walk stops."""
         if (type(module) not in _CONVS or module.ndim != self.ndim
-                or not _as_written(module, _conv.AS_DEFINED) or module.conv1x1):
+                or not _as_written(module, _conv.AS_DEFINED) or module.conv1x1
+                or module._fused_activation or MAX_NUM_VOXELS in module._buffers):
             return None
         # The weight and bias as _forward reads them (a parametrization computes them).
         params = module._parameters
@@ -239,7 +241,8 @@ class _Walk:
         return fold
 
     def pool(self, module):
-        if module.ndim != self.ndim or not _as_written(module, _pool.MAXPOOL_AS_DEFINED):
+        if (module.ndim != self.ndim or not _as_written(module, _pool.MAXPOOL_AS_DEFINED)
+                or MAX_NUM_VOXELS in module._buffers):
             return False
         geometry = _lifted((module.kernel_size, module.stride, module.padding, module.dilation,
                             [0] * self.ndim))
