@@ -468,6 +468,22 @@ def test_sparse_module_name_and_feature_modules():
     assert not is_spconv_module(nn.ReLU())
 
 
+def test_small_spconv_attributes(seed):
+    # tensor + sparse tensor and += (in place, on the features), an empty grid and int8_scale
+    # by default, the global pools' is_mean and the IndiceData name, as spconv's
+    x = tensor(seed, dtype=torch.float64)
+    t = torch.randn(x.features.shape, dtype=torch.float64)
+    assert torch.equal((t + x).features, t + x.features)
+    features, before = x.features, x.features.clone()
+    y = x
+    y += t
+    assert y is x and x.features is features and torch.equal(features, before + t)
+    assert x.grid.numel() == 0 and x.int8_scale is None
+    assert spconv.SparseGlobalAvgPool().is_mean and not spconv.SparseGlobalMaxPool().is_mean
+    from spconv_c.pytorch.core import IndiceData, IndiceEntry
+    assert IndiceData is IndiceEntry
+
+
 def test_any_conv_algo_runs_the_one_algorithm(seed):
     # algo= as spconv's users pin it: every ConvAlgo value is taken and gives the same outputs
     # (the engine has one algorithm); a layer without one says Native, as spconv's CPU build.

@@ -288,13 +288,14 @@ class SparseConvTensor:
         self.spatial_shape = _spatial_shape(spatial_shape)
         self.batch_size = int(batch_size)
         self.indice_dict = {} if indice_dict is None else indice_dict
-        self.grid = grid
+        self.grid = torch.empty(0) if grid is None else grid  # spconv's: an empty tensor
         self.voxel_num = voxel_num
         self.benchmark = benchmark
         self.benchmark_record = {}
         self.thrust_allocator = None
         self.enable_timer = enable_timer
         self.force_algo = force_algo
+        self.int8_scale = None  # spconv's (its int8 inference; none here)
 
     @property
     def features(self):
@@ -452,6 +453,14 @@ class SparseConvTensor:
             return self.replace_feature(self._features + other.features)
         return self.replace_feature(self._features + other)
 
+    def __radd__(self, other):  # tensor + sparse tensor, as spconv's
+        return self.replace_feature(other + self._features)
+
+    def __iadd__(self, other):
+        """``x += y`` adds into x's features in place, as spconv's does."""
+        self._features += other.features if isinstance(other, SparseConvTensor) else other
+        return self
+
     def __repr__(self):
         return (f"SparseConvTensor[features={tuple(self._features.shape)}, "
                 f"spatial_shape={self.spatial_shape}, batch_size={self.batch_size}]")
@@ -459,3 +468,6 @@ class SparseConvTensor:
 
 # As this module defines it (see conv.AS_DEFINED).
 DENSE_AS_DEFINED = SparseConvTensor.dense
+
+# spconv's name for a cache entry's class, for code that names it.
+IndiceData = IndiceEntry

@@ -149,6 +149,10 @@ class _GlobalPool(SparseModule):
 
     MEAN = False
 
+    @property
+    def is_mean(self):  # spconv's attribute
+        return self.MEAN
+
     def forward(self, input):
         if not isinstance(input, SparseConvTensor):
             raise TypeError(f"spconv_c: {type(self).__name__} takes a SparseConvTensor, got "
