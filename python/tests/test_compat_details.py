@@ -482,6 +482,12 @@ def test_small_spconv_attributes(seed):
     assert spconv.SparseGlobalAvgPool().is_mean and not spconv.SparseGlobalMaxPool().is_mean
     from spconv_c.pytorch.core import IndiceData, IndiceEntry
     assert IndiceData is IndiceEntry
+    # from_dense of any dtype (spconv's goes through torch's to_sparse): the non-zero sites
+    for dense in (x.dense(channels_first=False) != 0, x.dense(channels_first=False).int()):
+        back = spconv.SparseConvTensor.from_dense(dense)
+        want = dense.to_sparse(dense.dim() - 1)
+        assert torch.equal(back.indices, want.indices().t().int())
+        assert torch.equal(back.features, want.values())
 
 
 def test_any_conv_algo_runs_the_one_algorithm(seed):

@@ -427,9 +427,9 @@ class SparseConvTensor:
     @classmethod
     def from_dense(cls, x):
         """From a channels-last dense [B, *spatial, C] (1 to 3 spatial axes): the sites where any
-        channel is non-zero."""
+        channel is non-zero (a NaN counts; any dtype, bool too, as torch's to_sparse)."""
         spatial_shape = list(x.shape[1:-1])
-        indices = torch.nonzero(x.abs().sum(-1)).int()
+        indices = torch.nonzero((x != 0).any(-1)).int()
         features = x[tuple(indices.long().t())]
         return cls(features, indices, spatial_shape, x.shape[0])
 
