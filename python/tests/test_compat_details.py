@@ -463,9 +463,10 @@ def test_sparse_module_name_and_feature_modules():
     # SparseReLU (a SparseSequential hands them the SparseConvTensor).
     assert spconv.SubMConv3d(3, 4, 3, name="stem").name == "stem"
     assert spconv.SparseMaxPool3d(2, name="p").name == "p" and spconv.Identity() is not None
-    from spconv_c.pytorch.modules import is_spconv_module
+    from spconv_c.pytorch.modules import is_sparse_conv, is_spconv_module
     assert is_spconv_module(spconv.SparseBatchNorm(4)) and is_spconv_module(spconv.SparseReLU())
     assert not is_spconv_module(nn.ReLU())
+    assert is_sparse_conv(spconv.SubMConv2d(3, 4, 3)) and not is_sparse_conv(spconv.ToDense())
 
 
 def test_small_spconv_attributes(seed):

@@ -30,6 +30,12 @@ def is_spconv_module(module):
     return isinstance(module, (SparseModule, SparseBatchNorm, SparseReLU))
 
 
+def is_sparse_conv(module):
+    """Whether ``module`` is a sparse conv (spconv's helper of that name)."""
+    from .conv import SparseConvolution  # (conv.py imports this module)
+    return isinstance(module, SparseConvolution)
+
+
 # spconv's record of the most output sites a strided layer has made (record_voxel_count=True;
 # its TensorRT export reads it): a buffer, so that a spconv state_dict that holds it loads and
 # saves unchanged.
