@@ -660,3 +660,48 @@ def test_cache_pickled_before_graph_builds_loads(seed):
         loaded.__setstate__(old)
         mid.indice_dict["d"] = loaded
         assert torch.equal(inverse(mid).features, want)
+
+
+@pytest.mark.parametrize("key_dtype", [torch.int32, torch.int64])
+def test_hash_table_against_a_dict(seed, key_dtype):
+    # spconv.pytorch.hash.HashTable's interface, held to a Python dict assigned in order: a key
+    # keeps one slot, its value the last one given; query finds the held keys and leaves the
+    # other rows; insert_exist_keys sets only held keys; assign_arange_ numbers the keys in the
+    # order of their first insertion, which items() returns.
+    from spconv_c.pytorch.hash import HashTable
+    gen = torch.Generator().manual_seed(seed)
+    table = HashTable(torch.device("cpu"), key_dtype, torch.float64)
+    oracle = {}
+    for _ in range(4):
+        keys = torch.randint(-50, 50, (30,), generator=gen).to(key_dtype)
+        values = torch.randn(30, generator=gen, dtype=torch.float64)
+        with_values = bool(torch.randint(0, 2, (1,), generator=gen))
+        table.insert(keys, values if with_values else None)
+        for k, v in zip(keys.tolist(), values.tolist()):
+            if with_values:
+                oracle[k] = v
+            else:
+                oracle.setdefault(k, 0.0)
+        probe = torch.randint(-60, 60, (40,), generator=gen).to(key_dtype)
+        got, empty = table.query(probe, torch.full((40,), 7.0, dtype=torch.float64))
+        for k, g, e in zip(probe.tolist(), got.tolist(), empty.tolist()):
+            assert e == (k not in oracle) and g == oracle.get(k, 7.0)
+        update = torch.randn(40, generator=gen, dtype=torch.float64)
+        missing = table.insert_exist_keys(probe, update)
+        assert missing.dtype == torch.uint8
+        for k, v, m in zip(probe.tolist(), update.tolist(), missing.tolist()):
+            assert m == (k not in oracle)
+            if k in oracle:
+                oracle[k] = v
+    keys, values, count = table.items()
+    assert keys.tolist() == list(oracle) and values.tolist() == list(oracle.values())
+    assert count.tolist() == [len(oracle)]
+    numbered = HashTable("cpu", key_dtype, torch.int64)
+    numbered.insert(keys.flip(0))
+    assert numbered.assign_arange_().tolist() == [len(oracle)]
+    ids, empty = numbered.query(keys)
+    assert not empty.any() and ids.tolist() == list(range(len(oracle)))[::-1]
+    with pytest.raises(ValueError, match="keys must be"):
+        table.insert(keys.double())
+    with pytest.raises(ValueError, match="needs int32 or int64 values"):
+        table.assign_arange_()

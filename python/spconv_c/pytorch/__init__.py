@@ -14,7 +14,7 @@ from .pool import (SparseAvgPool, SparseAvgPool1d, SparseAvgPool2d, SparseAvgPoo
                    SparseMaxPool2d, SparseMaxPool3d, SparseMaxPool4d)
 from .tables import AddTable, AddTableMisaligned, ConcatTable, JoinTable
 from .utils import PointToVoxel, gather_features_by_pc_voxel_id  # noqa: F401
-from . import conv, core, functional, modules, pool, tables, utils  # noqa: F401
+from . import conv, core, functional, hash, modules, pool, tables, utils  # noqa: F401
 
 __all__ = ["ConvAlgo", "SparseConvTensor", "SparseModule", "SparseSequential",
            "SparseConvolution", "SparseConv1d", "SparseConv2d", "SparseConv3d", "SubMConv1d",
