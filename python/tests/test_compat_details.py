@@ -705,3 +705,27 @@ def test_hash_table_against_a_dict(seed, key_dtype):
         table.insert(keys.double())
     with pytest.raises(ValueError, match="needs int32 or int64 values"):
         table.assign_arange_()
+
+
+@pytest.mark.parametrize("one_call", [False, True])
+def test_foreign_entries_in_the_cache(seed, one_call):
+    # Code stores its own objects in indice_dict under keys of its own (SphereFormer keeps a
+    # tuple of index tensors there): the layers pass them on and read only their own keys,
+    # layer by layer and in one call, and a copy of the tensor keeps them.
+    x = tensor(seed, dtype=torch.float64)
+    mine = (torch.arange(3), torch.ones(2), 5)
+    x.indice_dict["sphere"] = mine
+    net = spconv.SparseSequential(
+        spconv.SubMConv3d(3, 4, 3, indice_key="a"), nn.BatchNorm1d(4), nn.ReLU(),
+        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"),
+        spconv.SubMConv3d(4, 4, 3, indice_key="b"),
+        spconv.SparseInverseConv3d(4, 4, 3, indice_key="d")).double().eval()
+    sequence.ENABLED = one_call
+    try:
+        with torch.no_grad():
+            y = net(x)
+    finally:
+        sequence.ENABLED = True
+    assert y.indice_dict["sphere"] is mine and set(y.indice_dict) == {"sphere", "a", "d", "b"}
+    assert torch.equal(y.indices, x.indices)
+    assert copy.deepcopy(y).indice_dict["sphere"][2] == 5
