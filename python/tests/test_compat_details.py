@@ -385,6 +385,26 @@ def test_indice_pairs_as_spconv_lays_them_out(seed, kind):
         assert len(want) == n
 
 
+def keyed_sequence(channels):
+    """A subm conv with its batch norm and ReLU, a strided conv, two subm convs and the inverse
+    of the strided one, each with a key (a, d, s, s, d); float64, in eval mode."""
+    return spconv.SparseSequential(
+        spconv.SubMConv3d(channels, 4, 3, indice_key="a"), nn.BatchNorm1d(4), nn.ReLU(),
+        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"),
+        spconv.SubMConv3d(4, 4, 3, indice_key="s"), spconv.SubMConv3d(4, 4, 3, indice_key="s"),
+        spconv.SparseInverseConv3d(4, 4, 3, indice_key="d")).double().eval()
+
+
+def inference(net, x, one_call):
+    """``net(x)`` under no_grad, its sequences in one call or layer by layer."""
+    sequence.ENABLED = one_call
+    try:
+        with torch.no_grad():
+            return net(x)
+    finally:
+        sequence.ENABLED = True
+
+
 @pytest.mark.parametrize("one_call", [False, True])
 def test_a_layer_caches_for_its_output_only(seed, one_call):
     # As spconv's layers (input.indice_dict.copy()): a layer's key is in its output's cache and
@@ -399,18 +419,8 @@ def test_a_layer_caches_for_its_output_only(seed, one_call):
     assert a.indice_dict["k"].ksize == [3, 3, 3] and b.indice_dict["k"].ksize == [5, 5, 5]
     c = spconv.SubMConv3d(4, 4, 3, indice_key="k").double()(a)
     assert c.indice_dict["k"] is a.indice_dict["k"]  # downstream, the key is reused
-    net = spconv.SparseSequential(
-        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"), nn.BatchNorm1d(4), nn.ReLU(),
-        spconv.SubMConv3d(4, 4, 3, indice_key="s"),
-        spconv.SubMConv3d(4, 4, 3, indice_key="s"),
-        spconv.SparseInverseConv3d(4, 4, 3, indice_key="d")).double().eval()
-    sequence.ENABLED = one_call
-    try:
-        with torch.no_grad():
-            up = net(c)
-    finally:
-        sequence.ENABLED = True
-    assert set(c.indice_dict) == {"k"} and set(up.indice_dict) == {"k", "d", "s"}
+    up = inference(keyed_sequence(4), c, one_call)
+    assert set(c.indice_dict) == {"k"} and set(up.indice_dict) == {"k", "a", "d", "s"}
     assert torch.equal(up.indices, c.indices)  # the inverse conv found its key downstream
 
 
@@ -715,17 +725,7 @@ def test_foreign_entries_in_the_cache(seed, one_call):
     x = tensor(seed, dtype=torch.float64)
     mine = (torch.arange(3), torch.ones(2), 5)
     x.indice_dict["sphere"] = mine
-    net = spconv.SparseSequential(
-        spconv.SubMConv3d(3, 4, 3, indice_key="a"), nn.BatchNorm1d(4), nn.ReLU(),
-        spconv.SparseConv3d(4, 4, 3, 2, 1, indice_key="d"),
-        spconv.SubMConv3d(4, 4, 3, indice_key="b"),
-        spconv.SparseInverseConv3d(4, 4, 3, indice_key="d")).double().eval()
-    sequence.ENABLED = one_call
-    try:
-        with torch.no_grad():
-            y = net(x)
-    finally:
-        sequence.ENABLED = True
-    assert y.indice_dict["sphere"] is mine and set(y.indice_dict) == {"sphere", "a", "d", "b"}
+    y = inference(keyed_sequence(3), x, one_call)
+    assert y.indice_dict["sphere"] is mine and set(y.indice_dict) == {"sphere", "a", "d", "s"}
     assert torch.equal(y.indices, x.indices)
     assert copy.deepcopy(y).indice_dict["sphere"][2] == 5
